@@ -1,0 +1,17 @@
+# Third-party libraries, all from the distribution's packages (see README.md, "Dependencies").
+find_package(PkgConfig REQUIRED)
+pkg_check_modules(GAAC_XXHASH REQUIRED IMPORTED_TARGET libxxhash)
+find_package(nlohmann_json 3.10 REQUIRED)
+
+if(GAAC_BUILD_TOOLS OR GAAC_BUILD_TESTS)
+  find_package(CLI11 REQUIRED)
+  find_package(fmt REQUIRED)
+endif()
+if(GAAC_BUILD_TESTS)
+  find_package(GTest REQUIRED)
+endif()
+if(GAAC_BUILD_BENCHMARKS)
+  find_package(benchmark REQUIRED)
+  find_package(zstd REQUIRED)
+  pkg_check_modules(GAAC_LZ4 REQUIRED IMPORTED_TARGET liblz4)
+endif()

@@ -1,0 +1,28 @@
+// The one exception type of the C++ API, carrying where it was raised and what was being done.
+#pragma once
+
+#include <source_location>
+#include <stdexcept>
+#include <string>
+
+namespace gaac {
+
+/// Failure of a gaac operation: bad input, a malformed file, an I/O error. `what()` reads
+/// "context: message" and `where()` gives the source file and line that raised it.
+class Error : public std::runtime_error {
+ public:
+  /// Builds an error; `loc` defaults to the caller's location.
+  explicit Error(const std::string& message, std::source_location loc = std::source_location::current());
+
+  /// "file:line" of the statement that raised the error.
+  const std::string& where() const noexcept { return where_; }
+
+  /// Returns a copy whose message is prefixed by `context` ("reading k.3: ...").
+  Error with_context(const std::string& context) const;
+
+ private:
+  Error(const std::string& message, std::string where);
+  std::string where_;
+};
+
+}  // namespace gaac

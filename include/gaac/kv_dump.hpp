@@ -1,0 +1,58 @@
+// An in-memory KV dump: every layer's K and V as BF16 bit patterns, shaped like an engine's cache.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace gaac {
+
+/// One cached tensor: `[tokens, kv_heads, head_dim]` BF16 bit patterns, row-major (head_dim fastest).
+struct KvTensor {
+  int tokens = 0;
+  int kv_heads = 0;
+  int head_dim = 0;
+  std::vector<uint16_t> data;
+
+  /// Number of elements (tokens × kv_heads × head_dim).
+  size_t elements() const { return static_cast<size_t>(tokens) * kv_heads * head_dim; }
+  /// Element (token, head, channel).
+  uint16_t at(int token, int head, int channel) const {
+    return data[(static_cast<size_t>(token) * kv_heads + head) * head_dim + channel];
+  }
+};
+
+/// One layer's cache. K is post-RoPE as an engine stores it. K and V share token count and shape.
+struct KvLayer {
+  KvTensor k;
+  KvTensor v;
+};
+
+/// A whole KV dump (the `k.<layer>` / `v.<layer>` tensors of a safetensors file, docs/format.md).
+struct KvDump {
+  std::vector<KvLayer> layers;
+  /// Free-form metadata carried through (the safetensors `__metadata__` map).
+  std::vector<std::pair<std::string, std::string>> metadata;
+
+  /// KV heads shared by every tensor (0 for an empty dump).
+  int kv_heads() const { return layers.empty() ? 0 : layers.front().k.kv_heads; }
+  /// Head width shared by every tensor (0 for an empty dump).
+  int head_dim() const { return layers.empty() ? 0 : layers.front().k.head_dim; }
+  /// Total BF16 bytes of all K and V tensors.
+  size_t bf16_bytes() const;
+};
+
+/// Throws gaac::Error unless every tensor has the same kv_heads and head_dim, K and V of a layer have
+/// the same token count, each tensor's data matches its shape, and head_dim is 64, 128 or 256.
+void validate_dump(const KvDump& dump);
+
+/// Reads a KV dump from a safetensors file (`k.<layer>`, `v.<layer>`, BF16, `[tokens, kv_heads,
+/// head_dim]`). Any other dtype, a missing or extra layer, or a malformed file throws gaac::Error
+/// naming the file and tensor.
+KvDump load_kv_dump(const std::string& path);
+
+/// Writes a KV dump as safetensors.
+void save_kv_dump(const KvDump& dump, const std::string& path);
+
+}  // namespace gaac

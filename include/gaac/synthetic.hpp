@@ -1,0 +1,24 @@
+// Seeded synthetic KV that resembles a model's cache: Gaussian values with per-channel scales.
+#pragma once
+
+#include <cstdint>
+
+#include "gaac/kv_dump.hpp"
+
+namespace gaac {
+
+/// Shape and seed of a synthetic KV dump.
+struct SyntheticKvSpec {
+  int layers = 4;
+  int kv_heads = 2;
+  int head_dim = 128;
+  int tokens = 1000;
+  uint64_t seed = 1;
+};
+
+/// Generates a dump whose every element is N(0, σ²) rounded to BF16, with σ drawn per
+/// (layer, K/V, head, channel) from a log-normal law and rare outliers. Same spec, same bits, on
+/// every platform (the generator uses no implementation-defined distribution).
+KvDump make_synthetic_kv(const SyntheticKvSpec& spec);
+
+}  // namespace gaac

@@ -1,0 +1,156 @@
+// The scalar reference codec. It walks the tile element by element through the layout functions
+// of gaac/format.hpp and favours plainness over speed: every other executor is tested against it.
+#include <array>
+#include <cstring>
+#include <vector>
+
+#include "kernels.hpp"
+
+namespace gaac::reference {
+namespace {
+
+uint32_t load_le32(const uint8_t* p) {
+  return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 | static_cast<uint32_t>(p[2]) << 16 |
+         static_cast<uint32_t>(p[3]) << 24;
+}
+
+void store_le32(uint8_t* p, uint32_t v) {
+  for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
+}
+
+/// Exponents and channels of one group's eight elements, in group order.
+struct Group {
+  std::array<uint8_t, kGroupSize> exponent{};
+  std::array<uint16_t, kGroupSize> channel{};
+};
+
+GroupMode choose_mode(const Group& group, const TileBases& bases) {
+  bool fits3 = true;
+  bool fits4 = true;
+  for (int i = 0; i < kGroupSize; ++i) {
+    const int e = group.exponent[i];
+    const int d3 = e - bases.b3[group.channel[i]];
+    const int d4 = e - bases.b4[group.channel[i]];
+    fits3 = fits3 && d3 >= 0 && d3 < 8;
+    fits4 = fits4 && d4 >= 0 && d4 < 16;
+  }
+  return fits3 ? GroupMode::bits3 : fits4 ? GroupMode::bits4 : GroupMode::raw;
+}
+
+int base_for(GroupMode mode, const TileBases& bases, int channel) {
+  return mode == GroupMode::bits3 ? bases.b3[channel] : mode == GroupMode::bits4 ? bases.b4[channel] : 0;
+}
+
+/// Writes bits 0..2 of `code` into the lane's code words at the position of (quad, byte).
+void put_code(TileShape shape, uint32_t* words, int quad, int byte, uint32_t code) {
+  const CodeBits where = code_bits(shape, quad);
+  const uint32_t low_mask = (1u << where.low_bits) - 1;
+  words[where.low_word] |= (code & low_mask) << (8 * byte + where.low_shift);
+  if (where.high_word >= 0) words[where.high_word] |= ((code >> 2) & 1u) << (8 * byte + where.high_shift);
+}
+
+uint32_t get_code(TileShape shape, const uint32_t* words, int quad, int byte) {
+  const CodeBits where = code_bits(shape, quad);
+  const uint32_t low_mask = (1u << where.low_bits) - 1;
+  uint32_t code = (words[where.low_word] >> (8 * byte + where.low_shift)) & low_mask;
+  if (where.high_word >= 0) code |= ((words[where.high_word] >> (8 * byte + where.high_shift)) & 1u) << 2;
+  return code;
+}
+
+}  // namespace
+
+TileEncoding encode_tile(TileShape shape, const uint16_t* src, size_t row_stride, const TileBases& bases,
+                         size_t escape_capacity, uint8_t* slot) {
+  TileEncoding result;
+  std::memset(slot, 0, shape.slot_bytes(escape_capacity));
+  uint8_t* sign_mantissa = slot;
+  uint8_t* codes = slot + shape.code_offset();
+  uint8_t* tags = slot + shape.tag_offset();
+  uint8_t* escapes = slot + shape.escape_offset();
+  const int words_per_lane = code_words_per_lane(shape);
+  std::vector<uint32_t> tag_words(static_cast<size_t>(shape.groups()) / 16, 0);
+  size_t escape_used = 0;
+
+  for (int lane = 0; lane < kWarpLanes; ++lane) {
+    std::array<uint32_t, 6> words{};
+    for (int pair = 0; pair < shape.groups_per_lane(); ++pair) {
+      Group group;
+      for (int q = 0; q < 2; ++q) {
+        const int quad = 2 * pair + q;
+        for (int b = 0; b < kQuadSize; ++b) {
+          const ElementSlot at = element_slot(shape, lane, quad, b);
+          const uint16_t x = src[static_cast<size_t>(at.token) * row_stride + at.channel];
+          sign_mantissa[sign_mantissa_offset(lane, quad, b)] = bf16_sign_mantissa(x);
+          group.exponent[index_in_group(quad, b)] = bf16_exponent(x);
+          group.channel[index_in_group(quad, b)] = at.channel;
+        }
+      }
+      const GroupMode mode = choose_mode(group, bases);
+      const int g = group_index(shape, lane, 2 * pair);
+      tag_words[g / 16] |= static_cast<uint32_t>(mode) << (2 * (g % 16));
+      ++result.groups_by_mode[static_cast<int>(mode)];
+
+      // Offsets (or exponents, for raw groups) of the eight elements; low 3 bits go to the code words,
+      // higher bits become escape bit-planes: plane k holds bit 3+k of element i at bit i.
+      std::array<uint8_t, 5> planes{};
+      for (int i = 0; i < kGroupSize; ++i) {
+        const uint32_t offset = static_cast<uint32_t>(group.exponent[i] - base_for(mode, bases, group.channel[i]));
+        put_code(shape, words.data(), 2 * pair + i / kQuadSize, i % kQuadSize, offset);
+        for (int k = 0; k < 5; ++k) planes[k] |= static_cast<uint8_t>(((offset >> (3 + k)) & 1u) << i);
+      }
+      const int n_escape = escape_bytes_for(mode);
+      for (int k = 0; k < n_escape; ++k, ++escape_used) {
+        if (escape_used < escape_capacity) escapes[escape_used] = planes[k];
+      }
+    }
+    for (int w = 0; w < words_per_lane; ++w) store_le32(codes + code_word_offset(shape, lane, w), words[w]);
+  }
+  for (size_t r = 0; r < tag_words.size(); ++r) store_le32(tags + 4 * r, tag_words[r]);
+  result.escape_bytes = static_cast<uint32_t>(escape_used);
+  result.fits = escape_used <= escape_capacity;
+  return result;
+}
+
+DecodeStatus decode_tile(TileShape shape, const uint8_t* slot, size_t escape_capacity, const TileBases& bases,
+                         uint16_t* dst, size_t row_stride) {
+  const uint8_t* sign_mantissa = slot;
+  const uint8_t* codes = slot + shape.code_offset();
+  const uint8_t* tags = slot + shape.tag_offset();
+  const uint8_t* escapes = slot + shape.escape_offset();
+  const int words_per_lane = code_words_per_lane(shape);
+  size_t escape_next = 0;
+
+  for (int lane = 0; lane < kWarpLanes; ++lane) {
+    std::array<uint32_t, 6> words{};
+    for (int w = 0; w < words_per_lane; ++w) words[w] = load_le32(codes + code_word_offset(shape, lane, w));
+    for (int pair = 0; pair < shape.groups_per_lane(); ++pair) {
+      const int g = group_index(shape, lane, 2 * pair);
+      const uint32_t tag = (load_le32(tags + 4 * (g / 16)) >> (2 * (g % 16))) & 3u;
+      if (tag == kInvalidTag) return DecodeStatus::invalid_tag;
+      const auto mode = static_cast<GroupMode>(tag);
+      const size_t n_escape = static_cast<size_t>(escape_bytes_for(mode));
+      if (escape_next + n_escape > escape_capacity) return DecodeStatus::escape_overrun;
+      std::array<uint8_t, 5> planes{};
+      for (size_t k = 0; k < n_escape; ++k) planes[k] = escapes[escape_next + k];
+      escape_next += n_escape;
+
+      for (int i = 0; i < kGroupSize; ++i) {
+        const int quad = 2 * pair + i / kQuadSize;
+        const int b = i % kQuadSize;
+        uint32_t offset = get_code(shape, words.data(), quad, b);
+        for (int k = 0; k < 5; ++k) offset |= ((planes[k] >> i) & 1u) << (3 + k);
+        const ElementSlot at = element_slot(shape, lane, quad, b);
+        // Calibrated bases keep base + offset inside 0..255; the cast is the format's definition.
+        const auto exponent = static_cast<uint8_t>(base_for(mode, bases, at.channel) + offset);
+        dst[static_cast<size_t>(at.token) * row_stride + at.channel] =
+            bf16_compose(sign_mantissa[sign_mantissa_offset(lane, quad, b)], exponent);
+      }
+    }
+  }
+  for (size_t i = escape_next; i < escape_capacity; ++i) {
+    if (escapes[i] != 0) return DecodeStatus::nonzero_padding;
+  }
+  return DecodeStatus::ok;
+}
+
+}  // namespace gaac::reference

@@ -7,12 +7,20 @@
 
 namespace gaac {
 
+/// Broad category of an Error, for callers that react differently (the C API maps it to a status).
+enum class ErrorCode { invalid_input = 0, io = 1 };
+
 /// Failure of a gaac operation: bad input, a malformed file, an I/O error. `what()` reads
 /// "context: message" and `where()` gives the source file and line that raised it.
 class Error : public std::runtime_error {
  public:
   /// Builds an error; `loc` defaults to the caller's location.
   explicit Error(const std::string& message, std::source_location loc = std::source_location::current());
+  /// Builds an error of a given category.
+  Error(ErrorCode code, const std::string& message, std::source_location loc = std::source_location::current());
+
+  /// Category of the failure.
+  ErrorCode code() const noexcept { return code_; }
 
   /// "file:line" of the statement that raised the error.
   const std::string& where() const noexcept { return where_; }
@@ -21,7 +29,8 @@ class Error : public std::runtime_error {
   Error with_context(const std::string& context) const;
 
  private:
-  Error(const std::string& message, std::string where);
+  Error(ErrorCode code, const std::string& message, std::string where);
+  ErrorCode code_ = ErrorCode::invalid_input;
   std::string where_;
 };
 

@@ -15,11 +15,14 @@ std::string format_location(const std::source_location& loc) {
 Error::Error(const std::string& message, std::source_location loc)
     : std::runtime_error(message), where_(format_location(loc)) {}
 
-Error::Error(const std::string& message, std::string where)
-    : std::runtime_error(message), where_(std::move(where)) {}
+Error::Error(ErrorCode code, const std::string& message, std::source_location loc)
+    : std::runtime_error(message), code_(code), where_(format_location(loc)) {}
+
+Error::Error(ErrorCode code, const std::string& message, std::string where)
+    : std::runtime_error(message), code_(code), where_(std::move(where)) {}
 
 Error Error::with_context(const std::string& context) const {
-  return Error(context + ": " + what(), where_);
+  return Error(code_, context + ": " + what(), where_);
 }
 
 }  // namespace gaac

@@ -1,0 +1,116 @@
+// Calibration: per-channel exponent windows (bases b3, b4) and per-layer escape-slot capacities,
+// learnt from sample KV and stored as safetensors.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "gaac/codec.hpp"
+#include "gaac/kv_dump.hpp"
+
+namespace gaac {
+
+/// Bases and slot capacities for every (layer, K/V, KV head, channel) of one model's cache.
+class CalibrationTable {
+ public:
+  CalibrationTable() = default;
+  /// A table for the given geometry with every base 0 and every capacity 0.
+  CalibrationTable(int layers, int kv_heads, int head_dim);
+
+  int layers() const { return layers_; }
+  int kv_heads() const { return kv_heads_; }
+  int head_dim() const { return head_dim_; }
+
+  /// The `head_dim` 3-bit-window bases of one head.
+  std::span<uint8_t> b3(TensorKind kind, int layer, int head);
+  std::span<const uint8_t> b3(TensorKind kind, int layer, int head) const;
+  /// The `head_dim` 4-bit-window bases of one head.
+  std::span<uint8_t> b4(TensorKind kind, int layer, int head);
+  std::span<const uint8_t> b4(TensorKind kind, int layer, int head) const;
+  /// Bases of the tile covering half `half` (0 unless head_dim is 256) of a head.
+  TileBases tile_bases(TensorKind kind, int layer, int head, int half) const;
+
+  /// Escape-slot capacity in bytes of every tile of (kind, layer).
+  size_t escape_capacity(TensorKind kind, int layer) const { return capacity_[index(kind)][static_cast<size_t>(layer)]; }
+  /// Sets the capacity (a multiple of 16 no larger than the tile shape's maximum).
+  void set_escape_capacity(TensorKind kind, int layer, size_t bytes);
+
+  /// Free-form provenance (tokens seen, source files); saved as safetensors metadata.
+  std::map<std::string, std::string>& metadata() { return metadata_; }
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+
+  /// Throws gaac::Error unless geometry, bases and capacities are all valid.
+  void validate() const;
+  /// Throws gaac::Error unless the dump has this table's layer count, KV heads and head width.
+  void check_matches(const KvDump& dump) const;
+  /// Bytes the bases occupy (counted as overhead in resident figures).
+  size_t bases_bytes() const { return 4 * per_kind_; }
+
+ private:
+  static size_t index(TensorKind kind) { return kind == TensorKind::key ? 0 : 1; }
+  size_t offset(int layer, int head) const;
+  int layers_ = 0, kv_heads_ = 0, head_dim_ = 0;
+  size_t per_kind_ = 0;
+  std::array<std::vector<uint8_t>, 2> b3_, b4_;
+  std::array<std::vector<size_t>, 2> capacity_;
+  std::map<std::string, std::string> metadata_;
+};
+
+/// Reads a calibration table from safetensors (`k.b3`, `k.b4`, `v.b3`, `v.b4` as U8
+/// [layers, kv_heads, head_dim]; capacities in the metadata). Throws gaac::Error when malformed.
+CalibrationTable load_calibration(const std::string& path);
+/// Writes a calibration table as safetensors.
+void save_calibration(const CalibrationTable& table, const std::string& path);
+
+/// Progress callback for long operations: units done out of total.
+using Progress = std::function<void(size_t done, size_t total)>;
+
+/// Streaming calibration. Pass 1 accumulates exponent histograms per channel over any number of
+/// dumps; the windows follow from them. Pass 2 encodes the same (or other) dumps with those
+/// windows to learn the distribution of escape bytes per tile, which fixes each layer's slot
+/// capacity.
+class Calibrator {
+ public:
+  /// Starts an empty calibration for dumps of this geometry.
+  Calibrator(int layers, int kv_heads, int head_dim);
+
+  /// Pass 1: counts the exponents of every element of `dump`.
+  void add_exponents(const KvDump& dump, const Progress& progress = {});
+  /// Bases from the histograms so far: per channel, the length-8 and length-16 exponent windows
+  /// covering the most values (lowest base on ties). Capacities are left at each shape's maximum.
+  CalibrationTable choose_windows() const;
+
+  /// Pass 2: records the escape bytes every complete tile of `dump` needs under `table`'s bases.
+  void add_escape_sizes(const KvDump& dump, const CalibrationTable& table, const Progress& progress = {});
+  /// Sets in `table` the capacity of each (kind, layer) minimising the expected resident bytes per
+  /// tile: P(fits)·slot_bytes(c) + P(does not fit)·raw_bytes, over the tiles seen in pass 2.
+  void choose_capacities(CalibrationTable& table) const;
+
+  /// Tokens seen in pass 1 (summed over layers).
+  uint64_t tokens_seen() const { return tokens_seen_; }
+
+ private:
+  std::span<uint32_t> histogram(TensorKind kind, int layer, int head, int channel);
+  std::span<const uint32_t> histogram(TensorKind kind, int layer, int head, int channel) const;
+  std::span<uint64_t> escape_histogram(TensorKind kind, int layer);
+  std::span<const uint64_t> escape_histogram(TensorKind kind, int layer) const;
+  int layers_, kv_heads_, head_dim_;
+  std::vector<uint32_t> histograms_;       // [kind][layer][head][channel][256]
+  std::vector<uint64_t> escape_sizes_;     // [kind][layer][max_escape_bytes + 1]
+  uint64_t tokens_seen_ = 0;
+};
+
+/// Both passes over the given dumps: the usual way to calibrate in memory.
+CalibrationTable calibrate(std::span<const KvDump* const> dumps, const Progress& progress = {});
+
+/// Chooses the capacity (multiple of 16) minimising expected resident bytes for one tile shape,
+/// given counts[n] = tiles needing n escape bytes.
+size_t best_escape_capacity(TileShape shape, std::span<const uint64_t> counts);
+
+}  // namespace gaac

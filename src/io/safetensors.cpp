@@ -1,0 +1,535 @@
+// Safetensors reading and writing. The reader trusts nothing in the file: every length, offset,
+// shape and type is checked before any tensor byte is exposed, and every failure is a gaac::Error.
+#include "io/safetensors.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <source_location>
+#include <system_error>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+
+#include "gaac/error.hpp"
+
+namespace gaac::io {
+namespace {
+
+using Json = nlohmann::json;
+
+/// Same cap as the reference implementation: larger headers are refused before parsing.
+constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+constexpr const char* kMetadataKey = "__metadata__";
+constexpr int64_t kMaxInt64 = std::numeric_limits<int64_t>::max();
+
+/// One known dtype. `reference_rank` is its position in the reference implementation's dtype
+/// enum, which orders the tensors of a written file (see data_order()).
+struct DtypeInfo {
+  Dtype dtype;
+  const char* name;
+  size_t size;
+  int reference_rank;
+};
+
+constexpr DtypeInfo kDtypes[] = {
+    {Dtype::bool_, "BOOL", 1, 0}, {Dtype::u8, "U8", 1, 1},     {Dtype::i8, "I8", 1, 2},
+    {Dtype::i16, "I16", 2, 5},    {Dtype::u16, "U16", 2, 6},   {Dtype::f16, "F16", 2, 7},
+    {Dtype::bf16, "BF16", 2, 8},  {Dtype::i32, "I32", 4, 9},   {Dtype::u32, "U32", 4, 10},
+    {Dtype::f32, "F32", 4, 11},   {Dtype::f64, "F64", 8, 12},  {Dtype::i64, "I64", 8, 13},
+    {Dtype::u64, "U64", 8, 14},
+};
+
+const DtypeInfo* find_dtype(Dtype dtype) {
+  for (const DtypeInfo& info : kDtypes) {
+    if (info.dtype == dtype) return &info;
+  }
+  return nullptr;
+}
+
+std::string errno_text(int err) { return std::generic_category().message(err); }
+
+std::string in_quotes(const std::string& s) { return "'" + s + "'"; }
+
+/// Throws an error about the file as a whole: "<label>: <message>".
+[[noreturn]] void fail_file(const std::string& label, const std::string& message,
+                            std::source_location loc = std::source_location::current()) {
+  throw Error(label + ": " + message, loc);
+}
+
+/// Throws an error about one tensor: "<label>: tensor '<name>': <message>".
+[[noreturn]] void fail_tensor(const std::string& label, const std::string& name, const std::string& message,
+                              std::source_location loc = std::source_location::current()) {
+  throw Error(label + ": tensor " + in_quotes(name) + ": " + message, loc);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Reading
+
+/// Reads the little-endian header length and checks it against the cap and the image size.
+uint64_t read_header_length(std::span<const uint8_t> image, const std::string& label) {
+  if (image.size() < 8) {
+    fail_file(label, "file of " + std::to_string(image.size()) + " bytes is too short for a safetensors header");
+  }
+  uint64_t n = 0;
+  for (int i = 7; i >= 0; --i) n = (n << 8) | image[static_cast<size_t>(i)];
+  if (n > kMaxHeaderBytes) {
+    fail_file(label, "header length " + std::to_string(n) + " exceeds the limit of " +
+                         std::to_string(kMaxHeaderBytes) + " bytes");
+  }
+  if (n > image.size() - 8) {
+    fail_file(label, "header length " + std::to_string(n) + " runs past the end of the " +
+                         std::to_string(image.size()) + "-byte file (truncated?)");
+  }
+  return n;
+}
+
+/// Parses the header JSON. Besides syntax (and UTF-8), rejects a key repeated within one object,
+/// which the JSON library would otherwise resolve silently by keeping one of the two.
+Json parse_header_json(std::span<const uint8_t> text, const std::string& label) {
+  std::vector<std::set<std::string>> open_objects;
+  std::string duplicate;
+  const auto on_event = [&](int, Json::parse_event_t event, Json& parsed) {
+    if (event == Json::parse_event_t::object_start) {
+      open_objects.emplace_back();
+    } else if (event == Json::parse_event_t::object_end) {
+      if (!open_objects.empty()) open_objects.pop_back();
+    } else if (event == Json::parse_event_t::key && !open_objects.empty() && duplicate.empty()) {
+      const auto& key = parsed.get_ref<const std::string&>();
+      if (!open_objects.back().insert(key).second) duplicate = key;
+    }
+    return true;
+  };
+  Json header;
+  try {
+    header = Json::parse(text.begin(), text.end(), on_event);
+  } catch (const Json::exception& e) {
+    fail_file(label, std::string("header is not valid JSON: ") + e.what());
+  }
+  if (!duplicate.empty()) fail_file(label, "header repeats the key " + in_quotes(duplicate));
+  if (!header.is_object()) fail_file(label, "header must be a JSON object");
+  return header;
+}
+
+std::map<std::string, std::string> parse_metadata(const Json& value, const std::string& label) {
+  if (!value.is_object()) fail_file(label, std::string(kMetadataKey) + " must be an object of strings");
+  std::map<std::string, std::string> metadata;
+  for (const auto& [key, entry] : value.items()) {
+    if (!entry.is_string()) {
+      fail_file(label, std::string(kMetadataKey) + " entry " + in_quotes(key) + " must be a string, not " +
+                           entry.type_name());
+    }
+    metadata.emplace(key, entry.get<std::string>());
+  }
+  return metadata;
+}
+
+const Json& require_field(const Json& entry, const char* field, const std::string& label, const std::string& name) {
+  const auto it = entry.find(field);
+  if (it == entry.end()) fail_tensor(label, name, std::string("missing \"") + field + "\"");
+  return *it;
+}
+
+std::string shape_text(const std::vector<int64_t>& shape) {
+  std::string text = "[";
+  for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
+  return text + "]";
+}
+
+/// Parses a shape and returns it with its element count; the count never overflows int64.
+std::pair<std::vector<int64_t>, uint64_t> parse_shape(const Json& value, const std::string& label,
+                                                      const std::string& name) {
+  if (!value.is_array()) fail_tensor(label, name, "\"shape\" must be an array");
+  std::vector<int64_t> shape;
+  uint64_t elements = 1;
+  for (const Json& dim : value) {
+    if (!dim.is_number_unsigned() || dim.get<uint64_t>() > static_cast<uint64_t>(kMaxInt64)) {
+      fail_tensor(label, name, "\"shape\" must hold non-negative integers, found " + dim.dump());
+    }
+    const uint64_t d = dim.get<uint64_t>();
+    if (__builtin_mul_overflow(elements, d, &elements) || elements > static_cast<uint64_t>(kMaxInt64)) {
+      fail_tensor(label, name, "element count of the shape overflows");
+    }
+    shape.push_back(static_cast<int64_t>(d));
+  }
+  return {std::move(shape), elements};
+}
+
+std::pair<uint64_t, uint64_t> parse_offsets(const Json& value, const std::string& label, const std::string& name) {
+  if (!value.is_array() || value.size() != 2 || !value[0].is_number_unsigned() || !value[1].is_number_unsigned()) {
+    fail_tensor(label, name, "\"data_offsets\" must be two non-negative integers, found " + value.dump());
+  }
+  return {value[0].get<uint64_t>(), value[1].get<uint64_t>()};
+}
+
+/// Validates one tensor entry against the data area and returns its view.
+TensorView parse_tensor(const std::string& name, const Json& entry, std::span<const uint8_t> data,
+                        const std::string& label) {
+  if (!entry.is_object()) fail_tensor(label, name, "entry must be an object");
+  const Json& dtype = require_field(entry, "dtype", label, name);
+  if (!dtype.is_string()) fail_tensor(label, name, "\"dtype\" must be a string");
+  auto [shape, elements] = parse_shape(require_field(entry, "shape", label, name), label, name);
+  const auto [begin, end] = parse_offsets(require_field(entry, "data_offsets", label, name), label, name);
+  if (begin > end || end > data.size()) {
+    fail_tensor(label, name, "data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
+                                 "] lie outside the " + std::to_string(data.size()) + "-byte data area");
+  }
+  TensorView view;
+  view.name = name;
+  view.dtype_spelling = dtype.get<std::string>();
+  view.dtype = parse_dtype(view.dtype_spelling);
+  view.shape = std::move(shape);
+  // A dtype unknown to gaac keeps its bytes unchecked; the caller decides whether to refuse it.
+  if (view.dtype != Dtype::other) {
+    uint64_t expected = 0;
+    if (__builtin_mul_overflow(elements, dtype_size(view.dtype), &expected) || expected != end - begin) {
+      fail_tensor(label, name, "shape " + shape_text(view.shape) + " of " + view.dtype_spelling + " needs " +
+                                   std::to_string(elements) + " x " + std::to_string(dtype_size(view.dtype)) +
+                                   " bytes but data_offsets cover " + std::to_string(end - begin));
+    }
+  }
+  view.bytes = data.subspan(static_cast<size_t>(begin), static_cast<size_t>(end - begin));
+  return view;
+}
+
+/// Sorts tensors by data offset and rejects any two whose (non-empty) byte ranges intersect.
+void order_and_check_overlap(std::vector<TensorView>& tensors, const uint8_t* data, const std::string& label) {
+  const auto begin_of = [data](const TensorView& t) { return static_cast<size_t>(t.bytes.data() - data); };
+  std::sort(tensors.begin(), tensors.end(), [&](const TensorView& a, const TensorView& b) {
+    return std::tuple(begin_of(a), a.bytes.size(), a.name) < std::tuple(begin_of(b), b.bytes.size(), b.name);
+  });
+  size_t covered_to = 0;
+  const TensorView* covering = nullptr;
+  for (const TensorView& t : tensors) {
+    if (t.bytes.empty()) continue;  // an empty tensor owns no bytes, so it cannot overlap
+    if (covering != nullptr && begin_of(t) < covered_to) {
+      fail_tensor(label, t.name, "data overlaps tensor " + in_quotes(covering->name));
+    }
+    covered_to = begin_of(t) + t.bytes.size();
+    covering = &t;
+  }
+}
+
+/// Everything a valid header describes, with views into `image`.
+struct ParsedImage {
+  std::vector<TensorView> tensors;
+  std::map<std::string, std::string> metadata;
+};
+
+ParsedImage parse_image(std::span<const uint8_t> image, const std::string& label) {
+  const uint64_t header_length = read_header_length(image, label);
+  const Json header = parse_header_json(image.subspan(8, static_cast<size_t>(header_length)), label);
+  const std::span<const uint8_t> data = image.subspan(8 + static_cast<size_t>(header_length));
+  ParsedImage parsed;
+  for (const auto& [key, entry] : header.items()) {
+    if (key == kMetadataKey) {
+      parsed.metadata = parse_metadata(entry, label);
+    } else {
+      parsed.tensors.push_back(parse_tensor(key, entry, data, label));
+    }
+  }
+  order_and_check_overlap(parsed.tensors, data.data(), label);
+  return parsed;
+}
+
+/// Closes a file descriptor when it goes out of scope.
+class FdGuard {
+ public:
+  explicit FdGuard(int fd) : fd_(fd) {}
+  FdGuard(const FdGuard&) = delete;
+  FdGuard& operator=(const FdGuard&) = delete;
+  ~FdGuard() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  int get() const { return fd_; }
+
+ private:
+  int fd_;
+};
+
+/// Reads exactly `size` bytes from `fd`; used when mmap is unavailable.
+std::vector<uint8_t> read_whole(int fd, size_t size, const std::string& path) {
+  std::vector<uint8_t> bytes(size);
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::read(fd, bytes.data() + done, size - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail_file(path, "cannot read: " + errno_text(errno));
+    if (n == 0) fail_file(path, "file shrank while being read");
+    done += static_cast<size_t>(n);
+  }
+  return bytes;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Writing
+
+/// A writer's tensors in file order: the reference implementation's order (largest dtype rank
+/// first, then by name), so that every tensor's data is naturally aligned and our files are
+/// byte-identical to the reference's for the same tensors and metadata.
+std::vector<TensorView> data_order(std::vector<TensorView> views) {
+  std::sort(views.begin(), views.end(), [](const TensorView& a, const TensorView& b) {
+    const int ra = find_dtype(a.dtype)->reference_rank;
+    const int rb = find_dtype(b.dtype)->reference_rank;
+    return ra != rb ? ra > rb : a.name < b.name;
+  });
+  return views;
+}
+
+/// The file's header (length prefix, JSON and padding) and its tensors in data order.
+struct Layout {
+  std::vector<uint8_t> header;
+  std::vector<TensorView> tensors;
+};
+
+std::vector<uint8_t> encode_header(const std::vector<TensorView>& tensors,
+                                   const std::map<std::string, std::string>& metadata) {
+  // ordered_json keeps insertion order: metadata first, tensors in data order, and each entry's
+  // fields as dtype, shape, data_offsets, the way the reference implementation writes them.
+  nlohmann::ordered_json json = nlohmann::ordered_json::object();
+  if (!metadata.empty()) json[kMetadataKey] = metadata;
+  uint64_t offset = 0;
+  for (const TensorView& t : tensors) {
+    nlohmann::ordered_json entry = nlohmann::ordered_json::object();
+    entry["dtype"] = dtype_name(t.dtype);
+    entry["shape"] = t.shape;
+    entry["data_offsets"] = {offset, offset + t.bytes.size()};
+    json[t.name] = std::move(entry);
+    offset += t.bytes.size();
+  }
+  std::string text;
+  try {
+    text = json.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::strict);
+  } catch (const nlohmann::ordered_json::exception& e) {
+    throw Error(std::string("safetensors writer: a tensor name or metadata string is not valid UTF-8: ") + e.what());
+  }
+  text.append((8 - text.size() % 8) % 8, ' ');  // data area starts 8-byte aligned
+  std::string length(8, '\0');
+  for (size_t i = 0; i < 8; ++i) length[i] = static_cast<char>(static_cast<uint64_t>(text.size()) >> (8 * i));
+  const std::string header = length + text;
+  return {header.begin(), header.end()};
+}
+
+/// Views of a writer's entries. A template only because the entry type is private to the writer.
+template <class Entries>
+std::vector<TensorView> entry_views(const Entries& entries) {
+  std::vector<TensorView> views;
+  views.reserve(entries.size());
+  for (const auto& e : entries) {
+    TensorView view;
+    view.name = e.name;
+    view.dtype = e.dtype;
+    view.dtype_spelling = dtype_name(e.dtype);
+    view.shape = e.shape;
+    view.bytes = e.data;
+    views.push_back(std::move(view));
+  }
+  return views;
+}
+
+Layout plan_layout(std::vector<TensorView> views, const std::map<std::string, std::string>& metadata) {
+  Layout layout;
+  layout.tensors = data_order(std::move(views));
+  layout.header = encode_header(layout.tensors, metadata);
+  return layout;
+}
+
+void write_all(int fd, std::span<const uint8_t> bytes, const std::string& path) {
+  while (!bytes.empty()) {
+    const ssize_t n = ::write(fd, bytes.data(), bytes.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail_file(path, "cannot write: " + errno_text(errno));
+    bytes = bytes.subspan(static_cast<size_t>(n));
+  }
+}
+
+/// A temporary file beside the destination; removed unless commit() renames it into place.
+class TempFile {
+ public:
+  explicit TempFile(const std::string& destination) : destination_(destination), fd_(-1) {
+    static std::atomic<unsigned> counter{0};
+    for (int attempt = 0; attempt < 100 && fd_ < 0; ++attempt) {
+      path_ = destination + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
+      // O_EXCL: never clobber someone else's file; 0666 lets the umask decide the final mode.
+      fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+      if (fd_ < 0 && errno != EEXIST) break;
+    }
+    if (fd_ < 0) fail_file(destination, "cannot create temporary file " + in_quotes(path_) + ": " + errno_text(errno));
+  }
+  TempFile(const TempFile&) = delete;
+  TempFile& operator=(const TempFile&) = delete;
+  ~TempFile() {
+    if (fd_ >= 0) ::close(fd_);
+    if (!committed_) ::unlink(path_.c_str());
+  }
+
+  void write(std::span<const uint8_t> bytes) { write_all(fd_, bytes, destination_); }
+
+  /// Flushes to disk, closes and renames over the destination.
+  void commit() {
+    if (::fsync(fd_) != 0) fail_file(destination_, "cannot flush: " + errno_text(errno));
+    const int rc = ::close(fd_);
+    fd_ = -1;
+    if (rc != 0) fail_file(destination_, "cannot close: " + errno_text(errno));
+    if (::rename(path_.c_str(), destination_.c_str()) != 0) {
+      fail_file(destination_, "cannot rename the temporary file into place: " + errno_text(errno));
+    }
+    committed_ = true;
+  }
+
+ private:
+  std::string destination_;
+  std::string path_;
+  int fd_;
+  bool committed_ = false;
+};
+
+}  // namespace
+
+// ---------------------------------------------------------------------------------------------
+// Dtypes and views
+
+const char* dtype_name(Dtype dtype) {
+  const DtypeInfo* info = find_dtype(dtype);
+  return info ? info->name : "other";
+}
+
+size_t dtype_size(Dtype dtype) {
+  const DtypeInfo* info = find_dtype(dtype);
+  return info ? info->size : 0;
+}
+
+Dtype parse_dtype(const std::string& name) {
+  for (const DtypeInfo& info : kDtypes) {
+    if (name == info.name) return info.dtype;
+  }
+  return Dtype::other;
+}
+
+int64_t TensorView::elements() const {
+  int64_t n = 1;
+  for (const int64_t d : shape) n *= d;
+  return n;
+}
+
+// ---------------------------------------------------------------------------------------------
+// SafetensorsFile
+
+/// The bytes of an open file (a private mapping, or a copy) and the name index over its tensors.
+struct SafetensorsFile::Storage {
+  void* mapping = nullptr;
+  size_t mapped_size = 0;
+  std::vector<uint8_t> owned;
+  std::unordered_map<std::string, size_t> index;
+
+  Storage() = default;
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  ~Storage() {
+    if (mapping != nullptr) ::munmap(mapping, mapped_size);
+  }
+
+  std::span<const uint8_t> bytes() const {
+    if (mapping != nullptr) return {static_cast<const uint8_t*>(mapping), mapped_size};
+    return owned;
+  }
+
+  /// Validates the stored image and wraps it as a file. (A member so that it may fill the file's
+  /// private fields.)
+  static SafetensorsFile into_file(std::unique_ptr<Storage> storage, const std::string& label) {
+    ParsedImage parsed = parse_image(storage->bytes(), label);
+    for (size_t i = 0; i < parsed.tensors.size(); ++i) storage->index.emplace(parsed.tensors[i].name, i);
+    SafetensorsFile file;
+    file.storage_ = std::move(storage);
+    file.label_ = label;
+    file.tensors_ = std::move(parsed.tensors);
+    file.metadata_ = std::move(parsed.metadata);
+    return file;
+  }
+};
+
+SafetensorsFile SafetensorsFile::open(const std::string& path) {
+  FdGuard fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) fail_file(path, "cannot open: " + errno_text(errno));
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) fail_file(path, "cannot stat: " + errno_text(errno));
+  if (!S_ISREG(st.st_mode)) fail_file(path, "not a regular file");
+  const auto size = static_cast<size_t>(st.st_size);
+  auto storage = std::make_unique<Storage>();
+  void* mapping = size == 0 ? MAP_FAILED : ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd.get(), 0);
+  if (mapping != MAP_FAILED) {
+    storage->mapping = mapping;
+    storage->mapped_size = size;
+  } else {
+    storage->owned = read_whole(fd.get(), size, path);
+  }
+  return Storage::into_file(std::move(storage), path);
+}
+
+SafetensorsFile SafetensorsFile::parse(std::span<const uint8_t> image, const std::string& label) {
+  auto storage = std::make_unique<Storage>();
+  storage->owned.assign(image.begin(), image.end());
+  return Storage::into_file(std::move(storage), label);
+}
+
+const TensorView* SafetensorsFile::find(const std::string& name) const {
+  if (!storage_) return nullptr;
+  const auto it = storage_->index.find(name);
+  return it == storage_->index.end() ? nullptr : &tensors_[it->second];
+}
+
+// ---------------------------------------------------------------------------------------------
+// SafetensorsWriter
+
+void SafetensorsWriter::add(const std::string& name, Dtype dtype, std::vector<int64_t> shape,
+                            std::span<const uint8_t> bytes) {
+  const std::string label = "safetensors writer";
+  if (name == kMetadataKey) fail_tensor(label, name, "name is reserved for metadata");
+  if (dtype == Dtype::other) fail_tensor(label, name, "cannot write a tensor of unknown dtype");
+  for (const Entry& e : entries_) {
+    if (e.name == name) fail_tensor(label, name, "added twice");
+  }
+  uint64_t elements = 1;
+  for (const int64_t d : shape) {
+    if (d < 0) fail_tensor(label, name, "negative dimension in shape " + shape_text(shape));
+    if (__builtin_mul_overflow(elements, static_cast<uint64_t>(d), &elements)) {
+      fail_tensor(label, name, "element count of shape " + shape_text(shape) + " overflows");
+    }
+  }
+  uint64_t expected = 0;
+  if (__builtin_mul_overflow(elements, dtype_size(dtype), &expected) || expected != bytes.size()) {
+    fail_tensor(label, name, "shape " + shape_text(shape) + " of " + dtype_name(dtype) + " needs " +
+                                 std::to_string(elements) + " elements but " + std::to_string(bytes.size()) +
+                                 " bytes were given");
+  }
+  entries_.push_back({name, dtype, std::move(shape), std::vector<uint8_t>(bytes.begin(), bytes.end())});
+}
+
+void SafetensorsWriter::set_metadata(const std::string& key, const std::string& value) { metadata_[key] = value; }
+
+std::vector<uint8_t> SafetensorsWriter::image() const {
+  const Layout layout = plan_layout(entry_views(entries_), metadata_);
+  std::vector<uint8_t> image = layout.header;
+  for (const TensorView& t : layout.tensors) image.insert(image.end(), t.bytes.begin(), t.bytes.end());
+  return image;
+}
+
+void SafetensorsWriter::write(const std::string& path) const {
+  // Streamed rather than built with image(), so a large dump is not held twice in memory.
+  const Layout layout = plan_layout(entry_views(entries_), metadata_);
+  TempFile file(path);
+  file.write(layout.header);
+  for (const TensorView& t : layout.tensors) file.write(t.bytes);
+  file.commit();
+}
+
+}  // namespace gaac::io

@@ -1,0 +1,389 @@
+// The .gaac snapshot container: header, section table, metadata, calibration and one section per
+// (layer, K/V). Every read is bounds-checked against the image before it happens.
+#include "gaac/snapshot.hpp"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <array>
+#include <cstring>
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "gaac/error.hpp"
+#include "gaac/tiling.hpp"
+#include "io/files.hpp"
+
+namespace gaac {
+namespace {
+
+constexpr std::array<uint8_t, 8> kMagic = {0x89, 'G', 'A', 'A', 'C', '\r', '\n', 0x1A};
+constexpr size_t kHeaderBytes = 32;
+constexpr size_t kSectionEntryBytes = 32;
+constexpr size_t kSectionAlignment = 64;
+constexpr uint32_t kMetadataSection = 1;
+constexpr uint32_t kCalibrationSection = 2;
+constexpr uint32_t kTensorSection = 3;
+constexpr uint8_t kStoredSlot = 0;
+constexpr uint8_t kStoredRaw = 1;
+// Geometry limits a reader accepts: far beyond any model, small enough that sizes cannot overflow.
+constexpr int64_t kMaxLayers = 100000;
+constexpr int64_t kMaxKvHeads = 4096;
+constexpr int64_t kMaxTokens = int64_t{1} << 31;
+
+const char* kind_name(TensorKind kind) { return kind == TensorKind::key ? "K" : "V"; }
+const KvTensor& tensor_of(const KvLayer& l, TensorKind kind) { return kind == TensorKind::key ? l.k : l.v; }
+KvTensor& tensor_of(KvLayer& l, TensorKind kind) { return kind == TensorKind::key ? l.k : l.v; }
+
+void put_u16(std::vector<uint8_t>& out, uint16_t v) {
+  for (int i = 0; i < 2; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
+}
+void put_u32(std::vector<uint8_t>& out, uint32_t v) {
+  for (int i = 0; i < 4; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
+}
+void put_u64(std::vector<uint8_t>& out, uint64_t v) {
+  for (int i = 0; i < 8; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
+}
+uint64_t get_le(const uint8_t* p, int bytes) {
+  uint64_t v = 0;
+  for (int i = 0; i < bytes; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
+  return v;
+}
+void put_bf16(std::vector<uint8_t>& out, const uint16_t* x, size_t n) {
+  for (size_t i = 0; i < n; ++i) put_u16(out, x[i]);
+}
+void pad_to(std::vector<uint8_t>& out, size_t alignment) {
+  out.resize((out.size() + alignment - 1) / alignment * alignment, 0);
+}
+
+struct Section {
+  uint32_t type;
+  uint32_t index;
+  std::vector<uint8_t> bytes;
+};
+
+/// Bytes of the storage map of a tensor section: one byte per tile, padded to 16.
+size_t storage_map_bytes(size_t tiles) { return (tiles + 15) / 16 * 16; }
+
+std::vector<uint8_t> metadata_section(const KvDump& dump, const CalibrationTable& calibration) {
+  nlohmann::json meta;
+  meta["format"] = "gaac-snapshot";
+  meta["layers"] = dump.layers.size();
+  meta["kv_heads"] = dump.kv_heads();
+  meta["head_dim"] = dump.head_dim();
+  nlohmann::json tokens = nlohmann::json::array();
+  for (const KvLayer& l : dump.layers) tokens.push_back(l.k.tokens);
+  meta["tokens"] = tokens;
+  nlohmann::json dump_meta = nlohmann::json::array();
+  for (const auto& [k, v] : dump.metadata) dump_meta.push_back({k, v});
+  meta["dump_metadata"] = dump_meta;
+  meta["calibration_metadata"] = calibration.metadata();
+  const std::string text = meta.dump();
+  return {text.begin(), text.end()};
+}
+
+std::vector<uint8_t> calibration_section(const CalibrationTable& c) {
+  std::vector<uint8_t> out;
+  for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
+    for (int window = 0; window < 2; ++window) {
+      for (int l = 0; l < c.layers(); ++l) {
+        for (int h = 0; h < c.kv_heads(); ++h) {
+          const auto bases = window == 0 ? c.b3(kind, l, h) : c.b4(kind, l, h);
+          out.insert(out.end(), bases.begin(), bases.end());
+        }
+      }
+    }
+  }
+  for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
+    for (int l = 0; l < c.layers(); ++l) put_u16(out, static_cast<uint16_t>(c.escape_capacity(kind, l)));
+  }
+  return out;
+}
+
+std::vector<uint8_t> tensor_section(const KvTensor& t, TensorKind kind, int layer, const CalibrationTable& c) {
+  const TileShape shape = tile_shape_for(kind, t.head_dim);
+  const size_t capacity = c.escape_capacity(kind, layer);
+  const size_t tiles = tile_count(t);
+  std::vector<uint8_t> out(storage_map_bytes(tiles), 0);
+  std::vector<uint8_t> slot(shape.slot_bytes(capacity));
+  for (size_t i = 0; i < tiles; ++i) {
+    const TilePosition p = tile_position(t, i);
+    const uint16_t* origin = t.data.data() + tile_origin(t, p);
+    const TileEncoding enc =
+        encode_tile(shape, origin, token_stride(t), c.tile_bases(kind, layer, p.head, p.half), capacity, slot);
+    if (enc.fits) {
+      out.insert(out.end(), slot.begin(), slot.end());
+    } else {
+      out[i] = kStoredRaw;
+      for (int row = 0; row < kTileTokens; ++row) {
+        put_bf16(out, origin + static_cast<size_t>(row) * token_stride(t), static_cast<size_t>(shape.channels));
+      }
+    }
+  }
+  const size_t tail_from = static_cast<size_t>(full_blocks(t.tokens)) * kTileTokens * token_stride(t);
+  put_bf16(out, t.data.data() + tail_from, t.data.size() - tail_from);
+  return out;
+}
+
+std::vector<Section> build_sections(const KvDump& dump, const CalibrationTable& calibration, const Progress& progress) {
+  validate_dump(dump);
+  calibration.validate();
+  calibration.check_matches(dump);
+  std::vector<Section> sections;
+  sections.push_back({kMetadataSection, 0, metadata_section(dump, calibration)});
+  sections.push_back({kCalibrationSection, 0, calibration_section(calibration)});
+  for (size_t l = 0; l < dump.layers.size(); ++l) {
+    for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
+      sections.push_back({kTensorSection, static_cast<uint32_t>(2 * l + (kind == TensorKind::key ? 0 : 1)),
+                          tensor_section(tensor_of(dump.layers[l], kind), kind, static_cast<int>(l), calibration)});
+    }
+    if (progress) progress(l + 1, dump.layers.size());
+  }
+  return sections;
+}
+
+/// Header and section table for sections laid out one after another, each 64-byte aligned.
+std::vector<uint8_t> header_for(const std::vector<Section>& sections) {
+  std::vector<uint8_t> table;
+  uint64_t offset = (kHeaderBytes + kSectionEntryBytes * sections.size() + kSectionAlignment - 1) / kSectionAlignment *
+                    kSectionAlignment;
+  for (const Section& s : sections) {
+    put_u32(table, s.type);
+    put_u32(table, s.index);
+    put_u64(table, offset);
+    put_u64(table, s.bytes.size());
+    put_u64(table, XXH64(s.bytes.data(), s.bytes.size(), 0));
+    offset += (s.bytes.size() + kSectionAlignment - 1) / kSectionAlignment * kSectionAlignment;
+  }
+  std::vector<uint8_t> header(kMagic.begin(), kMagic.end());
+  put_u16(header, kSnapshotVersion);
+  put_u16(header, static_cast<uint16_t>(kTileFormatVersion));
+  put_u32(header, static_cast<uint32_t>(sections.size()));
+  put_u64(header, offset);  // file bytes
+  put_u64(header, XXH64(table.data(), table.size(), 0));
+  header.insert(header.end(), table.begin(), table.end());
+  pad_to(header, kSectionAlignment);
+  return header;
+}
+
+// ---- reading -------------------------------------------------------------------------------------
+
+struct SectionRef {
+  uint32_t type;
+  uint32_t index;
+  std::span<const uint8_t> bytes;
+};
+
+class Reader {
+ public:
+  Reader(std::span<const uint8_t> image, std::string label) : image_(image), label_(std::move(label)) {}
+
+  [[noreturn]] void fail(const std::string& what) const { throw Error(label_ + ": " + what); }
+
+  std::vector<SectionRef> sections() const {
+    if (image_.size() < kHeaderBytes) fail("too short to be a .gaac file (" + std::to_string(image_.size()) + " bytes)");
+    if (!std::equal(kMagic.begin(), kMagic.end(), image_.begin())) fail("not a .gaac file (bad magic)");
+    const auto version = get_le(&image_[8], 2);
+    if (version != kSnapshotVersion) fail("container version " + std::to_string(version) + " is not supported");
+    const auto tile_version = get_le(&image_[10], 2);
+    if (tile_version != kTileFormatVersion) fail("tile format version " + std::to_string(tile_version) + " is not supported");
+    const uint64_t count = get_le(&image_[12], 4);
+    const uint64_t file_bytes = get_le(&image_[16], 8);
+    if (file_bytes != image_.size()) {
+      fail("file is " + std::to_string(image_.size()) + " bytes, its header says " + std::to_string(file_bytes) +
+           " (truncated or padded)");
+    }
+    if (count > (image_.size() - kHeaderBytes) / kSectionEntryBytes) fail("section table runs past the end of the file");
+    const auto table = image_.subspan(kHeaderBytes, count * kSectionEntryBytes);
+    if (XXH64(table.data(), table.size(), 0) != get_le(&image_[24], 8)) fail("section table checksum mismatch");
+    std::vector<SectionRef> out;
+    uint64_t previous_end = kHeaderBytes + table.size();
+    for (uint64_t i = 0; i < count; ++i) {
+      const uint8_t* e = table.data() + i * kSectionEntryBytes;
+      const uint64_t offset = get_le(e + 8, 8);
+      const uint64_t bytes = get_le(e + 16, 8);
+      if (offset < previous_end || offset > image_.size() || bytes > image_.size() - offset) {
+        fail("section " + std::to_string(i) + " lies outside the file or overlaps another");
+      }
+      const auto data = image_.subspan(offset, bytes);
+      if (XXH64(data.data(), data.size(), 0) != get_le(e + 24, 8)) fail("section " + std::to_string(i) + " checksum mismatch");
+      out.push_back({static_cast<uint32_t>(get_le(e, 4)), static_cast<uint32_t>(get_le(e + 4, 4)), data});
+      previous_end = offset + bytes;
+    }
+    return out;
+  }
+
+ private:
+  std::span<const uint8_t> image_;
+  std::string label_;
+};
+
+int64_t json_int(const Reader& r, const nlohmann::json& j, const char* key, int64_t lo, int64_t hi) {
+  const auto it = j.find(key);
+  if (it == j.end() || !it->is_number_integer()) r.fail(std::string("metadata field '") + key + "' missing or not an integer");
+  const auto v = it->get<int64_t>();
+  if (v < lo || v > hi) r.fail(std::string("metadata field '") + key + "' = " + std::to_string(v) + " out of range");
+  return v;
+}
+
+KvDump read_metadata(const Reader& r, std::span<const uint8_t> bytes, CalibrationTable& calibration) {
+  const auto meta = nlohmann::json::parse(bytes.begin(), bytes.end(), nullptr, false);
+  if (!meta.is_object() || meta.value("format", "") != "gaac-snapshot") r.fail("metadata section is not gaac-snapshot JSON");
+  const auto layers = json_int(r, meta, "layers", 1, kMaxLayers);
+  const auto heads = json_int(r, meta, "kv_heads", 1, kMaxKvHeads);
+  const auto head_dim = json_int(r, meta, "head_dim", 64, 256);
+  if (head_dim != 64 && head_dim != 128 && head_dim != 256) r.fail("head_dim must be 64, 128 or 256");
+  const auto tokens = meta.find("tokens");
+  if (tokens == meta.end() || !tokens->is_array() || tokens->size() != static_cast<size_t>(layers)) {
+    r.fail("metadata 'tokens' is not a list of one count per layer");
+  }
+  KvDump dump;
+  for (const auto& t : *tokens) {
+    if (!t.is_number_unsigned() || t.get<uint64_t>() >= static_cast<uint64_t>(kMaxTokens)) r.fail("bad token count in metadata");
+    KvTensor shape{static_cast<int>(t.get<uint64_t>()), static_cast<int>(heads), static_cast<int>(head_dim), {}};
+    dump.layers.push_back({shape, shape});
+  }
+  if (const auto m = meta.find("dump_metadata"); m != meta.end() && m->is_array()) {
+    for (const auto& kv : *m) {
+      if (!kv.is_array() || kv.size() != 2 || !kv[0].is_string() || !kv[1].is_string()) r.fail("bad dump_metadata entry");
+      dump.metadata.emplace_back(kv[0].get<std::string>(), kv[1].get<std::string>());
+    }
+  }
+  calibration = CalibrationTable(static_cast<int>(layers), static_cast<int>(heads), static_cast<int>(head_dim));
+  if (const auto m = meta.find("calibration_metadata"); m != meta.end() && m->is_object()) {
+    for (const auto& [k, v] : m->items()) {
+      if (!v.is_string()) r.fail("bad calibration_metadata entry");
+      calibration.metadata()[k] = v.get<std::string>();
+    }
+  }
+  return dump;
+}
+
+void read_calibration(const Reader& r, std::span<const uint8_t> bytes, CalibrationTable& c) {
+  const size_t per_window = static_cast<size_t>(c.layers()) * c.kv_heads() * c.head_dim();
+  if (bytes.size() != 4 * per_window + 4 * static_cast<size_t>(c.layers())) r.fail("calibration section has the wrong size");
+  size_t at = 0;
+  for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
+    for (int window = 0; window < 2; ++window) {
+      for (int l = 0; l < c.layers(); ++l) {
+        for (int h = 0; h < c.kv_heads(); ++h) {
+          auto dst = window == 0 ? c.b3(kind, l, h) : c.b4(kind, l, h);
+          std::copy_n(bytes.begin() + static_cast<std::ptrdiff_t>(at), dst.size(), dst.begin());
+          at += dst.size();
+        }
+      }
+    }
+  }
+  for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
+    for (int l = 0; l < c.layers(); ++l, at += 2) {
+      try {
+        c.set_escape_capacity(kind, l, get_le(&bytes[at], 2));
+      } catch (const Error& e) {
+        r.fail(std::string("calibration of layer ") + std::to_string(l) + " " + kind_name(kind) + ": " + e.what());
+      }
+    }
+  }
+  try {
+    c.validate();
+  } catch (const Error& e) {
+    r.fail(e.what());
+  }
+}
+
+void read_tensor(const Reader& r, std::span<const uint8_t> bytes, KvTensor& t, TensorKind kind, int layer,
+                 const CalibrationTable& c) {
+  const std::string where = "layer " + std::to_string(layer) + " " + kind_name(kind);
+  const TileShape shape = tile_shape_for(kind, t.head_dim);
+  const size_t capacity = c.escape_capacity(kind, layer);
+  const size_t tiles = tile_count(t);
+  const size_t map_bytes = storage_map_bytes(tiles);
+  if (bytes.size() < map_bytes) r.fail(where + ": section shorter than its storage map");
+  size_t raw_tiles = 0;
+  for (size_t i = 0; i < tiles; ++i) {
+    if (bytes[i] > kStoredRaw) r.fail(where + ": tile " + std::to_string(i) + " has unknown storage kind");
+    raw_tiles += bytes[i];
+  }
+  for (size_t i = tiles; i < map_bytes; ++i) {
+    if (bytes[i] != 0) r.fail(where + ": storage map padding is not zero");
+  }
+  const size_t tail_elements = t.elements() - tiles * static_cast<size_t>(shape.elements());
+  const size_t expected = map_bytes + (tiles - raw_tiles) * shape.slot_bytes(capacity) + raw_tiles * shape.raw_bytes() +
+                          2 * tail_elements;
+  if (bytes.size() != expected) {
+    r.fail(where + ": section is " + std::to_string(bytes.size()) + " bytes, its tiles need " + std::to_string(expected));
+  }
+  t.data.assign(t.elements(), 0);  // only now: the size check bounds the allocation by the file size
+  size_t at = map_bytes;
+  for (size_t i = 0; i < tiles; ++i) {
+    const TilePosition p = tile_position(t, i);
+    uint16_t* origin = t.data.data() + tile_origin(t, p);
+    if (bytes[i] == kStoredSlot) {
+      const auto slot = bytes.subspan(at, shape.slot_bytes(capacity));
+      const DecodeStatus status =
+          decode_tile(shape, slot, capacity, c.tile_bases(kind, layer, p.head, p.half), origin, token_stride(t));
+      if (status != DecodeStatus::ok) {
+        r.fail(where + ": tile " + std::to_string(i) + " (block " + std::to_string(p.block) + ", head " +
+               std::to_string(p.head) + "): " + to_string(status));
+      }
+      at += slot.size();
+    } else {
+      for (int row = 0; row < kTileTokens; ++row) {
+        for (int ch = 0; ch < shape.channels; ++ch, at += 2) {
+          origin[static_cast<size_t>(row) * token_stride(t) + ch] = static_cast<uint16_t>(get_le(&bytes[at], 2));
+        }
+      }
+    }
+  }
+  const size_t tail_from = t.elements() - tail_elements;
+  for (size_t i = 0; i < tail_elements; ++i, at += 2) t.data[tail_from + i] = static_cast<uint16_t>(get_le(&bytes[at], 2));
+}
+
+}  // namespace
+
+std::vector<uint8_t> snapshot_image(const KvDump& dump, const CalibrationTable& calibration, const Progress& progress) {
+  const std::vector<Section> sections = build_sections(dump, calibration, progress);
+  std::vector<uint8_t> image = header_for(sections);
+  for (const Section& s : sections) {
+    image.insert(image.end(), s.bytes.begin(), s.bytes.end());
+    pad_to(image, kSectionAlignment);
+  }
+  return image;
+}
+
+void write_snapshot(const KvDump& dump, const CalibrationTable& calibration, const std::string& path,
+                    const Progress& progress) {
+  const std::vector<uint8_t> image = snapshot_image(dump, calibration, progress);
+  const std::span<const uint8_t> parts[] = {image};
+  io::write_file_atomic(path, parts);
+}
+
+Snapshot parse_snapshot(std::span<const uint8_t> image, const std::string& label, const Progress& progress) {
+  const Reader reader(image, label);
+  const std::vector<SectionRef> sections = reader.sections();
+  if (sections.size() < 2 || sections[0].type != kMetadataSection || sections[1].type != kCalibrationSection) {
+    reader.fail("sections must start with metadata and calibration");
+  }
+  Snapshot snapshot;
+  snapshot.dump = read_metadata(reader, sections[0].bytes, snapshot.calibration);
+  read_calibration(reader, sections[1].bytes, snapshot.calibration);
+  const size_t layers = snapshot.dump.layers.size();
+  if (sections.size() != 2 + 2 * layers) reader.fail("expected one section per layer and K/V");
+  for (size_t l = 0; l < layers; ++l) {
+    for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
+      const size_t index = 2 * l + (kind == TensorKind::key ? 0 : 1);
+      const SectionRef& s = sections[2 + index];
+      if (s.type != kTensorSection || s.index != index) reader.fail("tensor sections out of order");
+      read_tensor(reader, s.bytes, tensor_of(snapshot.dump.layers[l], kind), kind, static_cast<int>(l),
+                  snapshot.calibration);
+    }
+    if (progress) progress(l + 1, layers);
+  }
+  return snapshot;
+}
+
+Snapshot read_snapshot(const std::string& path, const Progress& progress) {
+  const std::vector<uint8_t> image = io::read_file(path);
+  return parse_snapshot(image, path, progress);
+}
+
+}  // namespace gaac

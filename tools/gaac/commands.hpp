@@ -1,0 +1,24 @@
+// The gaac subcommands. Each registers itself on the application; its callback runs the command
+// and throws gaac::Error (reported by main) or CommandFailed on failure.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <stdexcept>
+#include <string>
+
+namespace gaac::cli {
+
+/// A command ran but its result is negative (e.g. a round trip that is not bit-exact): exit 1
+/// after the message, which the command has already printed.
+struct CommandFailed : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+void add_synth(CLI::App& app);
+void add_calibrate(CLI::App& app);
+void add_stats(CLI::App& app);
+void add_compress(CLI::App& app);
+void add_decompress(CLI::App& app);
+void add_verify(CLI::App& app);
+
+}  // namespace gaac::cli

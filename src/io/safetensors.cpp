@@ -29,6 +29,8 @@ using Json = nlohmann::json;
 
 /// Same cap as the reference implementation: larger headers are refused before parsing.
 constexpr uint64_t kMaxHeaderBytes = 100'000'000;
+/// A header needs 3 levels (header, tensor entry, shape); deeper ones are refused as hostile.
+constexpr int kMaxHeaderDepth = 16;
 constexpr const char* kMetadataKey = "__metadata__";
 constexpr int64_t kMaxInt64 = std::numeric_limits<int64_t>::max();
 
@@ -72,6 +74,13 @@ std::string in_quotes(const std::string& s) { return "'" + s + "'"; }
   throw Error(label + ": tensor " + in_quotes(name) + ": " + message, loc);
 }
 
+/// Throws an I/O error for a failed system call: "<label>: <action>: <reason from err>". Callers
+/// save errno first, since building the message may allocate and allocation may change errno.
+[[noreturn]] void fail_system(const std::string& label, const std::string& action, int err,
+                              std::source_location loc = std::source_location::current()) {
+  throw Error(ErrorCode::io, label + ": " + action + ": " + errno_text(err), loc);
+}
+
 // ---------------------------------------------------------------------------------------------
 // Reading
 
@@ -94,18 +103,23 @@ uint64_t read_header_length(std::span<const uint8_t> image, const std::string& l
 }
 
 /// Parses the header JSON. Besides syntax (and UTF-8), rejects a key repeated within one object,
-/// which the JSON library would otherwise resolve silently by keeping one of the two.
+/// which the JSON library would otherwise resolve silently by keeping one of the two, and nesting
+/// deeper than any safetensors header needs, which could otherwise cost far more memory than the
+/// header's size.
 Json parse_header_json(std::span<const uint8_t> text, const std::string& label) {
   std::vector<std::set<std::string>> open_objects;
-  std::string duplicate;
-  const auto on_event = [&](int, Json::parse_event_t event, Json& parsed) {
-    if (event == Json::parse_event_t::object_start) {
+  const auto on_event = [&](int depth, Json::parse_event_t event, Json& parsed) {
+    using Event = Json::parse_event_t;
+    if ((event == Event::object_start || event == Event::array_start) && depth > kMaxHeaderDepth) {
+      fail_file(label, "header nests deeper than " + std::to_string(kMaxHeaderDepth) + " levels");
+    }
+    if (event == Event::object_start) {
       open_objects.emplace_back();
-    } else if (event == Json::parse_event_t::object_end) {
-      if (!open_objects.empty()) open_objects.pop_back();
-    } else if (event == Json::parse_event_t::key && !open_objects.empty() && duplicate.empty()) {
+    } else if (event == Event::object_end && !open_objects.empty()) {
+      open_objects.pop_back();
+    } else if (event == Event::key && !open_objects.empty()) {
       const auto& key = parsed.get_ref<const std::string&>();
-      if (!open_objects.back().insert(key).second) duplicate = key;
+      if (!open_objects.back().insert(key).second) fail_file(label, "header repeats the key " + in_quotes(key));
     }
     return true;
   };
@@ -115,7 +129,6 @@ Json parse_header_json(std::span<const uint8_t> text, const std::string& label) 
   } catch (const Json::exception& e) {
     fail_file(label, std::string("header is not valid JSON: ") + e.what());
   }
-  if (!duplicate.empty()) fail_file(label, "header repeats the key " + in_quotes(duplicate));
   if (!header.is_object()) fail_file(label, "header must be a JSON object");
   return header;
 }
@@ -262,9 +275,10 @@ std::vector<uint8_t> read_whole(int fd, size_t size, const std::string& path) {
   size_t done = 0;
   while (done < size) {
     const ssize_t n = ::read(fd, bytes.data() + done, size - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) fail_file(path, "cannot read: " + errno_text(errno));
-    if (n == 0) fail_file(path, "file shrank while being read");
+    const int err = errno;
+    if (n < 0 && err == EINTR) continue;
+    if (n < 0) fail_system(path, "cannot read", err);
+    if (n == 0) throw Error(ErrorCode::io, path + ": file shrank while being read");
     done += static_cast<size_t>(n);
   }
   return bytes;
@@ -346,8 +360,9 @@ Layout plan_layout(std::vector<TensorView> views, const std::map<std::string, st
 void write_all(int fd, std::span<const uint8_t> bytes, const std::string& path) {
   while (!bytes.empty()) {
     const ssize_t n = ::write(fd, bytes.data(), bytes.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) fail_file(path, "cannot write: " + errno_text(errno));
+    const int err = errno;
+    if (n < 0 && err == EINTR) continue;
+    if (n < 0) fail_system(path, "cannot write", err);
     bytes = bytes.subspan(static_cast<size_t>(n));
   }
 }
@@ -357,13 +372,15 @@ class TempFile {
  public:
   explicit TempFile(const std::string& destination) : destination_(destination), fd_(-1) {
     static std::atomic<unsigned> counter{0};
+    int err = 0;
     for (int attempt = 0; attempt < 100 && fd_ < 0; ++attempt) {
       path_ = destination + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
       // O_EXCL: never clobber someone else's file; 0666 lets the umask decide the final mode.
       fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-      if (fd_ < 0 && errno != EEXIST) break;
+      err = errno;
+      if (fd_ < 0 && err != EEXIST) break;
     }
-    if (fd_ < 0) fail_file(destination, "cannot create temporary file " + in_quotes(path_) + ": " + errno_text(errno));
+    if (fd_ < 0) fail_system(destination, "cannot create temporary file " + in_quotes(path_), err);
   }
   TempFile(const TempFile&) = delete;
   TempFile& operator=(const TempFile&) = delete;
@@ -376,12 +393,17 @@ class TempFile {
 
   /// Flushes to disk, closes and renames over the destination.
   void commit() {
-    if (::fsync(fd_) != 0) fail_file(destination_, "cannot flush: " + errno_text(errno));
+    if (::fsync(fd_) != 0) {
+      const int err = errno;
+      fail_system(destination_, "cannot flush", err);
+    }
     const int rc = ::close(fd_);
+    const int err = errno;
     fd_ = -1;
-    if (rc != 0) fail_file(destination_, "cannot close: " + errno_text(errno));
+    if (rc != 0) fail_system(destination_, "cannot close", err);
     if (::rename(path_.c_str(), destination_.c_str()) != 0) {
-      fail_file(destination_, "cannot rename the temporary file into place: " + errno_text(errno));
+      const int rename_err = errno;
+      fail_system(destination_, "cannot rename the temporary file into place", rename_err);
     }
     committed_ = true;
   }
@@ -459,10 +481,16 @@ struct SafetensorsFile::Storage {
 
 SafetensorsFile SafetensorsFile::open(const std::string& path) {
   FdGuard fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) fail_file(path, "cannot open: " + errno_text(errno));
+  if (fd.get() < 0) {
+    const int err = errno;
+    fail_system(path, "cannot open", err);
+  }
   struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) fail_file(path, "cannot stat: " + errno_text(errno));
-  if (!S_ISREG(st.st_mode)) fail_file(path, "not a regular file");
+  if (::fstat(fd.get(), &st) != 0) {
+    const int err = errno;
+    fail_system(path, "cannot stat", err);
+  }
+  if (!S_ISREG(st.st_mode)) throw Error(ErrorCode::io, path + ": not a regular file");
   const auto size = static_cast<size_t>(st.st_size);
   auto storage = std::make_unique<Storage>();
   void* mapping = size == 0 ? MAP_FAILED : ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd.get(), 0);

@@ -236,6 +236,17 @@ TEST(Safetensors, OpenReportsMissingFilesAndDirectories) {
   const std::string empty = dir.file("empty.safetensors");
   std::ofstream(empty).close();
   EXPECT_THROW(SafetensorsFile::open(empty), Error);
+  try {
+    SafetensorsFile::open(dir.file("absent.safetensors"));
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::io);
+    EXPECT_NE(std::string(e.what()).find("absent.safetensors"), std::string::npos) << e.what();
+  }
+  try {
+    parse(bytes_of({1, 2, 3}));
+  } catch (const Error& e) {
+    EXPECT_EQ(e.code(), ErrorCode::invalid_input);
+  }
 }
 
 TEST(Safetensors, WriteReportsUnwritableDestinations) {
@@ -302,6 +313,13 @@ TEST(Safetensors, RejectsHeadersThatAreNotAJsonObject) {
                                    "{\"\xff\":1}"}) {
     EXPECT_THROW(parse(image_of(header)), Error) << header;
   }
+}
+
+TEST(Safetensors, RejectsDeepNesting) {
+  const std::string deep = std::string(1000, '[') + std::string(1000, ']');
+  EXPECT_THROW(parse(image_of(R"({"a":{"dtype":"U8","shape":[0],"data_offsets":[0,0],"x":)" + deep + "}}")), Error);
+  // Unknown fields are ignored, as the reference implementation ignores them.
+  EXPECT_NO_THROW(parse(image_of(R"({"a":{"dtype":"U8","shape":[0],"data_offsets":[0,0],"x":[[1]]}})")));
 }
 
 TEST(Safetensors, RejectsRepeatedKeys) {

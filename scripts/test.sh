@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Builds gaac and runs every test: the suite (Release), the suite again under AddressSanitizer +
+# UndefinedBehaviorSanitizer, and each libFuzzer target for a bounded time.
+#   scripts/test.sh            everything (what CI runs)
+#   scripts/test.sh --quick    the Release suite only
+# Environment: GAAC_FUZZ_SECONDS (default 30) per fuzz target, GAAC_JOBS (default nproc).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+quick=0
+[ "${1:-}" = "--quick" ] && quick=1
+jobs=${GAAC_JOBS:-$(nproc)}
+fuzz_seconds=${GAAC_FUZZ_SECONDS:-30}
+
+scripts/setup.sh
+
+stage() { printf '\n=== %s\n' "$*"; }
+
+stage "Release build and test suite"
+cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
+cmake --build build -j"$jobs"
+ctest --test-dir build --output-on-failure -j"$jobs"
+[ $quick -eq 1 ] && exit 0
+
+stage "AddressSanitizer + UndefinedBehaviorSanitizer build and test suite"
+cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=RelWithDebInfo -DGAAC_SANITIZE=ON -DGAAC_BUILD_BENCHMARKS=OFF >/dev/null
+cmake --build build-asan -j"$jobs"
+ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --test-dir build-asan --output-on-failure -j"$jobs"
+
+stage "libFuzzer targets, ${fuzz_seconds}s each"
+cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=clang -DCMAKE_CXX_COMPILER=clang++ \
+  -DGAAC_BUILD_FUZZERS=ON -DGAAC_SANITIZE=ON -DCMAKE_CXX_FLAGS=-fsanitize=fuzzer-no-link \
+  -DGAAC_BUILD_TESTS=OFF -DGAAC_BUILD_BENCHMARKS=OFF -DGAAC_BUILD_TOOLS=OFF -DGAAC_ENABLE_CUDA=OFF >/dev/null
+cmake --build build-fuzz -j"$jobs"
+corpus=build-fuzz/corpus
+rm -rf "$corpus"
+mkdir -p "$corpus/snapshot" "$corpus/tile_decode" "$corpus/safetensors"
+build-fuzz/fuzz/gaac_fuzz_corpus "$corpus/snapshot" "$corpus/tile_decode" "$corpus/safetensors"
+for target in snapshot tile_decode safetensors; do
+  echo "fuzzing $target for ${fuzz_seconds}s"
+  build-fuzz/fuzz/gaac_${target}_fuzz -max_total_time="$fuzz_seconds" -print_final_stats=1 "$corpus/$target" \
+    2>build-fuzz/fuzz-$target.log || { tail -50 build-fuzz/fuzz-$target.log; echo "fuzz target $target FAILED"; exit 1; }
+  grep -E "stat::number_of_executed_units" build-fuzz/fuzz-$target.log || true
+done
+echo
+echo "all test stages passed"

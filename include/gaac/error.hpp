@@ -1,7 +1,6 @@
 // The one exception type of the C++ API, carrying where it was raised and what was being done.
 #pragma once
 
-#include <source_location>
 #include <stdexcept>
 #include <string>
 
@@ -10,14 +9,23 @@ namespace gaac {
 /// Broad category of an Error, for callers that react differently (the C API maps it to a status).
 enum class ErrorCode { invalid_input = 0, io = 1 };
 
+/// Where an Error was raised. Defaults to the caller's file and line (through compiler builtins, which
+/// every supported compiler has, unlike std::source_location).
+struct SourceLocation {
+  constexpr SourceLocation(const char* file_name = __builtin_FILE(), unsigned line_number = __builtin_LINE())
+      : file(file_name), line(line_number) {}
+  const char* file;
+  unsigned line;
+};
+
 /// Failure of a gaac operation: bad input, a malformed file, an I/O error. `what()` reads
 /// "context: message" and `where()` gives the source file and line that raised it.
 class Error : public std::runtime_error {
  public:
   /// Builds an error; `loc` defaults to the caller's location.
-  explicit Error(const std::string& message, std::source_location loc = std::source_location::current());
+  explicit Error(const std::string& message, SourceLocation loc = SourceLocation());
   /// Builds an error of a given category.
-  Error(ErrorCode code, const std::string& message, std::source_location loc = std::source_location::current());
+  Error(ErrorCode code, const std::string& message, SourceLocation loc = SourceLocation());
 
   /// Category of the failure.
   ErrorCode code() const noexcept { return code_; }

@@ -8,6 +8,13 @@
 #include <cstddef>
 #include <cstdint>
 
+/// Marks the layout functions callable from CUDA device code too.
+#if defined(__CUDACC__)
+#define GAAC_HOST_DEVICE __host__ __device__
+#else
+#define GAAC_HOST_DEVICE
+#endif
+
 namespace gaac {
 
 /// Version of the tile layout described by this header (docs/format.md). Bumped whenever a byte moves.
@@ -38,7 +45,7 @@ enum class GroupMode : uint8_t {
 inline constexpr uint8_t kInvalidTag = 3;
 
 /// Escape bytes a group of the given mode adds to its tile's escape slot.
-constexpr int escape_bytes_for(GroupMode mode) {
+GAAC_HOST_DEVICE constexpr int escape_bytes_for(GroupMode mode) {
   return mode == GroupMode::bits3 ? 0 : mode == GroupMode::bits4 ? 1 : 5;
 }
 
@@ -50,13 +57,13 @@ inline constexpr int kMaxBase4 = 255 - 15;
 inline constexpr int kSlotAlignment = 16;
 
 /// BF16 bit fields. An element is sign(1) | exponent(8) | mantissa(7).
-constexpr uint8_t bf16_exponent(uint16_t x) { return static_cast<uint8_t>((x >> 7) & 0xFF); }
+GAAC_HOST_DEVICE constexpr uint8_t bf16_exponent(uint16_t x) { return static_cast<uint8_t>((x >> 7) & 0xFF); }
 /// The stored byte of an element: `sign << 7 | mantissa`.
-constexpr uint8_t bf16_sign_mantissa(uint16_t x) {
+GAAC_HOST_DEVICE constexpr uint8_t bf16_sign_mantissa(uint16_t x) {
   return static_cast<uint8_t>(((x >> 8) & 0x80) | (x & 0x7F));
 }
 /// Rebuilds a BF16 bit pattern from its stored byte and its exponent.
-constexpr uint16_t bf16_compose(uint8_t sign_mantissa, uint8_t exponent) {
+GAAC_HOST_DEVICE constexpr uint16_t bf16_compose(uint8_t sign_mantissa, uint8_t exponent) {
   return static_cast<uint16_t>(((sign_mantissa & 0x80) << 8) | (exponent << 7) | (sign_mantissa & 0x7F));
 }
 
@@ -66,41 +73,41 @@ struct TileShape {
   int channels = kMaxTileChannels;
 
   /// True for the widths the v1 layout defines (64 and 128 channels).
-  constexpr bool valid() const { return channels == 64 || channels == 128; }
+  GAAC_HOST_DEVICE constexpr bool valid() const { return channels == 64 || channels == 128; }
   /// Elements in the tile: 16 tokens × channels.
-  constexpr int elements() const { return kTileTokens * channels; }
+  GAAC_HOST_DEVICE constexpr int elements() const { return kTileTokens * channels; }
   /// Exponent groups in the tile.
-  constexpr int groups() const { return elements() / kGroupSize; }
+  GAAC_HOST_DEVICE constexpr int groups() const { return elements() / kGroupSize; }
   /// Quads each lane of the ordering warp owns.
-  constexpr int quads_per_lane() const { return elements() / (kQuadSize * kWarpLanes); }
+  GAAC_HOST_DEVICE constexpr int quads_per_lane() const { return elements() / (kQuadSize * kWarpLanes); }
   /// Groups each lane owns (consecutive in group order).
-  constexpr int groups_per_lane() const { return quads_per_lane() / 2; }
+  GAAC_HOST_DEVICE constexpr int groups_per_lane() const { return quads_per_lane() / 2; }
 
   /// Bytes of the sign+mantissa section (one byte per element).
-  constexpr size_t sign_mantissa_bytes() const { return static_cast<size_t>(elements()); }
+  GAAC_HOST_DEVICE constexpr size_t sign_mantissa_bytes() const { return static_cast<size_t>(elements()); }
   /// Bytes of the low-3-bit code section (3 bits per element).
-  constexpr size_t code_bytes() const { return static_cast<size_t>(elements()) * 3 / 8; }
+  GAAC_HOST_DEVICE constexpr size_t code_bytes() const { return static_cast<size_t>(elements()) * 3 / 8; }
   /// Bytes of the mode-tag section (2 bits per group).
-  constexpr size_t tag_bytes() const { return static_cast<size_t>(groups()) / 4; }
+  GAAC_HOST_DEVICE constexpr size_t tag_bytes() const { return static_cast<size_t>(groups()) / 4; }
   /// Bytes before the escape slot: sign+mantissa, codes and tags.
-  constexpr size_t fixed_bytes() const { return sign_mantissa_bytes() + code_bytes() + tag_bytes(); }
+  GAAC_HOST_DEVICE constexpr size_t fixed_bytes() const { return sign_mantissa_bytes() + code_bytes() + tag_bytes(); }
   /// Bytes of the same tile stored raw (BF16).
-  constexpr size_t raw_bytes() const { return static_cast<size_t>(elements()) * 2; }
+  GAAC_HOST_DEVICE constexpr size_t raw_bytes() const { return static_cast<size_t>(elements()) * 2; }
   /// Escape bytes if every group were raw: the most a tile can ever need.
-  constexpr size_t max_escape_bytes() const { return static_cast<size_t>(groups()) * 5; }
+  GAAC_HOST_DEVICE constexpr size_t max_escape_bytes() const { return static_cast<size_t>(groups()) * 5; }
   /// Largest useful escape-slot capacity: the biggest whose slot is still smaller than the raw tile.
-  constexpr size_t max_slot_capacity() const {
+  GAAC_HOST_DEVICE constexpr size_t max_slot_capacity() const {
     return (raw_bytes() - fixed_bytes() - 1) / kSlotAlignment * kSlotAlignment;
   }
   /// Bytes of a compressed slot with the given escape capacity.
-  constexpr size_t slot_bytes(size_t escape_capacity) const { return fixed_bytes() + escape_capacity; }
+  GAAC_HOST_DEVICE constexpr size_t slot_bytes(size_t escape_capacity) const { return fixed_bytes() + escape_capacity; }
 
   /// Byte offset of the code section inside a slot.
-  constexpr size_t code_offset() const { return sign_mantissa_bytes(); }
+  GAAC_HOST_DEVICE constexpr size_t code_offset() const { return sign_mantissa_bytes(); }
   /// Byte offset of the tag section inside a slot.
-  constexpr size_t tag_offset() const { return sign_mantissa_bytes() + code_bytes(); }
+  GAAC_HOST_DEVICE constexpr size_t tag_offset() const { return sign_mantissa_bytes() + code_bytes(); }
   /// Byte offset of the escape slot inside a slot.
-  constexpr size_t escape_offset() const { return fixed_bytes(); }
+  GAAC_HOST_DEVICE constexpr size_t escape_offset() const { return fixed_bytes(); }
 };
 
 /// Where one element of a tile lives in fragment order.
@@ -117,7 +124,7 @@ struct ElementSlot {
 /// 8h+g, channels 16s + 2t + {0, 8, 1, 9}. Values are B = V (k = token, n = channel): quad `j = c`
 /// is channel 8c+g, tokens 2t + {0, 8, 1, 9}. Byte order {0, 8, 1, 9} puts the two halves of each
 /// bf16x2 register in bytes (0, 2) and (1, 3).
-constexpr ElementSlot element_slot(TileShape shape, int lane, int quad, int byte) {
+GAAC_HOST_DEVICE constexpr ElementSlot element_slot(TileShape shape, int lane, int quad, int byte) {
   constexpr int kByteOffset[4] = {0, 8, 1, 9};
   const int g = lane / 4;
   const int t = lane % 4;
@@ -133,19 +140,19 @@ constexpr ElementSlot element_slot(TileShape shape, int lane, int quad, int byte
 /// Offset inside the sign+mantissa section of byte `byte` of quad `quad` of lane `lane`:
 /// chunks of 16 bytes per lane (four quads), 512 bytes per chunk, so a warp reads a chunk with one
 /// coalesced 16-byte load per lane.
-constexpr size_t sign_mantissa_offset(int lane, int quad, int byte) {
+GAAC_HOST_DEVICE constexpr size_t sign_mantissa_offset(int lane, int quad, int byte) {
   return static_cast<size_t>(quad / 4) * (16 * kWarpLanes) + static_cast<size_t>(lane) * 16 +
          static_cast<size_t>(quad % 4) * 4 + static_cast<size_t>(byte);
 }
 
 /// Index, in group order, of the group holding quad `quad` of lane `lane`. A lane's groups are
 /// consecutive, so its escape bytes are too.
-constexpr int group_index(TileShape shape, int lane, int quad) {
+GAAC_HOST_DEVICE constexpr int group_index(TileShape shape, int lane, int quad) {
   return lane * shape.groups_per_lane() + quad / 2;
 }
 
 /// Position of an element inside its group (0..7): the group's first quad, then its second.
-constexpr int index_in_group(int quad, int byte) { return (quad % 2) * kQuadSize + byte; }
+GAAC_HOST_DEVICE constexpr int index_in_group(int quad, int byte) { return (quad % 2) * kQuadSize + byte; }
 
 /// Location of one 3-bit code inside a lane's code words (docs/format.md, "Code words").
 struct CodeBits {
@@ -157,13 +164,13 @@ struct CodeBits {
 };
 
 /// Words of code bits per lane: three for every eight quads.
-constexpr int code_words_per_lane(TileShape shape) { return shape.quads_per_lane() / 8 * 3; }
+GAAC_HOST_DEVICE constexpr int code_words_per_lane(TileShape shape) { return shape.quads_per_lane() / 8 * 3; }
 
 /// Which lane word and bits hold the code of quad `quad` (byte b of the quad sits in byte b of the
 /// word). Per octet of quads o the lane has words W0, W1, W2; quads 0/1 sit at bits 0-2/3-5 of W0,
 /// quads 2/3 of W1, quads 4/5 of W2; quads 6 and 7 keep bits 0-1 in bits 6-7 of W0 and W1 and bit 2
 /// in bit 6 and bit 7 of W2. Lane words are numbered W0 of every octet first, then W1s, then W2s.
-constexpr CodeBits code_bits(TileShape shape, int quad) {
+GAAC_HOST_DEVICE constexpr CodeBits code_bits(TileShape shape, int quad) {
   const int octets = shape.quads_per_lane() / 8;
   const int o = quad / 8;
   const int k = quad % 8;
@@ -184,7 +191,7 @@ constexpr CodeBits code_bits(TileShape shape, int quad) {
 /// a lane's words (W0s and W1s) are contiguous per lane (16 bytes for 128 channels, 8 for 64), then
 /// the W2s (8 or 4 bytes per lane): a warp reads the section with one 16- and one 8-byte load per
 /// lane (or one 8- and one 4-byte load).
-constexpr size_t code_word_offset(TileShape shape, int lane, int word) {
+GAAC_HOST_DEVICE constexpr size_t code_word_offset(TileShape shape, int lane, int word) {
   const int words = code_words_per_lane(shape);
   const int first = words / 3 * 2;  // W0s and W1s
   if (word < first) return static_cast<size_t>(lane) * first * 4 + static_cast<size_t>(word) * 4;

@@ -4,18 +4,18 @@
 
 namespace gaac {
 namespace {
-std::string format_location(const std::source_location& loc) {
-  std::string file = loc.file_name();
+std::string format_location(const SourceLocation& loc) {
+  std::string file = loc.file;
   const auto slash = file.find_last_of('/');
   if (slash != std::string::npos) file = file.substr(slash + 1);
-  return file + ":" + std::to_string(loc.line());
+  return file + ":" + std::to_string(loc.line);
 }
 }  // namespace
 
-Error::Error(const std::string& message, std::source_location loc)
+Error::Error(const std::string& message, SourceLocation loc)
     : std::runtime_error(message), where_(format_location(loc)) {}
 
-Error::Error(ErrorCode code, const std::string& message, std::source_location loc)
+Error::Error(ErrorCode code, const std::string& message, SourceLocation loc)
     : std::runtime_error(message), code_(code), where_(format_location(loc)) {}
 
 Error::Error(ErrorCode code, const std::string& message, std::string where)

@@ -1,63 +1,92 @@
 #include "io/files.hpp"
 
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
-#include <memory>
+#include <fcntl.h>
 #include <unistd.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstring>
 
 #include "gaac/error.hpp"
 
 namespace gaac::io {
 namespace {
 
-std::string reason() { return std::strerror(errno); }
+[[noreturn]] void fail(const std::string& path, const std::string& action, int err) {
+  throw Error(ErrorCode::io, path + ": " + action + ": " + std::strerror(err));
+}
 
-struct FileCloser {
-  void operator()(std::FILE* f) const {
-    if (f) std::fclose(f);
+/// A file descriptor closed on scope exit.
+class Descriptor {
+ public:
+  explicit Descriptor(int fd) : fd_(fd) {}
+  Descriptor(const Descriptor&) = delete;
+  Descriptor& operator=(const Descriptor&) = delete;
+  ~Descriptor() {
+    if (fd_ >= 0) ::close(fd_);
   }
+  int get() const { return fd_; }
+  /// Closes now, returning close()'s result.
+  int close() {
+    const int rc = ::close(fd_);
+    fd_ = -1;
+    return rc;
+  }
+
+ private:
+  int fd_;
 };
-using File = std::unique_ptr<std::FILE, FileCloser>;
+
+/// Writes all of `bytes`, resuming after partial writes and interruptions.
+void write_all(int fd, std::span<const uint8_t> bytes, const std::string& path) {
+  while (!bytes.empty()) {
+    const ssize_t n = ::write(fd, bytes.data(), bytes.size());
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail(path, "cannot write", errno);
+    bytes = bytes.subspan(static_cast<size_t>(n));
+  }
+}
+
+/// A new temporary file beside `destination`; O_EXCL so it never clobbers anyone else's file.
+int create_temporary(const std::string& destination, std::string& path) {
+  static std::atomic<unsigned> counter{0};
+  for (int attempt = 0; attempt < 100; ++attempt) {
+    path = destination + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
+    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);  // umask decides the mode
+    if (fd >= 0) return fd;
+    if (errno != EEXIST) break;
+  }
+  fail(destination, "cannot create a temporary file beside it", errno);
+}
 
 }  // namespace
 
 std::vector<uint8_t> read_file(const std::string& path) {
-  File f(std::fopen(path.c_str(), "rb"));
-  if (!f) throw Error(ErrorCode::io, "cannot open " + path + ": " + reason());
-  if (std::fseek(f.get(), 0, SEEK_END) != 0) throw Error(ErrorCode::io, "cannot seek in " + path + ": " + reason());
-  const long size = std::ftell(f.get());
-  if (size < 0) throw Error(ErrorCode::io, "cannot size " + path + ": " + reason());
-  std::rewind(f.get());
-  std::vector<uint8_t> bytes(static_cast<size_t>(size));
-  if (!bytes.empty() && std::fread(bytes.data(), 1, bytes.size(), f.get()) != bytes.size()) {
-    throw Error(ErrorCode::io, "cannot read " + path + ": " + (std::ferror(f.get()) ? reason() : "file shrank while reading"));
+  Descriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) fail(path, "cannot open", errno);
+  std::vector<uint8_t> bytes;
+  uint8_t buffer[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd.get(), buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail(path, "cannot read", errno);
+    if (n == 0) break;
+    bytes.insert(bytes.end(), buffer, buffer + n);
   }
   return bytes;
 }
 
 void write_file_atomic(const std::string& path, std::span<const std::span<const uint8_t>> parts) {
-  const std::string temporary = path + ".tmp." + std::to_string(::getpid());
-  {
-    File f(std::fopen(temporary.c_str(), "wb"));
-    if (!f) throw Error(ErrorCode::io, "cannot create " + temporary + ": " + reason());
-    for (const auto part : parts) {
-      if (!part.empty() && std::fwrite(part.data(), 1, part.size(), f.get()) != part.size()) {
-        const std::string why = reason();
-        std::remove(temporary.c_str());
-        throw Error(ErrorCode::io, "cannot write " + temporary + ": " + why);
-      }
-    }
-    if (std::fflush(f.get()) != 0 || ::fsync(::fileno(f.get())) != 0) {
-      const std::string why = reason();
-      std::remove(temporary.c_str());
-      throw Error(ErrorCode::io, "cannot write " + temporary + ": " + why);
-    }
-  }
-  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
-    const std::string why = reason();
-    std::remove(temporary.c_str());
-    throw Error(ErrorCode::io, "cannot rename " + temporary + " to " + path + ": " + why);
+  std::string temporary;
+  Descriptor fd(create_temporary(path, temporary));
+  try {
+    for (const auto part : parts) write_all(fd.get(), part, path);
+    if (::fsync(fd.get()) != 0) fail(path, "cannot flush", errno);
+    if (fd.close() != 0) fail(path, "cannot close", errno);
+    if (::rename(temporary.c_str(), path.c_str()) != 0) fail(path, "cannot rename the temporary file into place", errno);
+  } catch (...) {
+    ::unlink(temporary.c_str());
+    throw;
   }
 }
 

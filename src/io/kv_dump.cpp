@@ -18,8 +18,10 @@ namespace {
 /// Layer numbers above this are refused as names, so a hostile name cannot ask for a huge table.
 constexpr int kMaxLayers = 1 << 20;
 
+/// Head widths the tile format handles (docs/format.md, section 2).
 bool supported_head_dim(int head_dim) { return head_dim == 64 || head_dim == 128 || head_dim == 256; }
 
+/// "k.3", "v.0".
 std::string tensor_name(char kind, size_t layer) { return std::string(1, kind) + "." + std::to_string(layer); }
 
 /// Which K or V tensor a name denotes.
@@ -59,6 +61,7 @@ size_t checked_elements(const KvTensor& t, const std::string& name) {
   return elements;
 }
 
+/// Checks one tensor's shape, data size, and agreement with the dump's first tensor.
 void validate_tensor(const KvTensor& t, const std::string& name, const KvTensor& reference) {
   const size_t elements = checked_elements(t, name);
   if (t.data.size() != elements) {
@@ -145,6 +148,7 @@ std::vector<LayerViews> complete_layers(const std::map<int, LayerViews>& layers)
   return ordered;
 }
 
+/// Converts a validated safetensors file into a dump and checks it as a whole.
 KvDump read_dump(const io::SafetensorsFile& file) {
   KvDump dump;
   for (const LayerViews& views : complete_layers(group_layers(file))) {
@@ -168,6 +172,7 @@ std::vector<uint8_t> little_endian_bytes(const std::vector<uint16_t>& data) {
   return bytes;
 }
 
+/// Adds one K or V tensor to the writer as little-endian BF16.
 void add_tensor(io::SafetensorsWriter& writer, const std::string& name, const KvTensor& t) {
   std::vector<int64_t> shape = {t.tokens, t.kv_heads, t.head_dim};
   if constexpr (std::endian::native == std::endian::little) {

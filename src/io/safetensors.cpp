@@ -8,19 +8,18 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <source_location>
 #include <system_error>
 #include <tuple>
 #include <unordered_map>
 #include <utility>
 
 #include "gaac/error.hpp"
+#include "io/files.hpp"
 
 namespace gaac::io {
 namespace {
@@ -51,6 +50,7 @@ constexpr DtypeInfo kDtypes[] = {
     {Dtype::u64, "U64", 8, 14},
 };
 
+/// The table row of a dtype, or nullptr for Dtype::other.
 const DtypeInfo* find_dtype(Dtype dtype) {
   for (const DtypeInfo& info : kDtypes) {
     if (info.dtype == dtype) return &info;
@@ -64,20 +64,20 @@ std::string in_quotes(const std::string& s) { return "'" + s + "'"; }
 
 /// Throws an error about the file as a whole: "<label>: <message>".
 [[noreturn]] void fail_file(const std::string& label, const std::string& message,
-                            std::source_location loc = std::source_location::current()) {
+                            SourceLocation loc = SourceLocation()) {
   throw Error(label + ": " + message, loc);
 }
 
 /// Throws an error about one tensor: "<label>: tensor '<name>': <message>".
 [[noreturn]] void fail_tensor(const std::string& label, const std::string& name, const std::string& message,
-                              std::source_location loc = std::source_location::current()) {
+                              SourceLocation loc = SourceLocation()) {
   throw Error(label + ": tensor " + in_quotes(name) + ": " + message, loc);
 }
 
 /// Throws an I/O error for a failed system call: "<label>: <action>: <reason from err>". Callers
 /// save errno first, since building the message may allocate and allocation may change errno.
 [[noreturn]] void fail_system(const std::string& label, const std::string& action, int err,
-                              std::source_location loc = std::source_location::current()) {
+                              SourceLocation loc = SourceLocation()) {
   throw Error(ErrorCode::io, label + ": " + action + ": " + errno_text(err), loc);
 }
 
@@ -133,6 +133,7 @@ Json parse_header_json(std::span<const uint8_t> text, const std::string& label) 
   return header;
 }
 
+/// Validates `__metadata__`: an object whose values are all strings.
 std::map<std::string, std::string> parse_metadata(const Json& value, const std::string& label) {
   if (!value.is_object()) fail_file(label, std::string(kMetadataKey) + " must be an object of strings");
   std::map<std::string, std::string> metadata;
@@ -146,12 +147,14 @@ std::map<std::string, std::string> parse_metadata(const Json& value, const std::
   return metadata;
 }
 
+/// The named field of a tensor entry; throws when it is absent.
 const Json& require_field(const Json& entry, const char* field, const std::string& label, const std::string& name) {
   const auto it = entry.find(field);
   if (it == entry.end()) fail_tensor(label, name, std::string("missing \"") + field + "\"");
   return *it;
 }
 
+/// "[2, 3]" for messages.
 std::string shape_text(const std::vector<int64_t>& shape) {
   std::string text = "[";
   for (size_t i = 0; i < shape.size(); ++i) text += (i ? ", " : "") + std::to_string(shape[i]);
@@ -177,6 +180,7 @@ std::pair<std::vector<int64_t>, uint64_t> parse_shape(const Json& value, const s
   return {std::move(shape), elements};
 }
 
+/// Validates `data_offsets`: exactly two unsigned integers (their range is checked by the caller).
 std::pair<uint64_t, uint64_t> parse_offsets(const Json& value, const std::string& label, const std::string& name) {
   if (!value.is_array() || value.size() != 2 || !value[0].is_number_unsigned() || !value[1].is_number_unsigned()) {
     fail_tensor(label, name, "\"data_offsets\" must be two non-negative integers, found " + value.dump());
@@ -238,6 +242,7 @@ struct ParsedImage {
   std::map<std::string, std::string> metadata;
 };
 
+/// Validates a whole image: length prefix, header, every tensor and metadata entry.
 ParsedImage parse_image(std::span<const uint8_t> image, const std::string& label) {
   const uint64_t header_length = read_header_length(image, label);
   const Json header = parse_header_json(image.subspan(8, static_cast<size_t>(header_length)), label);
@@ -289,7 +294,8 @@ std::vector<uint8_t> read_whole(int fd, size_t size, const std::string& path) {
 
 /// A writer's tensors in file order: the reference implementation's order (largest dtype rank
 /// first, then by name), so that every tensor's data is naturally aligned and our files are
-/// byte-identical to the reference's for the same tensors and metadata.
+/// byte-identical to the reference's for the same tensors (and at most one metadata entry: the
+/// reference writes metadata in hash-map order, gaac in key order).
 std::vector<TensorView> data_order(std::vector<TensorView> views) {
   std::sort(views.begin(), views.end(), [](const TensorView& a, const TensorView& b) {
     const int ra = find_dtype(a.dtype)->reference_rank;
@@ -305,6 +311,7 @@ struct Layout {
   std::vector<TensorView> tensors;
 };
 
+/// The length prefix and the JSON header, padded with spaces to a multiple of 8 bytes.
 std::vector<uint8_t> encode_header(const std::vector<TensorView>& tensors,
                                    const std::map<std::string, std::string>& metadata) {
   // ordered_json keeps insertion order: metadata first, tensors in data order, and each entry's
@@ -350,70 +357,13 @@ std::vector<TensorView> entry_views(const Entries& entries) {
   return views;
 }
 
+/// Orders the tensors and encodes the header describing them.
 Layout plan_layout(std::vector<TensorView> views, const std::map<std::string, std::string>& metadata) {
   Layout layout;
   layout.tensors = data_order(std::move(views));
   layout.header = encode_header(layout.tensors, metadata);
   return layout;
 }
-
-void write_all(int fd, std::span<const uint8_t> bytes, const std::string& path) {
-  while (!bytes.empty()) {
-    const ssize_t n = ::write(fd, bytes.data(), bytes.size());
-    const int err = errno;
-    if (n < 0 && err == EINTR) continue;
-    if (n < 0) fail_system(path, "cannot write", err);
-    bytes = bytes.subspan(static_cast<size_t>(n));
-  }
-}
-
-/// A temporary file beside the destination; removed unless commit() renames it into place.
-class TempFile {
- public:
-  explicit TempFile(const std::string& destination) : destination_(destination), fd_(-1) {
-    static std::atomic<unsigned> counter{0};
-    int err = 0;
-    for (int attempt = 0; attempt < 100 && fd_ < 0; ++attempt) {
-      path_ = destination + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
-      // O_EXCL: never clobber someone else's file; 0666 lets the umask decide the final mode.
-      fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-      err = errno;
-      if (fd_ < 0 && err != EEXIST) break;
-    }
-    if (fd_ < 0) fail_system(destination, "cannot create temporary file " + in_quotes(path_), err);
-  }
-  TempFile(const TempFile&) = delete;
-  TempFile& operator=(const TempFile&) = delete;
-  ~TempFile() {
-    if (fd_ >= 0) ::close(fd_);
-    if (!committed_) ::unlink(path_.c_str());
-  }
-
-  void write(std::span<const uint8_t> bytes) { write_all(fd_, bytes, destination_); }
-
-  /// Flushes to disk, closes and renames over the destination.
-  void commit() {
-    if (::fsync(fd_) != 0) {
-      const int err = errno;
-      fail_system(destination_, "cannot flush", err);
-    }
-    const int rc = ::close(fd_);
-    const int err = errno;
-    fd_ = -1;
-    if (rc != 0) fail_system(destination_, "cannot close", err);
-    if (::rename(path_.c_str(), destination_.c_str()) != 0) {
-      const int rename_err = errno;
-      fail_system(destination_, "cannot rename the temporary file into place", rename_err);
-    }
-    committed_ = true;
-  }
-
- private:
-  std::string destination_;
-  std::string path_;
-  int fd_;
-  bool committed_ = false;
-};
 
 }  // namespace
 
@@ -554,10 +504,9 @@ std::vector<uint8_t> SafetensorsWriter::image() const {
 void SafetensorsWriter::write(const std::string& path) const {
   // Streamed rather than built with image(), so a large dump is not held twice in memory.
   const Layout layout = plan_layout(entry_views(entries_), metadata_);
-  TempFile file(path);
-  file.write(layout.header);
-  for (const TensorView& t : layout.tensors) file.write(t.bytes);
-  file.commit();
+  std::vector<std::span<const uint8_t>> parts{layout.header};
+  for (const TensorView& t : layout.tensors) parts.push_back(t.bytes);
+  write_file_atomic(path, parts);
 }
 
 }  // namespace gaac::io

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -226,9 +227,18 @@ int64_t json_int(const Reader& r, const nlohmann::json& j, const char* key, int6
   return v;
 }
 
-KvDump read_metadata(const Reader& r, std::span<const uint8_t> bytes, CalibrationTable& calibration) {
+/// What the metadata section says: the dump's shape (tensors without data) and provenance.
+struct Metadata {
+  KvDump dump;
+  std::map<std::string, std::string> calibration_metadata;
+};
+
+Metadata read_metadata(const Reader& r, std::span<const uint8_t> bytes) {
   const auto meta = nlohmann::json::parse(bytes.begin(), bytes.end(), nullptr, false);
-  if (!meta.is_object() || meta.value("format", "") != "gaac-snapshot") r.fail("metadata section is not gaac-snapshot JSON");
+  const auto format = meta.is_object() ? meta.find("format") : meta.end();
+  if (!meta.is_object() || format == meta.end() || !format->is_string() || *format != "gaac-snapshot") {
+    r.fail("metadata section is not gaac-snapshot JSON");
+  }
   const auto layers = json_int(r, meta, "layers", 1, kMaxLayers);
   const auto heads = json_int(r, meta, "kv_heads", 1, kMaxKvHeads);
   const auto head_dim = json_int(r, meta, "head_dim", 64, 256);
@@ -237,31 +247,34 @@ KvDump read_metadata(const Reader& r, std::span<const uint8_t> bytes, Calibratio
   if (tokens == meta.end() || !tokens->is_array() || tokens->size() != static_cast<size_t>(layers)) {
     r.fail("metadata 'tokens' is not a list of one count per layer");
   }
-  KvDump dump;
+  Metadata out;
   for (const auto& t : *tokens) {
     if (!t.is_number_unsigned() || t.get<uint64_t>() >= static_cast<uint64_t>(kMaxTokens)) r.fail("bad token count in metadata");
     KvTensor shape{static_cast<int>(t.get<uint64_t>()), static_cast<int>(heads), static_cast<int>(head_dim), {}};
-    dump.layers.push_back({shape, shape});
+    out.dump.layers.push_back({shape, shape});
   }
   if (const auto m = meta.find("dump_metadata"); m != meta.end() && m->is_array()) {
     for (const auto& kv : *m) {
       if (!kv.is_array() || kv.size() != 2 || !kv[0].is_string() || !kv[1].is_string()) r.fail("bad dump_metadata entry");
-      dump.metadata.emplace_back(kv[0].get<std::string>(), kv[1].get<std::string>());
+      out.dump.metadata.emplace_back(kv[0].get<std::string>(), kv[1].get<std::string>());
     }
   }
-  calibration = CalibrationTable(static_cast<int>(layers), static_cast<int>(heads), static_cast<int>(head_dim));
   if (const auto m = meta.find("calibration_metadata"); m != meta.end() && m->is_object()) {
     for (const auto& [k, v] : m->items()) {
       if (!v.is_string()) r.fail("bad calibration_metadata entry");
-      calibration.metadata()[k] = v.get<std::string>();
+      out.calibration_metadata[k] = v.get<std::string>();
     }
   }
-  return dump;
+  return out;
 }
 
-void read_calibration(const Reader& r, std::span<const uint8_t> bytes, CalibrationTable& c) {
-  const size_t per_window = static_cast<size_t>(c.layers()) * c.kv_heads() * c.head_dim();
-  if (bytes.size() != 4 * per_window + 4 * static_cast<size_t>(c.layers())) r.fail("calibration section has the wrong size");
+/// Reads the calibration section of a dump with the given geometry. The section's size is checked
+/// before the table is allocated, so hostile geometry in the metadata cannot force a large allocation.
+CalibrationTable read_calibration(const Reader& r, std::span<const uint8_t> bytes, const KvDump& geometry) {
+  const auto layers = static_cast<uint64_t>(geometry.layers.size());
+  const uint64_t per_window = layers * static_cast<uint64_t>(geometry.kv_heads()) * static_cast<uint64_t>(geometry.head_dim());
+  if (bytes.size() != 4 * per_window + 4 * layers) r.fail("calibration section has the wrong size");
+  CalibrationTable c(static_cast<int>(layers), geometry.kv_heads(), geometry.head_dim());
   size_t at = 0;
   for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
     for (int window = 0; window < 2; ++window) {
@@ -288,6 +301,7 @@ void read_calibration(const Reader& r, std::span<const uint8_t> bytes, Calibrati
   } catch (const Error& e) {
     r.fail(e.what());
   }
+  return c;
 }
 
 void read_tensor(const Reader& r, std::span<const uint8_t> bytes, KvTensor& t, TensorKind kind, int layer,
@@ -363,9 +377,11 @@ Snapshot parse_snapshot(std::span<const uint8_t> image, const std::string& label
   if (sections.size() < 2 || sections[0].type != kMetadataSection || sections[1].type != kCalibrationSection) {
     reader.fail("sections must start with metadata and calibration");
   }
+  Metadata metadata = read_metadata(reader, sections[0].bytes);
   Snapshot snapshot;
-  snapshot.dump = read_metadata(reader, sections[0].bytes, snapshot.calibration);
-  read_calibration(reader, sections[1].bytes, snapshot.calibration);
+  snapshot.dump = std::move(metadata.dump);
+  snapshot.calibration = read_calibration(reader, sections[1].bytes, snapshot.dump);
+  snapshot.calibration.metadata() = std::move(metadata.calibration_metadata);
   const size_t layers = snapshot.dump.layers.size();
   if (sections.size() != 2 + 2 * layers) reader.fail("expected one section per layer and K/V");
   for (size_t l = 0; l < layers; ++l) {

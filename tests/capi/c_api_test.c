@@ -53,7 +53,7 @@ static void test_tile_round_trip(gaac_tensor_kind kind, int channels) {
   }
   for (i = 0; i < 16 * channels; ++i) src[i] = bf16(i & 1, 118 + i % 8, i * 7);
   src[5] = bf16(0, 112 + 15, 3);  /* one 4-bit group */
-  src[77] = bf16(1, 3, 9);        /* one raw group */
+  src[16 * channels - 1] = bf16(1, 3, 9); /* one raw group (last token, last channel) */
   CHECK(gaac_encode_tile(kind, channels, src, (size_t)channels, b3, b4, capacity, slot, slot_size, &info) == GAAC_OK);
   CHECK(info.groups_4bit == 1 && info.groups_raw == 1 && info.escape_bytes == 6);
   CHECK(info.groups_3bit + info.groups_4bit + info.groups_raw == (uint32_t)(2 * channels));

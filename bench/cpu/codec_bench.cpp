@@ -8,14 +8,16 @@
 #include <zstd.h>
 
 #include <algorithm>
-#include <array>
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <memory>
 #include <vector>
 
+#include "gaac/calibration.hpp"
 #include "gaac/codec.hpp"
 #include "gaac/synthetic.hpp"
+#include "gaac/tiling.hpp"
 
 namespace {
 
@@ -27,82 +29,30 @@ using gaac::TileShape;
 constexpr int kHeads = 8;
 constexpr int kLayerBf16Bytes = 4 << 20;  // K and V of one layer: 2 MiB each
 
-// Bases for the benchmark only (the calibration library is the real source): per channel, the
-// windows of 8 and 16 consecutive exponents that cover the most of the channel's values.
-struct ChannelBases {
-  std::vector<uint8_t> b3, b4;  // [head][channel]
-};
-
-int best_window(const std::array<int, 256>& histogram, int width) {
-  int best = 0, best_count = -1;
-  for (int base = 0; base + width <= 256; ++base) {
-    int count = 0;
-    for (int e = base; e < base + width; ++e) count += histogram[e];
-    if (count > best_count) best = base, best_count = count;
-  }
-  return best;
-}
-
-ChannelBases bench_bases(const KvTensor& t) {
-  ChannelBases bases{std::vector<uint8_t>(static_cast<size_t>(t.kv_heads * t.head_dim)),
-                     std::vector<uint8_t>(static_cast<size_t>(t.kv_heads * t.head_dim))};
-  for (int h = 0; h < t.kv_heads; ++h) {
-    for (int c = 0; c < t.head_dim; ++c) {
-      std::array<int, 256> histogram{};
-      for (int token = 0; token < t.tokens; ++token) ++histogram[gaac::bf16_exponent(t.at(token, h, c))];
-      const auto i = static_cast<size_t>(h * t.head_dim + c);
-      bases.b3[i] = static_cast<uint8_t>(best_window(histogram, 8));    // ≤ 248
-      bases.b4[i] = static_cast<uint8_t>(best_window(histogram, 16));   // ≤ 240
-    }
-  }
-  return bases;
-}
-
-/// One tensor (K or V) cut into tiles: 16 tokens × head_dim channels of one head.
+/// One tensor (K or V) of the layer, with the calibration of its kind.
 struct TiledTensor {
   const KvTensor* tensor;
+  TensorKind kind;
   TileShape shape;
-  ChannelBases bases;
-  size_t capacity = 0;
+  const gaac::CalibrationTable* table;
 
-  size_t stride() const { return static_cast<size_t>(tensor->kv_heads * tensor->head_dim); }
-  int tiles() const { return tensor->tokens / gaac::kTileTokens * tensor->kv_heads; }
-  /// Tile i: token block i / heads, head i % heads.
-  size_t offset(int i) const {
-    const int block = i / tensor->kv_heads, head = i % tensor->kv_heads;
-    return static_cast<size_t>(block) * gaac::kTileTokens * stride() + static_cast<size_t>(head * tensor->head_dim);
-  }
+  size_t capacity() const { return table->escape_capacity(kind, 0); }
+  size_t stride() const { return gaac::token_stride(*tensor); }
+  int tiles() const { return static_cast<int>(gaac::tile_count(*tensor)); }
+  size_t offset(int i) const { return gaac::tile_origin(*tensor, gaac::tile_position(*tensor, static_cast<size_t>(i))); }
   gaac::TileBases tile_bases(int i) const {
-    const auto head = static_cast<size_t>(i % tensor->kv_heads), n = static_cast<size_t>(tensor->head_dim);
-    return {std::span(bases.b3).subspan(head * n, n), std::span(bases.b4).subspan(head * n, n)};
+    const gaac::TilePosition p = gaac::tile_position(*tensor, static_cast<size_t>(i));
+    return table->tile_bases(kind, 0, p.head, p.half);
   }
 };
 
-/// One synthetic layer, its tiling, and the escape capacity that stores it smallest.
+/// One synthetic layer, calibrated on itself (windows and the escape capacity that stores it smallest).
 struct Corpus {
   gaac::KvDump dump;
+  gaac::CalibrationTable table;
   std::vector<TiledTensor> parts;
   size_t bf16_bytes = 0;
 };
-
-/// The escape capacity minimizing the stored size of `part` (tiles that do not fit are stored raw).
-size_t best_capacity(const TiledTensor& part) {
-  const TileShape shape = part.shape;
-  std::vector<uint8_t> slot(shape.slot_bytes(shape.max_slot_capacity()));
-  std::vector<size_t> escapes;
-  for (int i = 0; i < part.tiles(); ++i) {
-    escapes.push_back(gaac::encode_tile(shape, part.tensor->data.data() + part.offset(i), part.stride(), part.tile_bases(i),
-                                        shape.max_slot_capacity(), slot, Backend::scalar)
-                          .escape_bytes);
-  }
-  size_t best = 0, best_bytes = SIZE_MAX;
-  for (size_t capacity = 0; capacity <= shape.max_slot_capacity(); capacity += gaac::kSlotAlignment) {
-    size_t bytes = 0;
-    for (const size_t e : escapes) bytes += e <= capacity ? shape.slot_bytes(capacity) : shape.raw_bytes();
-    if (bytes < best_bytes) best = capacity, best_bytes = bytes;
-  }
-  return best;
-}
 
 const Corpus& corpus(int head_dim) {
   static std::map<int, std::unique_ptr<Corpus>> cache;
@@ -116,11 +66,11 @@ const Corpus& corpus(int head_dim) {
     spec.tokens = kLayerBf16Bytes / 2 / 2 / (kHeads * head_dim);
     spec.seed = 7;
     entry->dump = gaac::make_synthetic_kv(spec);
+    const gaac::KvDump* dumps[] = {&entry->dump};
+    entry->table = gaac::calibrate(dumps);
     for (const auto& [tensor, kind] : {std::pair{&entry->dump.layers[0].k, TensorKind::key},
                                        std::pair{&entry->dump.layers[0].v, TensorKind::value}}) {
-      TiledTensor part{tensor, TileShape{kind, head_dim}, bench_bases(*tensor)};
-      part.capacity = best_capacity(part);
-      entry->parts.push_back(std::move(part));
+      entry->parts.push_back({tensor, kind, gaac::tile_shape_for(kind, head_dim), &entry->table});
       entry->bf16_bytes += tensor->data.size() * sizeof(uint16_t);
     }
   }
@@ -150,7 +100,7 @@ void encode_layer(const Corpus& c, Backend backend, Encoded& out) {
   for (size_t p = 0; p < c.parts.size(); ++p) {
     const TiledTensor& part = c.parts[p];
     Encoded::Part& enc = out.parts[p];
-    const size_t slot_bytes = part.shape.slot_bytes(part.capacity);
+    const size_t slot_bytes = part.shape.slot_bytes(part.capacity());
     const auto width = static_cast<size_t>(part.shape.channels);
     enc.slots.resize(slot_bytes * static_cast<size_t>(part.tiles()));
     enc.raw.resize(static_cast<size_t>(part.shape.elements()) * static_cast<size_t>(part.tiles()));
@@ -158,14 +108,14 @@ void encode_layer(const Corpus& c, Backend backend, Encoded& out) {
     for (int i = 0; i < part.tiles(); ++i) {
       const uint16_t* src = part.tensor->data.data() + part.offset(i);
       const auto tile = static_cast<size_t>(i);
-      const gaac::TileEncoding e = gaac::encode_tile(part.shape, src, part.stride(), part.tile_bases(i), part.capacity,
+      const gaac::TileEncoding e = gaac::encode_tile(part.shape, src, part.stride(), part.tile_bases(i), part.capacity(),
                                                      std::span(enc.slots).subspan(tile * slot_bytes, slot_bytes), backend);
       enc.is_raw[tile] = !e.fits;
       if (!e.fits) copy_rows(src, part.stride(), enc.raw.data() + tile * part.shape.elements(), width, part.shape.channels);
       out.stored_bytes += e.fits ? slot_bytes : part.shape.raw_bytes();
     }
-    out.stored_bytes += part.bases.b3.size() + part.bases.b4.size();
   }
+  out.stored_bytes += c.table.bases_bytes();
 }
 
 /// Decodes a layer into `dst` (one buffer per part, shaped like the source); false on a bad slot.
@@ -175,7 +125,7 @@ bool decode_layer(const Corpus& c, const Encoded& in, Backend backend, std::vect
   for (size_t p = 0; p < c.parts.size(); ++p) {
     const TiledTensor& part = c.parts[p];
     const Encoded::Part& enc = in.parts[p];
-    const size_t slot_bytes = part.shape.slot_bytes(part.capacity);
+    const size_t slot_bytes = part.shape.slot_bytes(part.capacity());
     dst[p].resize(part.tensor->data.size());
     for (int i = 0; i < part.tiles(); ++i) {
       const auto tile = static_cast<size_t>(i);
@@ -185,7 +135,7 @@ bool decode_layer(const Corpus& c, const Encoded& in, Backend backend, std::vect
                   part.stride(), part.shape.channels);
         continue;
       }
-      ok &= gaac::decode_tile(part.shape, std::span(enc.slots).subspan(tile * slot_bytes, slot_bytes), part.capacity,
+      ok &= gaac::decode_tile(part.shape, std::span(enc.slots).subspan(tile * slot_bytes, slot_bytes), part.capacity(),
                               part.tile_bases(i), out, part.stride(), backend) == gaac::DecodeStatus::ok;
     }
   }

@@ -468,16 +468,19 @@ void write_code_words(const uint8_t* offsets, uint8_t* codes) {
 // ----------------------------------------------------------------------------------------------
 // Decode
 
-bool all_zero(const uint8_t* p, size_t n) {
-  size_t i = 0;
-  for (; i + 32 <= n; i += 32) {
-    const __m256i v = load(p + i);
-    if (!_mm256_testz_si256(v, v)) return false;
+/// True when escape bytes [from, capacity) are all zero. The range ends on a 16-byte block (the
+/// capacity is a multiple of 16), so its first block is read whole and the bytes before `from`
+/// masked off.
+bool padding_is_zero(const uint8_t* escapes, size_t from, size_t capacity) {
+  if (from >= capacity) return true;
+  size_t block = from & ~size_t{15};
+  const __m128i index = _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  const __m128i keep = _mm_cmpgt_epi8(index, _mm_set1_epi8(static_cast<char>(from - block - 1)));
+  __m128i any = _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(escapes + block)), keep);
+  for (block += 16; block < capacity; block += 16) {
+    any = _mm_or_si128(any, _mm_loadu_si128(reinterpret_cast<const __m128i*>(escapes + block)));
   }
-  for (; i < n; ++i) {
-    if (p[i] != 0) return false;
-  }
-  return true;
+  return _mm_testz_si128(any, any);
 }
 
 /// Walks the 4-bit and raw groups in group order, as the reference does (same checks, same order),
@@ -510,7 +513,7 @@ DecodeStatus apply_escapes(const uint8_t* tags, const uint8_t* escapes, size_t c
       next += n_escape;
     }
   }
-  return all_zero(escapes + next, capacity - next) ? DecodeStatus::ok : DecodeStatus::nonzero_padding;
+  return padding_is_zero(escapes, next, capacity) ? DecodeStatus::ok : DecodeStatus::nonzero_padding;
 }
 
 /// Composes the BF16 values from the stored bytes and exponents (fragment order) and writes them

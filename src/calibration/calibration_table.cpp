@@ -152,6 +152,7 @@ CalibrationTable load_calibration(const std::string& path) {
   if (format == file.metadata().end() || format->second != kFormatName) {
     throw Error(path + ": not a gaac calibration table (metadata 'format' is not '" + kFormatName + "')");
   }
+  if (metadata_int(file, "format_version") != 1) throw Error(path + ": calibration table format version is not 1");
   if (metadata_int(file, "tile_format_version") != static_cast<int>(kTileFormatVersion)) {
     throw Error(path + ": calibration made for another tile format version");
   }

@@ -162,8 +162,8 @@ KvDump read_dump(const io::SafetensorsFile& file) {
 // ---------------------------------------------------------------------------------------------
 // Saving
 
-/// A tensor's bit patterns as little-endian bytes (a copy only on big-endian hosts).
-std::vector<uint8_t> little_endian_bytes(const std::vector<uint16_t>& data) {
+/// A tensor's bit patterns as little-endian bytes (needed only on big-endian hosts).
+[[maybe_unused]] std::vector<uint8_t> little_endian_bytes(const std::vector<uint16_t>& data) {
   std::vector<uint8_t> bytes(data.size() * 2);
   for (size_t i = 0; i < data.size(); ++i) {
     bytes[2 * i] = static_cast<uint8_t>(data[i]);

@@ -206,15 +206,33 @@ class Reader {
       if (offset < previous_end || offset > image_.size() || bytes > image_.size() - offset) {
         fail("section " + std::to_string(i) + " lies outside the file or overlaps another");
       }
+      if (offset != align(previous_end)) fail("section " + std::to_string(i) + " does not start at the next 64-byte boundary");
       const auto data = image_.subspan(offset, bytes);
       if (XXH64(data.data(), data.size(), 0) != get_le(e + 24, 8)) fail("section " + std::to_string(i) + " checksum mismatch");
       out.push_back({static_cast<uint32_t>(get_le(e, 4)), static_cast<uint32_t>(get_le(e + 4, 4)), data});
       previous_end = offset + bytes;
     }
+    if (image_.size() != align(previous_end)) fail("file does not end at the 64-byte boundary after its last section");
     return out;
   }
 
+  /// Fails unless every byte outside the header, the section table and the sections is zero. Run
+  /// after the sections have been validated, so their own errors are reported first; with it, every
+  /// byte of a snapshot is either covered by a checksum or known to be zero.
+  void check_padding(const std::vector<SectionRef>& sections) const {
+    const uint8_t* from = image_.data() + kHeaderBytes + sections.size() * kSectionEntryBytes;
+    for (const SectionRef& s : sections) {
+      if (std::any_of(from, s.bytes.data(), [](uint8_t b) { return b != 0; })) fail("padding between sections is not zero");
+      from = s.bytes.data() + s.bytes.size();
+    }
+    if (std::any_of(from, image_.data() + image_.size(), [](uint8_t b) { return b != 0; })) {
+      fail("padding after the last section is not zero");
+    }
+  }
+
  private:
+  static uint64_t align(uint64_t n) { return (n + kSectionAlignment - 1) / kSectionAlignment * kSectionAlignment; }
+
   std::span<const uint8_t> image_;
   std::string label_;
 };
@@ -394,6 +412,7 @@ Snapshot parse_snapshot(std::span<const uint8_t> image, const std::string& label
     }
     if (progress) progress(l + 1, layers);
   }
+  reader.check_padding(sections);
   return snapshot;
 }
 

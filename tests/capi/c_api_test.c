@@ -102,6 +102,7 @@ static void test_calibration(const char* dir) {
   CHECK(p3[0] == 100 && p4[5] == 96 + (128 + 5) % 16);
   CHECK(gaac_calibration_tile_bases(loaded, GAAC_VALUE, 1, 0, 2, &p3, &p4) == GAAC_ERROR_INVALID_ARGUMENT);
   CHECK(gaac_calibration_escape_capacity(loaded, GAAC_VALUE, 1, &capacity) == GAAC_OK && capacity == 64);
+  gaac_calibration_free(loaded);
   CHECK(gaac_calibration_load("/nonexistent/calibration.safetensors", &loaded) == GAAC_ERROR_IO);
   CHECK(loaded == NULL);
   CHECK(gaac_calibration_load(__FILE__, &loaded) == GAAC_ERROR_MALFORMED);

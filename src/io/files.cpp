@@ -16,27 +16,6 @@ namespace {
   throw Error(ErrorCode::io, path + ": " + action + ": " + std::strerror(err));
 }
 
-/// A file descriptor closed on scope exit.
-class Descriptor {
- public:
-  explicit Descriptor(int fd) : fd_(fd) {}
-  Descriptor(const Descriptor&) = delete;
-  Descriptor& operator=(const Descriptor&) = delete;
-  ~Descriptor() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-  /// Closes now, returning close()'s result.
-  int close() {
-    const int rc = ::close(fd_);
-    fd_ = -1;
-    return rc;
-  }
-
- private:
-  int fd_;
-};
-
 /// Writes all of `bytes`, resuming after partial writes and interruptions.
 void write_all(int fd, std::span<const uint8_t> bytes, const std::string& path) {
   while (!bytes.empty()) {
@@ -60,6 +39,16 @@ int create_temporary(const std::string& destination, std::string& path) {
 }
 
 }  // namespace
+
+Descriptor::~Descriptor() {
+  if (fd_ >= 0) ::close(fd_);
+}
+
+int Descriptor::close() {
+  const int rc = ::close(fd_);
+  fd_ = -1;
+  return rc;
+}
 
 std::vector<uint8_t> read_file(const std::string& path) {
   Descriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));

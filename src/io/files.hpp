@@ -8,6 +8,22 @@
 
 namespace gaac::io {
 
+/// A POSIX file descriptor closed on scope exit (negative: none).
+class Descriptor {
+ public:
+  explicit Descriptor(int fd) : fd_(fd) {}
+  Descriptor(const Descriptor&) = delete;
+  Descriptor& operator=(const Descriptor&) = delete;
+  ~Descriptor();
+  /// The descriptor.
+  int get() const { return fd_; }
+  /// Closes now, returning close()'s result.
+  int close();
+
+ private:
+  int fd_;
+};
+
 /// Reads a whole file. Throws gaac::Error naming the path and the system's reason.
 std::vector<uint8_t> read_file(const std::string& path);
 

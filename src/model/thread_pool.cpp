@@ -1,0 +1,75 @@
+#include "model/thread_pool.hpp"
+
+#include <algorithm>
+
+namespace gaac::model {
+
+ThreadPool::ThreadPool(int threads) {
+  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
+  for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i] { work(i); });
+}
+
+ThreadPool::~ThreadPool() {
+  {
+    std::lock_guard lock(mutex_);
+    stop_ = true;
+  }
+  wake_.notify_all();
+  for (auto& t : workers_) t.join();
+}
+
+void ThreadPool::run_chunk(int index) {
+  // Thread `index` of size() takes the index-th share of the grains.
+  const int64_t grains = (n_ + grain_ - 1) / grain_;
+  const int64_t per = grains / size(), extra = grains % size();
+  const int64_t first = index * per + std::min<int64_t>(index, extra);
+  const int64_t count = per + (index < extra ? 1 : 0);
+  const int64_t begin = first * grain_, end = std::min(n_, (first + count) * grain_);
+  if (begin >= end) return;
+  try {
+    (*body_)(begin, end);
+  } catch (...) {
+    std::lock_guard lock(mutex_);
+    if (!error_) error_ = std::current_exception();
+  }
+}
+
+void ThreadPool::work(int index) {
+  uint64_t seen = 0;
+  for (;;) {
+    {
+      std::unique_lock lock(mutex_);
+      wake_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+    }
+    run_chunk(index);
+    std::lock_guard lock(mutex_);
+    if (--pending_ == 0) done_.notify_one();
+  }
+}
+
+void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body) {
+  if (n <= 0) return;
+  if (workers_.empty() || n <= grain) {
+    body(0, n);
+    return;
+  }
+  {
+    std::lock_guard lock(mutex_);
+    body_ = &body;
+    n_ = n;
+    grain_ = std::max<int64_t>(1, grain);
+    pending_ = static_cast<int>(workers_.size());
+    error_ = nullptr;
+    ++generation_;
+  }
+  wake_.notify_all();
+  run_chunk(0);
+  std::unique_lock lock(mutex_);
+  done_.wait(lock, [&] { return pending_ == 0; });
+  body_ = nullptr;
+  if (error_) std::rethrow_exception(error_);
+}
+
+}  // namespace gaac::model

@@ -1,0 +1,135 @@
+// gaac generate / gaac capture: run a GGUF model; stream an answer, or write the KV cache of a text.
+#include <fmt/core.h>
+
+#include <chrono>
+#include <fstream>
+#include <sstream>
+
+#include "commands.hpp"
+#include "common.hpp"
+#include "gaac/error.hpp"
+#include "model/model.hpp"
+#include "progress.hpp"
+
+namespace gaac::cli {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point start) {
+  return std::chrono::duration<double>(Clock::now() - start).count();
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw Error(ErrorCode::io, "cannot open " + path);
+  std::ostringstream text;
+  text << in.rdbuf();
+  return text.str();
+}
+
+/// Prefills `tokens` in chunks so a progress bar can follow long texts.
+void prefill(model::Session& session, const std::vector<model::Token>& tokens, ProgressBar& bar) {
+  constexpr size_t kChunk = 64;
+  for (size_t i = 0; i < tokens.size(); i += kChunk) {
+    const size_t n = std::min(kChunk, tokens.size() - i);
+    session.forward(std::span(tokens).subspan(i, n));
+    bar(i + n, tokens.size());
+  }
+}
+
+struct GenerateOptions {
+  std::string model, prompt;
+  int max_tokens = 128;
+  int threads = 0;
+  bool raw = false;
+  model::Sampling sampling;
+};
+
+void run_generate(const GenerateOptions& o) {
+  const auto model = model::Model::load(o.model);
+  const model::Tokenizer& tok = model->tokenizer();
+  model::ThreadPool pool(o.threads);
+  model::Session session(*model, pool);
+  std::vector<model::Token> prompt;
+  if (tok.add_bos()) prompt.push_back(tok.bos());
+  const auto text = tok.encode(o.raw ? o.prompt : model->chat_prompt(o.prompt));
+  prompt.insert(prompt.end(), text.begin(), text.end());
+
+  const auto start = Clock::now();
+  std::vector<float> logits = session.forward(prompt);
+  const double prefill_s = seconds_since(start);
+  uint64_t state = o.sampling.seed;
+  const auto decode_start = Clock::now();
+  int generated = 0;
+  for (; generated < o.max_tokens; ++generated) {
+    const model::Token next = model::sample(logits, o.sampling, state);
+    if (tok.is_end_of_generation(next)) break;
+    fmt::print("{}", tok.token_text(next));  // raw bytes: a character split across tokens completes later
+    std::fflush(stdout);
+    logits = session.forward(std::span(&next, 1));
+  }
+  const double decode_s = seconds_since(decode_start);
+  fmt::print("\n");
+  fmt::print(stderr, "prompt: {} tokens in {:.2f} s ({:.1f} tokens/s); generated: {} tokens in {:.2f} s ({:.1f} tokens/s)\n",
+             prompt.size(), prefill_s, static_cast<double>(prompt.size()) / prefill_s, generated, decode_s,
+             generated > 0 ? generated / decode_s : 0.0);
+}
+
+}  // namespace
+
+void add_generate(CLI::App& app) {
+  auto* cmd = app.add_subcommand("generate", "Generate text with a GGUF model (Llama family, Gemma 3) on the CPU");
+  auto o = std::make_shared<GenerateOptions>();
+  cmd->add_option("-m,--model", o->model, "Model (.gguf)")->required()->check(CLI::ExistingFile);
+  cmd->add_option("-p,--prompt", o->prompt, "User message (wrapped in the model's chat template)")->required();
+  cmd->add_option("-n,--max-tokens", o->max_tokens, "Most tokens to generate")->capture_default_str()->check(CLI::Range(1, 1 << 20));
+  cmd->add_option("--temperature", o->sampling.temperature, "Sampling temperature (0: greedy)")->capture_default_str();
+  cmd->add_option("--top-p", o->sampling.top_p, "Nucleus sampling threshold")->capture_default_str()->check(CLI::Range(0.0, 1.0));
+  cmd->add_option("--seed", o->sampling.seed, "Sampling seed")->capture_default_str();
+  cmd->add_option("-t,--threads", o->threads, "Threads (0: all)")->capture_default_str();
+  cmd->add_flag("--raw", o->raw, "Use the prompt as is, without the chat template");
+  cmd->callback([o] { run_generate(*o); });
+}
+
+void add_capture(CLI::App& app) {
+  auto* cmd = app.add_subcommand("capture", "Prefill a GGUF model over a text and write its KV cache (BF16) as a KV dump");
+  auto model_path = std::make_shared<std::string>();
+  auto text_path = std::make_shared<std::string>();
+  auto output = std::make_shared<std::string>();
+  auto max_tokens = std::make_shared<int>(0);
+  auto threads = std::make_shared<int>(0);
+  cmd->add_option("-m,--model", *model_path, "Model (.gguf)")->required()->check(CLI::ExistingFile);
+  cmd->add_option("--text", *text_path, "Text file to prefill")->required()->check(CLI::ExistingFile);
+  cmd->add_option("--tokens", *max_tokens, "Use at most this many tokens of the text (0: all, up to the context)");
+  cmd->add_option("-t,--threads", *threads, "Threads (0: all)")->capture_default_str();
+  cmd->add_option("-o,--output", *output, "KV dump to write (.safetensors)")->required();
+  cmd->callback([=] {
+    const auto model = model::Model::load(*model_path);
+    const model::Tokenizer& tok = model->tokenizer();
+    std::vector<model::Token> tokens;
+    if (tok.add_bos()) tokens.push_back(tok.bos());
+    const auto text = tok.encode(read_text(*text_path), false);
+    tokens.insert(tokens.end(), text.begin(), text.end());
+    size_t limit = static_cast<size_t>(model->config().context);
+    if (*max_tokens > 0) limit = std::min(limit, static_cast<size_t>(*max_tokens));
+    if (tokens.size() > limit) tokens.resize(limit);
+    model::ThreadPool pool(*threads);
+    model::Session session(*model, pool);
+    const auto start = Clock::now();
+    {
+      ProgressBar bar("prefill");
+      prefill(session, tokens, bar);
+    }
+    KvDump dump = session.kv_dump();
+    dump.metadata.emplace_back("model", *model_path);
+    dump.metadata.emplace_back("text", *text_path);
+    dump.metadata.emplace_back("tokens", std::to_string(tokens.size()));
+    save_kv_dump(dump, *output);
+    fmt::print("{}: {} tokens × {} layers × {} KV heads × head_dim {} ({} of BF16 KV) in {:.1f} s, wrote {}\n", *text_path,
+               tokens.size(), dump.layers.size(), dump.kv_heads(), dump.head_dim(),
+               human_bytes(static_cast<double>(dump.bf16_bytes())), seconds_since(start), *output);
+  });
+}
+
+}  // namespace gaac::cli

@@ -93,6 +93,7 @@ std::vector<float> Session::forward(std::span<const Token> tokens, bool all_logi
   std::vector<float> h(rows(T, d)), q(rows(T, q_width)), k(rows(T, kv_width)), v(rows(T, kv_width));
   std::vector<float> attn(rows(T, q_width)), o(rows(T, d)), gate(rows(T, c.d_ff)), up(rows(T, c.d_ff));
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
+  std::vector<float> kf, vf;  // the attended part of one layer's cache, widened to float
   const int group = c.heads / c.kv_heads;
 
   for (int l = 0; l < c.layers; ++l) {
@@ -128,9 +129,18 @@ std::vector<float> Session::forward(std::span<const Token> tokens, bool all_logi
       }
     }
 
-    // Causal attention over the cache (sliding layers see the last `sliding_window` positions).
+    // Causal attention over the cache (sliding layers see the last `sliding_window` positions). The
+    // attended range is widened from BF16 once per layer, not once per query.
+    const int seen_from = sliding ? std::max(0, position_ - c.sliding_window + 1) : 0;
+    const int seen_to = position_ + static_cast<int>(T);
+    kf.resize(rows(seen_to, kv_width));
+    vf.resize(rows(seen_to, kv_width));
+    for (size_t i = rows(seen_from, kv_width); i < rows(seen_to, kv_width); ++i) {
+      kf[i] = bf16_to_float(kc[i]);
+      vf[i] = bf16_to_float(vc[i]);
+    }
     pool_.parallel_for(T * c.heads, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> scores, key(static_cast<size_t>(hd)), value(static_cast<size_t>(hd));
+      std::vector<float> scores;
       for (int64_t job = begin; job < end; ++job) {
         const int64_t t = job / c.heads;
         const int head = static_cast<int>(job % c.heads), kv = head / group;
@@ -140,9 +150,7 @@ std::vector<float> Session::forward(std::span<const Token> tokens, bool all_logi
         scores.assign(static_cast<size_t>(pos - first + 1), 0.0f);
         float top = -INFINITY;
         for (int j = first; j <= pos; ++j) {
-          const uint16_t* kj = &kc[rows(j, kv_width) + static_cast<size_t>(kv) * hd];
-          for (int i = 0; i < hd; ++i) key[static_cast<size_t>(i)] = bf16_to_float(kj[i]);
-          const float s = dot(qh, key.data(), hd) * scale;
+          const float s = dot(qh, &kf[rows(j, kv_width) + static_cast<size_t>(kv) * hd], hd) * scale;
           scores[static_cast<size_t>(j - first)] = s;
           top = std::max(top, s);
         }
@@ -152,8 +160,8 @@ std::vector<float> Session::forward(std::span<const Token> tokens, bool all_logi
         std::fill(out, out + hd, 0.0f);
         for (int j = first; j <= pos; ++j) {
           const float p = scores[static_cast<size_t>(j - first)] / total;
-          const uint16_t* vj = &vc[rows(j, kv_width) + static_cast<size_t>(kv) * hd];
-          for (int i = 0; i < hd; ++i) out[i] += p * bf16_to_float(vj[i]);
+          const float* vj = &vf[rows(j, kv_width) + static_cast<size_t>(kv) * hd];
+          for (int i = 0; i < hd; ++i) out[i] += p * vj[i];
         }
       }
     });

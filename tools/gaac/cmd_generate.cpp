@@ -39,7 +39,7 @@ void prefill(model::Session& session, const std::vector<model::Token>& tokens, P
 }
 
 struct GenerateOptions {
-  std::string model, prompt;
+  std::string model, prompt, save_kv;
   int max_tokens = 128;
   int threads = 0;
   bool raw = false;
@@ -71,6 +71,13 @@ void run_generate(const GenerateOptions& o) {
   }
   const double decode_s = seconds_since(decode_start);
   fmt::print("\n");
+  if (!o.save_kv.empty()) {
+    KvDump dump = session.kv_dump();
+    dump.metadata.emplace_back("model", o.model);
+    dump.metadata.emplace_back("prompt", o.prompt);
+    dump.metadata.emplace_back("tokens", std::to_string(session.position()));
+    save_kv_dump(dump, o.save_kv);
+  }
   fmt::print(stderr, "prompt: {} tokens in {:.2f} s ({:.1f} tokens/s); generated: {} tokens in {:.2f} s ({:.1f} tokens/s)\n",
              prompt.size(), prefill_s, static_cast<double>(prompt.size()) / prefill_s, generated, decode_s,
              generated > 0 ? generated / decode_s : 0.0);
@@ -89,6 +96,7 @@ void add_generate(CLI::App& app) {
   cmd->add_option("--seed", o->sampling.seed, "Sampling seed")->capture_default_str();
   cmd->add_option("-t,--threads", o->threads, "Threads (0: all)")->capture_default_str();
   cmd->add_flag("--raw", o->raw, "Use the prompt as is, without the chat template");
+  cmd->add_option("--save-kv", o->save_kv, "Write the KV cache of the prompt and answer to this KV dump (.safetensors)");
   cmd->callback([o] { run_generate(*o); });
 }
 

@@ -1,0 +1,1 @@
+gaac_add_test(engine_test ${CMAKE_CURRENT_LIST_DIR}/engine_test.cpp)

@@ -1,0 +1,58 @@
+#!/usr/bin/env python3
+"""Reference logits and greedy tokens from llama.cpp, for validating gaac's engine.
+
+Runs llama.cpp (through the llama-cpp-python package from PyPI, which builds llama.cpp from its public
+source; install it in a virtual environment: `python3 -m venv /tmp/venv && /tmp/venv/bin/pip install
+llama-cpp-python==0.3.36 numpy`) with a BF16 KV cache. Nothing of llama.cpp is part of gaac.
+
+  reference_logits.py logits MODEL.gguf TOKENS.txt OUT.f32
+      evaluates the token ids in TOKENS.txt (whitespace-separated, as written by
+      `gaac validate --write-tokens`) and writes their logits as raw little-endian float32,
+      n_tokens × vocab, for `gaac validate --reference OUT.f32`.
+  reference_logits.py greedy MODEL.gguf TOKENS.txt N
+      prints the first N greedy (arg-max) continuation token ids of the token ids in TOKENS.txt.
+"""
+
+import sys
+
+import numpy as np
+from llama_cpp import Llama
+
+GGML_TYPE_BF16 = 30
+
+
+def load(model, n_ctx):
+    return Llama(model_path=model, n_ctx=n_ctx, n_batch=512, logits_all=True, n_threads=2, verbose=False,
+                 type_k=GGML_TYPE_BF16, type_v=GGML_TYPE_BF16, flash_attn=True)
+
+
+def read_tokens(path):
+    with open(path) as f:
+        return [int(t) for t in f.read().split()]
+
+
+def main():
+    mode, model, tokens_path = sys.argv[1:4]
+    tokens = read_tokens(tokens_path)
+    if mode == "logits":
+        llm = load(model, len(tokens) + 8)
+        llm.eval(tokens)
+        scores = np.asarray(llm.scores[: len(tokens)], dtype="<f4")
+        scores.tofile(sys.argv[4])
+        print(f"{len(tokens)} positions x {scores.shape[1]} logits written to {sys.argv[4]}", file=sys.stderr)
+    elif mode == "greedy":
+        n = int(sys.argv[4])
+        llm = load(model, len(tokens) + n + 8)
+        llm.eval(tokens)
+        out = []
+        for _ in range(n):
+            nxt = int(np.argmax(llm.scores[llm.n_tokens - 1]))
+            out.append(nxt)
+            llm.eval([nxt])
+        print(" ".join(map(str, out)))
+    else:
+        sys.exit(__doc__)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,20 +1,22 @@
 // Seed corpus for the fuzz targets, so that fuzzing starts from valid inputs:
 //
-//   gaac_fuzz_corpus <snapshot_dir> <tile_dir> [<safetensors_dir>]
+//   gaac_fuzz_corpus <snapshot_dir> <tile_dir> [<safetensors_dir> [<gguf_dir>]]
 //
 // writes small valid .gaac images (gaac_snapshot_fuzz), valid tile slots behind the 6-byte header
 // that fuzz/tile_decode_fuzz.cpp describes (gaac_tile_decode_fuzz) and, when a third directory is
-// given, a KV dump and a calibration table as safetensors (gaac_safetensors_fuzz). Deterministic:
-// the same files every run.
+// given, a KV dump and a calibration table as safetensors (gaac_safetensors_fuzz), and when a fourth
+// is, small GGUF files (gaac_gguf_fuzz). Deterministic: the same files every run.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <exception>
 #include <filesystem>
 #include <fstream>
 #include <random>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "gaac/calibration.hpp"
@@ -159,11 +161,134 @@ int write_safetensors(const fs::path& dir) {
   return 2;
 }
 
+// GGUF: a minimal little-endian writer (layout in src/model/gguf.hpp and tests/model/gguf_test.cpp).
+
+void put_le(std::vector<uint8_t>& out, uint64_t v, int n) {
+  for (int i = 0; i < n; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
+}
+void put_str(std::vector<uint8_t>& out, const std::string& s) {
+  put_le(out, s.size(), 8);
+  out.insert(out.end(), s.begin(), s.end());
+}
+
+/// An encoded metadata value: type id, then its bytes.
+struct GgufValue {
+  uint32_t type;
+  std::vector<uint8_t> bytes;
+};
+GgufValue gguf_scalar(uint32_t type, uint64_t bits, int n) {
+  GgufValue v{type, {}};
+  put_le(v.bytes, bits, n);
+  return v;
+}
+GgufValue gguf_str(const std::string& s) {
+  GgufValue v{8, {}};
+  put_str(v.bytes, s);
+  return v;
+}
+GgufValue gguf_array(uint32_t item_type, const std::vector<GgufValue>& items) {
+  GgufValue v{9, {}};
+  put_le(v.bytes, item_type, 4);
+  put_le(v.bytes, items.size(), 8);
+  for (const GgufValue& item : items) v.bytes.insert(v.bytes.end(), item.bytes.begin(), item.bytes.end());
+  return v;
+}
+
+struct GgufTensorSeed {
+  std::string name;
+  std::vector<uint64_t> ne;
+  uint32_t type;
+  size_t bytes;  // filled with a byte ramp
+};
+
+std::vector<uint8_t> gguf_image(uint32_t version, uint64_t alignment,
+                                const std::vector<std::pair<std::string, GgufValue>>& kvs,
+                                const std::vector<GgufTensorSeed>& tensors) {
+  const auto align = [alignment](uint64_t n) { return (n + alignment - 1) / alignment * alignment; };
+  std::vector<uint8_t> out = {'G', 'G', 'U', 'F'};
+  put_le(out, version, 4);
+  put_le(out, tensors.size(), 8);
+  put_le(out, kvs.size(), 8);
+  for (const auto& [key, value] : kvs) {
+    put_str(out, key);
+    put_le(out, value.type, 4);
+    out.insert(out.end(), value.bytes.begin(), value.bytes.end());
+  }
+  uint64_t offset = 0;
+  for (const GgufTensorSeed& t : tensors) {
+    put_str(out, t.name);
+    put_le(out, t.ne.size(), 4);
+    for (const uint64_t n : t.ne) put_le(out, n, 8);
+    put_le(out, t.type, 4);
+    put_le(out, offset, 8);
+    offset = align(offset + t.bytes);
+  }
+  for (const GgufTensorSeed& t : tensors) {
+    out.resize(align(out.size()), 0);
+    for (size_t i = 0; i < t.bytes; ++i) out.push_back(static_cast<uint8_t>(i * 7 + 1));
+  }
+  return out;
+}
+
+int write_gguf(const fs::path& dir) {
+  const auto u32 = [](uint32_t v) { return gguf_scalar(4, v, 4); };
+  const auto f32 = [](float f) {
+    uint32_t bits;
+    std::memcpy(&bits, &f, 4);
+    return gguf_scalar(6, bits, 4);
+  };
+  // A tiny llama-like model.
+  write_file(dir / "llama_like.gguf",
+             gguf_image(3, 32,
+                        {{"general.architecture", gguf_str("llama")},
+                         {"llama.block_count", u32(1)},
+                         {"llama.rope.freq_base", f32(10000.0f)},
+                         {"tokenizer.ggml.model", gguf_str("gpt2")},
+                         {"tokenizer.ggml.tokens", gguf_array(8, {gguf_str("<s>"), gguf_str("a"), gguf_str("b")})},
+                         {"tokenizer.ggml.token_type", gguf_array(5, {gguf_scalar(5, 3, 4), gguf_scalar(5, 1, 4)})},
+                         {"tokenizer.ggml.bos_token_id", u32(0)}},
+                        {{"token_embd.weight", {32, 3}, 8, 3 * 34},
+                         {"output_norm.weight", {32}, 0, 128},
+                         {"blk.0.ffn_down.weight", {256, 2}, 12, 2 * 144}}));
+  // Every value type, nested arrays, version 2, no tensors.
+  write_file(dir / "all_values_v2.gguf",
+             gguf_image(2, 32,
+                        {{"u8", gguf_scalar(0, 200, 1)},
+                         {"i8", gguf_scalar(1, 0x9C, 1)},
+                         {"u16", gguf_scalar(2, 60000, 2)},
+                         {"i16", gguf_scalar(3, 0x8AD0, 2)},
+                         {"u32", u32(4000000000u)},
+                         {"i32", gguf_scalar(5, 0x88CA6C00, 4)},
+                         {"f32", f32(1.5f)},
+                         {"bool", gguf_scalar(7, 1, 1)},
+                         {"string", gguf_str("text")},
+                         {"u64", gguf_scalar(10, ~uint64_t{0}, 8)},
+                         {"i64", gguf_scalar(11, uint64_t{1} << 63, 8)},
+                         {"f64", gguf_scalar(12, 0x400921FB54442D18, 8)},
+                         {"nested", gguf_array(9, {gguf_array(3, {gguf_scalar(3, 1, 2)}), gguf_array(8, {})})},
+                         {"floats", gguf_array(6, {f32(0.5f), f32(-1.0f)})}},
+                        {}));
+  // Custom alignment and the remaining tensor types, including an empty and a 0-dimensional tensor.
+  write_file(dir / "aligned_64.gguf",
+             gguf_image(3, 64, {{"general.alignment", u32(64)}},
+                        {{"f16", {4, 2}, 1, 16},
+                         {"bf16", {2, 2, 2, 2}, 30, 32},
+                         {"q4_0", {32}, 2, 18},
+                         {"q4_1", {32}, 3, 20},
+                         {"q5_0", {64}, 6, 44},
+                         {"q5_1", {32}, 7, 24},
+                         {"q5_k", {256}, 13, 176},
+                         {"q6_k", {256}, 14, 210},
+                         {"empty", {0, 4}, 0, 0},
+                         {"scalar", {}, 0, 4}}));
+  return 3;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 3 || argc > 4) {
-    std::fprintf(stderr, "usage: %s <snapshot_dir> <tile_dir> [<safetensors_dir>]\n", argv[0]);
+  if (argc < 3 || argc > 5) {
+    std::fprintf(stderr, "usage: %s <snapshot_dir> <tile_dir> [<safetensors_dir> [<gguf_dir>]]\n", argv[0]);
     return 2;
   }
   try {
@@ -172,7 +297,9 @@ int main(int argc, char** argv) {
     const int snapshots = write_snapshots(dirs[0]);
     const int tiles = write_tiles(dirs[1]);
     const int tensors = dirs.size() > 2 ? write_safetensors(dirs[2]) : 0;
-    std::printf("wrote %d snapshots, %d tiles, %d safetensors files\n", snapshots, tiles, tensors);
+    const int ggufs = dirs.size() > 3 ? write_gguf(dirs[3]) : 0;
+    std::printf("wrote %d snapshots, %d tiles, %d safetensors files, %d GGUF files\n", snapshots, tiles, tensors,
+                ggufs);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gaac_fuzz_corpus: %s\n", e.what());
     return 1;

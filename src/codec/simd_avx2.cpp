@@ -21,8 +21,10 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
+#include <utility>
 
 namespace gaac::avx2 {
 namespace {
@@ -286,6 +288,7 @@ class FragmentBases<G, TensorKind::key> {
   __m256i b4(int v) const { return load(b4_[pattern(v)]); }
   __m128i b3_group(int at) const { return load8(b3_[pattern(at / 32)] + at % 32); }
   __m128i step_group(int at) const { return load8(step_[pattern(at / 32)] + at % 32); }
+  __m256i step(int v) const { return load(step_[pattern(v)]); }
 
  private:
   static constexpr int pattern(int v) { return v / 16 % G::kHalves * 2 + v % 2; }
@@ -332,6 +335,7 @@ class FragmentBases<G, TensorKind::value> {
   __m256i b4(int v) const { return spread(b4_, v); }
   __m128i b3_group(int at) const { return group(b3_, at); }
   __m128i step_group(int at) const { return group(step_, at); }
+  __m256i step(int v) const { return spread(step_, v); }
 
  private:
   /// Both halves of `out`: dword g (g = 0..3, then 4..7) = [x(g), x(8+g), x(16+g), x(24+g)].
@@ -388,42 +392,27 @@ struct CodeArea {
   }
 };
 
-/// Decode: the 3-bit codes of fragment registers, chunk by chunk, plus b3: exponents as if every
-/// group were 3-bit.
-template <class G>
-void exponents_as_3bit(const uint8_t* codes, const FragmentBases<G>& bases, uint8_t* exponents) {
+/// Decode: the 3-bit codes of fragment register 16c + p, for c = kChunk.
+template <class G, int kChunk>
+__m256i read_codes(const uint8_t* codes, int p) {
   using Area = CodeArea<G>;
-  constexpr int kOc = G::kOctets, kFw = Area::kFirstWords;
-  const __m256i low3 = _mm256_set1_epi8(7);
-  for (int c = 0; c < G::kChunks; ++c) {
-    const int o = c / 2;
-    uint8_t* out = exponents + 512 * c;
-    if (c % 2 == 0) {  // quads 0..3: W0, W0 >> 3, W1, W1 >> 3
-      const __m256i pick = _mm256_setr_epi32(o, o, kOc + o, kOc + o, kFw + o, kFw + o, kFw + kOc + o, kFw + kOc + o);
-      const __m256i shift = _mm256_setr_epi32(0, 3, 0, 3, 0, 3, 0, 3);
-#pragma GCC unroll 16
-      for (int p = 0; p < 16; ++p) {
-        const __m256i w = _mm256_permutevar8x32_epi32(Area::first(codes, p), pick);
-        const __m256i code = _mm256_and_si256(_mm256_srlv_epi32(w, shift), low3);
-        store(out + 32 * p, _mm256_add_epi8(code, bases.b3(16 * c + p)));
-      }
-    } else {  // quads 4..7: W2, W2 >> 3, W0 >> 6 | bit 6 of W2, W1 >> 6 | bit 7 of W2
-      const __m256i pick01 = _mm256_setr_epi32(0, 0, o, kOc + o, 0, 0, kFw + o, kFw + kOc + o);
-      const __m256i pick2 = _mm256_setr_epi32(o, o, o, o, kOc + o, kOc + o, kOc + o, kOc + o);
-      const __m256i shift01 = _mm256_setr_epi32(32, 32, 6, 6, 32, 32, 6, 6);
-      const __m256i shift2 = _mm256_setr_epi32(0, 3, 4, 5, 0, 3, 4, 5);
-      const __m256i mask2 = _mm256_setr_epi8(7, 7, 7, 7, 7, 7, 7, 7, 4, 4, 4, 4, 4, 4, 4, 4,  //
-                                             7, 7, 7, 7, 7, 7, 7, 7, 4, 4, 4, 4, 4, 4, 4, 4);
-      const __m256i low2 = _mm256_set1_epi8(3);
-#pragma GCC unroll 16
-      for (int p = 0; p < 16; ++p) {
-        const __m256i w01 = _mm256_permutevar8x32_epi32(Area::first(codes, p), pick01);
-        const __m256i w2 = _mm256_permutevar8x32_epi32(Area::second(codes, p), pick2);
-        const __m256i code = _mm256_or_si256(_mm256_and_si256(_mm256_srlv_epi32(w2, shift2), mask2),
-                                             _mm256_and_si256(_mm256_srlv_epi32(w01, shift01), low2));
-        store(out + 32 * p, _mm256_add_epi8(code, bases.b3(16 * c + p)));
-      }
-    }
+  constexpr int kOc = G::kOctets, kFw = Area::kFirstWords, o = kChunk / 2;
+  if constexpr (kChunk % 2 == 0) {  // quads 0..3: W0, W0 >> 3, W1, W1 >> 3
+    const __m256i pick = _mm256_setr_epi32(o, o, kOc + o, kOc + o, kFw + o, kFw + o, kFw + kOc + o, kFw + kOc + o);
+    const __m256i shift = _mm256_setr_epi32(0, 3, 0, 3, 0, 3, 0, 3);
+    const __m256i w = _mm256_permutevar8x32_epi32(Area::first(codes, p), pick);
+    return _mm256_and_si256(_mm256_srlv_epi32(w, shift), _mm256_set1_epi8(7));
+  } else {  // quads 4..7: W2, W2 >> 3, W0 >> 6 | bit 6 of W2, W1 >> 6 | bit 7 of W2
+    const __m256i pick01 = _mm256_setr_epi32(0, 0, o, kOc + o, 0, 0, kFw + o, kFw + kOc + o);
+    const __m256i pick2 = _mm256_setr_epi32(o, o, o, o, kOc + o, kOc + o, kOc + o, kOc + o);
+    const __m256i shift01 = _mm256_setr_epi32(32, 32, 6, 6, 32, 32, 6, 6);
+    const __m256i shift2 = _mm256_setr_epi32(0, 3, 4, 5, 0, 3, 4, 5);
+    const __m256i mask2 = _mm256_setr_epi8(7, 7, 7, 7, 7, 7, 7, 7, 4, 4, 4, 4, 4, 4, 4, 4,  //
+                                           7, 7, 7, 7, 7, 7, 7, 7, 4, 4, 4, 4, 4, 4, 4, 4);
+    const __m256i w01 = _mm256_permutevar8x32_epi32(Area::first(codes, p), pick01);
+    const __m256i w2 = _mm256_permutevar8x32_epi32(Area::second(codes, p), pick2);
+    return _mm256_or_si256(_mm256_and_si256(_mm256_srlv_epi32(w2, shift2), mask2),
+                           _mm256_and_si256(_mm256_srlv_epi32(w01, shift01), _mm256_set1_epi8(3)));
   }
 }
 
@@ -483,74 +472,272 @@ bool padding_is_zero(const uint8_t* escapes, size_t from, size_t capacity) {
   return _mm_testz_si128(any, any);
 }
 
-/// Walks the 4-bit and raw groups in group order, as the reference does (same checks, same order),
-/// and rebuilds their exponents from their escapes. Every other group already is right.
+/// The tags, one 32-bit word ("row": 16 consecutive groups) at a time: where each row's escapes
+/// start, which rows hold raw groups, and how many escape bytes the tile uses.
 template <class G>
-DecodeStatus apply_escapes(const uint8_t* tags, const uint8_t* escapes, size_t capacity, const FragmentBases<G>& bases,
-                           uint8_t* exponents) {
+struct TagRows {
+  static constexpr int kRows = G::kGroups / 16;
+  uint16_t start[kRows];  // escape offset of the row's first group
+  uint32_t raw_rows;      // bit r: row r has a raw group
+  uint32_t used;          // escape bytes of the whole tile
+};
+
+/// The reference's verdict on tags that hold a 3 or ask for more than `capacity` escape bytes:
+/// whichever problem comes first in group order. Only bad slots get here.
+template <class G>
+DecodeStatus first_tag_problem(const uint8_t* tags, size_t capacity) {
   size_t next = 0;
-  for (int w = 0; w < G::kGroups / 32; ++w) {
-    const uint64_t word = load_u64(tags + 8 * w);  // group 32w + i has tag bits 2i, 2i+1
-    for (uint64_t pending = (word | word >> 1) & 0x5555555555555555ull; pending != 0; pending &= pending - 1) {
-      const int bit = __builtin_ctzll(pending);
-      const auto tag = static_cast<unsigned>(word >> bit) & 3u;
-      if (tag == kInvalidTag) return DecodeStatus::invalid_tag;
-      const size_t n_escape = tag == static_cast<unsigned>(GroupMode::bits4) ? 1 : 5;
-      if (next + n_escape > capacity) return DecodeStatus::escape_overrun;
-      // The group's eight exponents, so far b3 + code.
-      const int at = G::group_offset(32 * w + bit / 2);
-      auto* group = reinterpret_cast<__m128i*>(exponents + at);
-      __m128i exponent = _mm_loadl_epi64(group);
-      if (n_escape == 1) {  // b4 + (code | bit 3 << 3) = b3 + code + (b4 - b3) + 8 · bit 3
-        const auto bit3 = static_cast<long long>(_pdep_u64(escapes[next], kByteBit0) << 3);
-        exponent = _mm_add_epi8(_mm_add_epi8(exponent, bases.step_group(at)), _mm_cvtsi64_si128(bit3));
-      } else {  // code | bits 3..7
-        uint64_t high = 0;
-        for (int k = 0; k < 5; ++k) high |= _pdep_u64(escapes[next + k], kByteBit0) << (3 + k);
-        exponent = _mm_or_si128(_mm_sub_epi8(exponent, bases.b3_group(at)), _mm_cvtsi64_si128(static_cast<long long>(high)));
-      }
-      _mm_storel_epi64(group, exponent);
-      next += n_escape;
-    }
+  for (int g = 0; g < G::kGroups; ++g) {
+    const unsigned tag = tags[g / 4] >> (2 * (g % 4)) & 3u;
+    if (tag == kInvalidTag) return DecodeStatus::invalid_tag;
+    next += static_cast<size_t>(escape_bytes_for(static_cast<GroupMode>(tag)));
+    if (next > capacity) return DecodeStatus::escape_overrun;
   }
-  return padding_is_zero(escapes, next, capacity) ? DecodeStatus::ok : DecodeStatus::nonzero_padding;
+  return DecodeStatus::ok;
 }
 
-/// Composes the BF16 values from the stored bytes and exponents (fragment order) and writes them
-/// as rows.
+/// Validates the tags (no 3, escapes within `capacity`, zero padding; the reference's statuses in
+/// its order) and fills `rows`. Each row's escape bytes: one per 4-bit group, five per raw group.
 template <class G>
-void write_rows(const uint8_t* stored, const uint8_t* exponents, uint16_t* dst, size_t stride) {
+DecodeStatus scan_tags(const uint8_t* tags, const uint8_t* escapes, size_t capacity, TagRows<G>& rows) {
+  uint32_t invalid = 0, used = 0, raw_rows = 0;
+  for (int r = 0; r < TagRows<G>::kRows; ++r) {
+    uint32_t word;
+    std::memcpy(&word, tags + 4 * r, sizeof word);
+    invalid |= word & word >> 1;
+    const uint32_t raw = word & 0xAAAAAAAAu;
+    rows.start[r] = static_cast<uint16_t>(used);
+    used += static_cast<uint32_t>(__builtin_popcount(word & 0x55555555u) + 5 * __builtin_popcount(raw));
+    raw_rows |= static_cast<uint32_t>(raw != 0) << r;
+  }
+  rows.raw_rows = raw_rows;
+  rows.used = used;
+  if ((invalid & 0x55555555u) != 0 || used > capacity) return first_tag_problem<G>(tags, capacity);
+  return padding_is_zero(escapes, used, capacity) ? DecodeStatus::ok : DecodeStatus::nonzero_padding;
+}
+
+/// Per group, in rows of 16 (group 16r + i at byte i of row r): its plane-3 escape byte if it is
+/// 4-bit, else 0; and 0xFF if it is 4-bit, else 0. What the vector pass needs to add the escapes.
+template <class G>
+struct EscapeRows {
+  alignas(32) uint8_t plane3[TagRows<G>::kRows][16];
+  alignas(32) uint8_t is4[TagRows<G>::kRows][16];
+};
+
+/// Per byte i of a 128-bit lane: tag byte i / 4 of the lane's tag word (lane 1: the next word).
+constexpr std::array<uint8_t, 32> kTagBytes = [] {
+  std::array<uint8_t, 32> control{};
+  for (int d = 0; d < 32; ++d) control[static_cast<size_t>(d)] = static_cast<uint8_t>(4 * (d / 16) + d % 16 / 4);
+  return control;
+}();
+
+/// Fills `out` for two rows at a time. In a row without raw groups the 4-bit escapes are
+/// consecutive bytes, so the k-th 4-bit group of the row takes byte k of a 16-byte window at the
+/// row's start: a prefix count and one byte shuffle. Rows with raw groups are redone in scalar.
+template <class G>
+void find_escape_rows(const uint8_t* tags, const uint8_t* escapes, size_t capacity, const TagRows<G>& rows,
+                      EscapeRows<G>& out) {
+  const __m256i tag_bytes = load(kTagBytes.data());
+  const __m256i field = _mm256_set1_epi32(static_cast<int>(0xC0300C03u));  // group i's tag in byte i
+  const __m256i tag1 = _mm256_set1_epi32(0x40100401);                     // ... when it is 1
+  const __m256i lane_pick = _mm256_setr_epi64x(0, 0, 0x0101010101010101ll, 0x0101010101010101ll);
+  const __m256i not4 = _mm256_set1_epi8(static_cast<char>(0x80));  // vpshufb: byte 0
+  // The windows stay inside the escape slot: a row starting in its last 16 bytes reads those.
+  // (There are escapes, so capacity >= used > 0 is at least 16.)
+  const size_t last = capacity - 16;
+  for (int r = 0; r < TagRows<G>::kRows; r += 2) {
+    const __m256i word = _mm256_set1_epi64x(static_cast<long long>(load_u64(tags + 4 * r)));
+    const __m256i is4 = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(word, tag_bytes), field), tag1);
+    // is4 is -1 per 4-bit group: its inclusive prefix sum is minus the count up to each group.
+    __m256i count = is4;
+    count = _mm256_add_epi8(count, _mm256_slli_si256(count, 1));
+    count = _mm256_add_epi8(count, _mm256_slli_si256(count, 2));
+    count = _mm256_add_epi8(count, _mm256_slli_si256(count, 4));
+    count = _mm256_add_epi8(count, _mm256_slli_si256(count, 8));
+    const __m256i before = _mm256_sub_epi8(is4, count);  // 4-bit groups before this one in its row
+    const size_t base0 = std::min<size_t>(rows.start[r], last), base1 = std::min<size_t>(rows.start[r + 1], last);
+    const auto skip = static_cast<short>((rows.start[r] - base0) | (rows.start[r + 1] - base1) << 8);
+    const __m256i offset = _mm256_shuffle_epi8(_mm256_set1_epi16(skip), lane_pick);
+    const __m256i window = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(escapes + base1),
+                                               reinterpret_cast<const __m128i*>(escapes + base0));
+    const __m256i index = _mm256_or_si256(_mm256_add_epi8(before, offset), _mm256_andnot_si256(is4, not4));
+    store(out.plane3[r], _mm256_shuffle_epi8(window, index));
+    store(out.is4[r], is4);
+  }
+  for (uint32_t pending = rows.raw_rows; pending != 0; pending &= pending - 1) {
+    const int r = __builtin_ctz(pending);
+    uint32_t word;
+    std::memcpy(&word, tags + 4 * r, sizeof word);
+    size_t next = rows.start[r];
+    for (int i = 0; i < 16; ++i) {
+      const unsigned tag = word >> (2 * i) & 3u;
+      out.plane3[r][i] = tag == static_cast<unsigned>(GroupMode::bits4) ? escapes[next] : 0;
+      next += static_cast<size_t>(escape_bytes_for(static_cast<GroupMode>(tag)));
+    }
+  }
+}
+
+/// Per fragment register v = 16c + p: byte d holds the row byte of its group (lane 2p + d / 16,
+/// group 2c + d % 16 / 8 of the lane). Depends on c and, with four groups per lane, on p's parity.
+template <class G>
+constexpr std::array<ByteControl, 2 * G::kChunks> kGroupPick = [] {
+  std::array<ByteControl, 2 * G::kChunks> controls{};
+  for (int c = 0; c < G::kChunks; ++c) {
+    for (int parity = 0; parity < 2; ++parity) {
+      for (int d = 0; d < 32; ++d) {
+        const int group = (2 * parity + d / 16) * G::kGroupsPerLane + 2 * c + d % 16 / 8;
+        controls[static_cast<size_t>(2 * c + parity)].bytes[static_cast<size_t>(d)] = static_cast<uint8_t>(group % 16);
+      }
+    }
+  }
+  return controls;
+}();
+
+/// The exponents of a tile's fragment registers: 3-bit code plus b3, plus for 4-bit groups
+/// b4 - b3 and bit 3 of the offset (from `EscapeRows`, when kEscapes). Raw groups come out as if
+/// 3-bit; patch_raw_groups fixes them in the rows afterwards.
+template <class G, bool kEscapes>
+class Exponents {
+ public:
+  Exponents(const uint8_t* codes, const FragmentBases<G>& bases, const EscapeRows<G>* rows)
+      : codes_(codes), bases_(bases), rows_(rows) {}
+
+  /// Fragment register v = 16·kChunk + p.
+  template <int kChunk>
+  __m256i get(int p) const {
+    const int v = 16 * kChunk + p;
+    const __m256i exponent = _mm256_add_epi8(read_codes<G, kChunk>(codes_, p), bases_.b3(v));
+    if constexpr (!kEscapes) return exponent;
+    const int row = 2 * p * G::kGroupsPerLane / 16;
+    const __m256i pick = load(kGroupPick<G>[static_cast<size_t>(2 * kChunk + p % 2)]);
+    const __m256i plane3 = _mm256_shuffle_epi8(broadcast(rows_->plane3[row]), pick);
+    const __m256i is4 = _mm256_shuffle_epi8(broadcast(rows_->is4[row]), pick);
+    const __m256i bit = _mm256_set1_epi64x(0x8040201008040201ll);  // element i of a group: bit i
+    const __m256i bit3 = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(plane3, bit), bit), _mm256_set1_epi8(8));
+    return _mm256_add_epi8(_mm256_add_epi8(exponent, _mm256_and_si256(is4, bases_.step(v))), bit3);
+  }
+
+ private:
+  static __m256i broadcast(const uint8_t* row) {
+    return _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(row)));
+  }
+  const uint8_t* codes_;
+  const FragmentBases<G>& bases_;
+  const EscapeRows<G>* rows_;
+};
+
+/// Row and first channel (relative to the chunk) of the value words that value_stream_to_rows
+/// leaves in register j, for the low (b0 = 0) and high (b0 = 1) half of the final byte interleave.
+constexpr int value_out_row(int j, int t1, int b0) { return 8 * b0 + 4 * t1 + 2 * ((j >> 1) & 1) + (j & 1); }
+constexpr int value_out_column(int j) { return 16 * ((j >> 2) & 1); }
+
+/// Value half-chunk, decode side: the 8 fragment registers of one byte stream and one t1 (register
+/// j = g; in-register index bits [t0 | jj1 jj0 b1 b0], channel 8jj + g, token [b0 t1 t0 b1]).
+/// Three byte-interleave rounds on g2, g1, g0 bring g into the byte offset (each pushes the top
+/// offset bit, jj1, jj0, b1 in turn, into the register number); then exchanging 128-bit halves
+/// between registers that differ in jj0 swaps it with t0. Leaves offset [b0 g2 g1 g0 | jj0] and
+/// register j = [jj1 t0 b1]: the final byte interleave makes rows of 16 channels (value_out_*).
+inline void value_stream_to_rows_fused(__m256i x[8]) {
+#pragma GCC unroll 3
+  for (int bit = 4; bit >= 1; bit /= 2) {
+#pragma GCC unroll 8
+    for (int j = 0; j < 8; ++j) {
+      if (j & bit) continue;
+      const __m256i a = x[j], b = x[j | bit];
+      x[j] = _mm256_unpacklo_epi8(a, b);
+      x[j | bit] = _mm256_unpackhi_epi8(a, b);
+    }
+  }
+#pragma GCC unroll 8
+  for (int j = 0; j < 8; ++j) {
+    if (j & 2) continue;
+    const __m256i a = x[j], b = x[j | 2];
+    x[j] = _mm256_permute2x128_si256(a, b, 0x20);
+    x[j | 2] = _mm256_permute2x128_si256(a, b, 0x31);
+  }
+}
+
+/// Composes every element of the tile from its stored byte and exponent and writes the rows,
+/// chunk kChunk of fragment order.
+template <class G, int kChunk, class Source>
+void write_chunk(const uint8_t* stored, const Source& exponents, uint16_t* dst, size_t stride) {
   if constexpr (G::kShape.kind == TensorKind::key) {
-    for (int segment = 0; segment < G::kElements / 64; ++segment) {
+#pragma GCC unroll 1
+    for (int q = 0; q < 8; ++q) {  // key segment 8·kChunk + q: registers p = 2q, 2q + 1
+      const int segment = 8 * kChunk + q;
       __m256i lo[2], hi[2];
-      for (int r = 0; r < 2; ++r) compose(load(stored + 64 * segment + 32 * r), load(exponents + 64 * segment + 32 * r), lo[r], hi[r]);
+#pragma GCC unroll 2
+      for (int r = 0; r < 2; ++r) {
+        compose(load(stored + 64 * segment + 32 * r), exponents.template get<kChunk>(2 * q + r), lo[r], hi[r]);
+      }
       key_stream_to_rows(lo);
       key_stream_to_rows(hi);
       uint16_t* row = dst + G::key_row(segment) * stride + G::key_column(segment);
+#pragma GCC unroll 2
       for (int r = 0; r < 2; ++r) {
         store(row + 32 * r, _mm256_unpacklo_epi8(lo[r], hi[r]));
         store(row + 32 * r + 16, _mm256_unpackhi_epi8(lo[r], hi[r]));
       }
     }
   } else {
-    for (int c = 0; c < G::kChunks; ++c) {
-#pragma GCC unroll 2
-      for (int t1 = 0; t1 < 2; ++t1) {
-        __m256i lo[8], hi[8];
+#pragma GCC unroll 1
+    for (int t1 = 0; t1 < 2; ++t1) {
+      __m256i lo[8], hi[8];
 #pragma GCC unroll 8
-        for (int j = 0; j < 8; ++j) {
-          const int at = 512 * c + 64 * j + 32 * t1;
-          compose(load(stored + at), load(exponents + at), lo[j], hi[j]);
-        }
-        value_stream_to_rows(lo);
-        value_stream_to_rows(hi);
+      for (int j = 0; j < 8; ++j) {
+        compose(load(stored + 512 * kChunk + 64 * j + 32 * t1), exponents.template get<kChunk>(2 * j + t1), lo[j], hi[j]);
+      }
+      value_stream_to_rows_fused(lo);
+      value_stream_to_rows_fused(hi);
 #pragma GCC unroll 8
-        for (int j = 0; j < 8; ++j) {
-          uint16_t* column = dst + 32 * c + value_column(j);
-          store(column + value_row(j, t1, 0) * stride, _mm256_unpacklo_epi8(lo[j], hi[j]));
-          store(column + value_row(j, t1, 1) * stride, _mm256_unpackhi_epi8(lo[j], hi[j]));
+      for (int j = 0; j < 8; ++j) {
+        uint16_t* column = dst + 32 * kChunk + value_out_column(j);
+        store(column + value_out_row(j, t1, 0) * stride, _mm256_unpacklo_epi8(lo[j], hi[j]));
+        store(column + value_out_row(j, t1, 1) * stride, _mm256_unpackhi_epi8(lo[j], hi[j]));
+      }
+    }
+  }
+}
+
+template <class G, class Source, int... kChunks>
+void write_rows(const uint8_t* stored, const Source& exponents, uint16_t* dst, size_t stride,
+                std::integer_sequence<int, kChunks...>) {
+  (write_chunk<G, kChunks>(stored, exponents, dst, stride), ...);
+}
+
+/// Rewrites the elements of the raw groups in the rows (the vector pass treated them as 3-bit):
+/// exponent = code | bits 3..7 from the group's five escape bytes. Scalar: about one per tile.
+template <class G>
+void patch_raw_groups(const uint8_t* slot, const TagRows<G>& rows, uint16_t* dst, size_t stride) {
+  constexpr TileShape shape = G::kShape;
+  const uint8_t* tags = slot + shape.tag_offset();
+  const uint8_t* escapes = slot + shape.escape_offset();
+  for (uint32_t pending = rows.raw_rows; pending != 0; pending &= pending - 1) {
+    const int r = __builtin_ctz(pending);
+    uint32_t word;
+    std::memcpy(&word, tags + 4 * r, sizeof word);
+    size_t next = rows.start[r];
+    for (int i = 0; i < 16; ++i) {
+      const auto mode = static_cast<GroupMode>(word >> (2 * i) & 3u);
+      if (mode == GroupMode::raw) {
+        const int lane = (16 * r + i) / G::kGroupsPerLane, pair = (16 * r + i) % G::kGroupsPerLane;
+        for (int e = 0; e < kGroupSize; ++e) {
+          const int quad = 2 * pair + e / kQuadSize, byte = e % kQuadSize;
+          const CodeBits where = code_bits(shape, quad);
+          const auto word_at = [&](int w) {
+            uint32_t x;
+            std::memcpy(&x, slot + shape.code_offset() + code_word_offset(shape, lane, w), sizeof x);
+            return x >> (8 * byte);
+          };
+          unsigned exponent = word_at(where.low_word) >> where.low_shift & ((1u << where.low_bits) - 1);
+          if (where.high_word >= 0) exponent |= (word_at(where.high_word) >> where.high_shift & 1u) << 2;
+          for (int k = 0; k < 5; ++k) exponent |= (escapes[next + static_cast<size_t>(k)] >> e & 1u) << (3 + k);
+          const ElementSlot at = element_slot(shape, lane, quad, byte);
+          dst[static_cast<size_t>(at.token) * stride + at.channel] =
+              bf16_compose(slot[sign_mantissa_offset(lane, quad, byte)], static_cast<uint8_t>(exponent));
         }
       }
+      next += static_cast<size_t>(escape_bytes_for(mode));
     }
   }
 }
@@ -558,13 +745,23 @@ void write_rows(const uint8_t* stored, const uint8_t* exponents, uint16_t* dst, 
 template <TensorKind Kind, int Channels>
 DecodeStatus decode(const uint8_t* slot, size_t capacity, const TileBases& bases, uint16_t* dst, size_t stride) {
   using G = Geometry<Kind, Channels>;
-  const FragmentBases<G> fragment_bases(bases);
-  alignas(32) uint8_t exponents[G::kElements];
-  exponents_as_3bit(slot + G::kShape.code_offset(), fragment_bases, exponents);
-  const DecodeStatus status = apply_escapes(slot + G::kShape.tag_offset(), slot + G::kShape.escape_offset(), capacity,
-                                            fragment_bases, exponents);
+  const uint8_t* tags = slot + G::kShape.tag_offset();
+  const uint8_t* escapes = slot + G::kShape.escape_offset();
+  const uint8_t* codes = slot + G::kShape.code_offset();
+  TagRows<G> rows;
+  const DecodeStatus status = scan_tags(tags, escapes, capacity, rows);
   if (status != DecodeStatus::ok) return status;
-  write_rows<G>(slot, exponents, dst, stride);
+
+  const FragmentBases<G> fragment_bases(bases);
+  const auto chunks = std::make_integer_sequence<int, G::kChunks>{};
+  if (rows.used == 0) {
+    write_rows<G>(slot, Exponents<G, false>(codes, fragment_bases, nullptr), dst, stride, chunks);
+    return DecodeStatus::ok;
+  }
+  EscapeRows<G> escape_rows;
+  find_escape_rows(tags, escapes, capacity, rows, escape_rows);
+  write_rows<G>(slot, Exponents<G, true>(codes, fragment_bases, &escape_rows), dst, stride, chunks);
+  patch_raw_groups(slot, rows, dst, stride);
   return DecodeStatus::ok;
 }
 

@@ -11,7 +11,6 @@
 
 #include <algorithm>
 #include <cerrno>
-#include <cinttypes>
 #include <cstdio>
 #include <cstring>
 #include <limits>
@@ -234,8 +233,42 @@ GgufValue read_value(Reader& r, uint32_t type, int depth) {
   r.fail("unknown value type id " + std::to_string(type));
 }
 
+/// "u32", "string", "array of f32" for messages about a key's type.
+std::string describe_type(uint32_t type, const GgufValue& value) {
+  std::string text = value_type_name(type);
+  if (const auto* a = std::get_if<std::shared_ptr<const GgufArray>>(&value)) {
+    text += std::string(" of ") + value_type_name((*a)->type);
+  }
+  return text;
+}
+
+/// The value as uint64 if it is an integer that fits.
+std::optional<uint64_t> as_uint(const GgufValue& value) {
+  if (const auto* u = std::get_if<uint64_t>(&value)) return *u;
+  if (const auto* i = std::get_if<int64_t>(&value); i && *i >= 0) return static_cast<uint64_t>(*i);
+  return std::nullopt;
+}
+
+/// The value as int64 if it is an integer that fits.
+std::optional<int64_t> as_int(const GgufValue& value) {
+  if (const auto* i = std::get_if<int64_t>(&value)) return *i;
+  if (const auto* u = std::get_if<uint64_t>(&value); u && *u <= kMaxInt64) return static_cast<int64_t>(*u);
+  return std::nullopt;
+}
+
+bool is_integer(const GgufValue& value) {
+  return std::holds_alternative<uint64_t>(value) || std::holds_alternative<int64_t>(value);
+}
+
+/// "-5" or "18446744073709551615" for messages about integers that do not fit.
+std::string integer_text(const GgufValue& value) {
+  if (const auto* i = std::get_if<int64_t>(&value)) return std::to_string(*i);
+  if (const auto* u = std::get_if<uint64_t>(&value)) return std::to_string(*u);
+  return "?";
+}
+
 /// A tensor descriptor as read, before its byte range is resolved against the data section.
-struct Descriptor {
+struct TensorDescriptor {
   GgufTensor tensor;
   uint64_t nbytes = 0;
 };
@@ -253,13 +286,13 @@ struct ParsedImage {
 };
 
 /// Magic and version; returns the version.
-uint32_t read_preamble(Reader& r, const std::string& label) {
-  if (r.size() < kFixedHeaderBytes) {
+uint32_t read_preamble(Reader& r, std::span<const uint8_t> image, const std::string& label) {
+  if (image.size() < kFixedHeaderBytes) {
     // Still say "not GGUF" when the few bytes there are show it.
-    if (r.size() >= 4 && std::memcmp(r.take(0, "magic"), kMagic, 4) != 0) {
+    if (image.size() >= 4 && std::memcmp(image.data(), kMagic, 4) != 0) {
       fail_file(label, "not a GGUF file (it does not start with \"GGUF\")");
     }
-    fail_file(label, "file of " + std::to_string(r.size()) + " bytes is too short for a GGUF header (" +
+    fail_file(label, "file of " + std::to_string(image.size()) + " bytes is too short for a GGUF header (" +
                          std::to_string(kFixedHeaderBytes) + " bytes)");
   }
   const uint8_t* magic = r.take(4, "magic");
@@ -305,29 +338,22 @@ uint64_t alignment_of(const ParsedImage& parsed, const std::string& label) {
   const auto it = parsed.key_index.find(kAlignmentKey);
   if (it == parsed.key_index.end()) return kDefaultAlignment;
   const GgufValue& value = parsed.metadata[it->second].second;
-  uint64_t alignment = 0;
-  if (const auto* u = std::get_if<uint64_t>(&value)) {
-    alignment = *u;
-  } else if (const auto* i = std::get_if<int64_t>(&value); i && *i > 0) {
-    alignment = static_cast<uint64_t>(*i);
-  } else if (!i) {
-    fail_key(label, kAlignmentKey,
-             std::string("must be an integer, not ") + value_type_name(parsed.value_types[it->second]));
+  if (!is_integer(value)) {
+    fail_key(label, kAlignmentKey, std::string("must be an integer, not ") +
+                                       describe_type(parsed.value_types[it->second], value));
   }
-  if (alignment == 0 || (alignment & (alignment - 1)) != 0) {
-    fail_key(label, kAlignmentKey, "alignment " + (std::holds_alternative<int64_t>(value)
-                                                       ? std::to_string(std::get<int64_t>(value))
-                                                       : std::to_string(alignment)) +
-                                       " is not a power of two");
+  const auto alignment = as_uint(value);
+  if (!alignment || *alignment == 0 || (*alignment & (*alignment - 1)) != 0) {
+    fail_key(label, kAlignmentKey, "alignment " + integer_text(value) + " is not a power of two");
   }
-  return alignment;
+  return *alignment;
 }
 
 /// One tensor descriptor, validated on its own (name, shape, type, size, offset alignment).
-Descriptor read_descriptor(Reader& r, uint64_t index, uint64_t alignment, const std::string& label,
+TensorDescriptor read_descriptor(Reader& r, uint64_t index, uint64_t alignment, const std::string& label,
                            const ParsedImage& parsed) {
   r.set_context("tensor descriptor " + std::to_string(index));
-  Descriptor d;
+  TensorDescriptor d;
   GgufTensor& t = d.tensor;
   t.name = r.string("tensor name");
   if (t.name.empty()) r.fail("empty tensor name");
@@ -337,19 +363,17 @@ Descriptor read_descriptor(Reader& r, uint64_t index, uint64_t alignment, const 
   if (n_dims > kMaxDims) {
     r.fail("n_dims " + std::to_string(n_dims) + " exceeds the maximum of " + std::to_string(kMaxDims));
   }
+  // The running product is checked at every step (even when a later dimension is 0), so that
+  // GgufTensor::elements() never overflows.
   uint64_t elements = 1;
-  bool overflow = false;
   for (uint32_t i = 0; i < n_dims; ++i) {
     const uint64_t n = r.u64("dimension");
     if (n > kMaxInt64) r.fail("dimension " + std::to_string(i) + " is " + std::to_string(n) + ", beyond int64");
     t.ne.push_back(static_cast<int64_t>(n));
-    overflow = overflow || __builtin_mul_overflow(elements, n, &elements) || elements > kMaxInt64;
+    if (__builtin_mul_overflow(elements, n, &elements) || elements > kMaxInt64) {
+      r.fail("element count overflows at dimension " + std::to_string(i) + " (shape so far " + shape_text(t.ne) + ")");
+    }
   }
-  // An overflow is ignored when a later dimension is 0 (then the count is truly 0); otherwise fatal.
-  if (overflow && std::find(t.ne.begin(), t.ne.end(), 0) == t.ne.end()) {
-    r.fail("element count of shape " + shape_text(t.ne) + " overflows");
-  }
-  if (overflow) elements = 0;
   const uint32_t type_id = r.u32("ggml type");
   const TypeInfo* info = find_type(type_id);
   if (info == nullptr) r.fail("unknown ggml type id " + std::to_string(type_id));
@@ -359,9 +383,14 @@ Descriptor read_descriptor(Reader& r, uint64_t index, uint64_t alignment, const 
     r.fail("rows of " + std::to_string(t.row_elements()) + " elements (shape " + shape_text(t.ne) +
            ") are not a multiple of the " + info->name + " block of " + std::to_string(info->block_elements));
   }
-  // elements is a whole number of blocks since ne[0] is.
+  // elements is a whole number of blocks since ne[0] is; a row is never larger than the whole
+  // unless the tensor is empty, so both sizes are checked.
   const auto blocks = elements / static_cast<uint64_t>(info->block_elements);
-  if (__builtin_mul_overflow(blocks, static_cast<uint64_t>(info->block_bytes), &d.nbytes)) {
+  const auto row_blocks = static_cast<uint64_t>(t.row_elements() / info->block_elements);
+  uint64_t row_bytes = 0;
+  if (__builtin_mul_overflow(blocks, static_cast<uint64_t>(info->block_bytes), &d.nbytes) ||
+      __builtin_mul_overflow(row_blocks, static_cast<uint64_t>(info->block_bytes), &row_bytes) ||
+      d.nbytes > kMaxInt64 || row_bytes > kMaxInt64) {
     r.fail("byte size of shape " + shape_text(t.ne) + " of " + info->name + " overflows");
   }
   if (t.offset % alignment != 0) {
@@ -372,12 +401,12 @@ Descriptor read_descriptor(Reader& r, uint64_t index, uint64_t alignment, const 
 }
 
 /// Resolves every tensor's byte range inside the data section, then rejects overlaps.
-void place_tensors(std::vector<Descriptor>& descriptors, std::span<const uint8_t> image, uint64_t data_offset,
+void place_tensors(std::vector<TensorDescriptor>& descriptors, std::span<const uint8_t> image, uint64_t data_offset,
                    const std::string& label) {
   const uint64_t size = image.size();
   const uint64_t data_size = size > data_offset ? size - data_offset : 0;
   const uint64_t data_begin = std::min(data_offset, size);
-  for (Descriptor& d : descriptors) {
+  for (TensorDescriptor& d : descriptors) {
     GgufTensor& t = d.tensor;
     if (t.offset > data_size || d.nbytes > data_size - t.offset) {
       fail_tensor(label, t.name,
@@ -397,7 +426,7 @@ void place_tensors(std::vector<Descriptor>& descriptors, std::span<const uint8_t
   uint64_t covered_to = 0;
   const GgufTensor* covering = nullptr;
   for (const size_t i : order) {
-    const Descriptor& d = descriptors[i];
+    const TensorDescriptor& d = descriptors[i];
     if (d.nbytes == 0) continue;  // an empty tensor owns no bytes, so it cannot overlap
     if (covering != nullptr && d.tensor.offset < covered_to) {
       fail_tensor(label, d.tensor.name, "data overlaps tensor " + in_quotes(covering->name));
@@ -411,7 +440,7 @@ void place_tensors(std::vector<Descriptor>& descriptors, std::span<const uint8_t
 ParsedImage parse_image(std::span<const uint8_t> image, const std::string& label) {
   Reader r(image, label);
   ParsedImage parsed;
-  parsed.version = read_preamble(r, label);
+  parsed.version = read_preamble(r, image, label);
   const uint64_t n_tensors = r.u64("tensor count");
   const uint64_t n_kv = r.u64("metadata count");
   // Counts are checked against the file before anything is reserved for them.
@@ -427,7 +456,7 @@ ParsedImage parse_image(std::span<const uint8_t> image, const std::string& label
   read_metadata(r, n_kv, label, parsed);
   parsed.alignment = alignment_of(parsed, label);
 
-  std::vector<Descriptor> descriptors;
+  std::vector<TensorDescriptor> descriptors;
   descriptors.reserve(static_cast<size_t>(n_tensors));
   for (uint64_t i = 0; i < n_tensors; ++i) {
     descriptors.push_back(read_descriptor(r, i, parsed.alignment, label, parsed));
@@ -439,7 +468,7 @@ ParsedImage parse_image(std::span<const uint8_t> image, const std::string& label
   parsed.data_offset = end + (parsed.alignment - end % parsed.alignment) % parsed.alignment;
   place_tensors(descriptors, image, parsed.data_offset, label);
   parsed.tensors.reserve(descriptors.size());
-  for (Descriptor& d : descriptors) parsed.tensors.push_back(std::move(d.tensor));
+  for (TensorDescriptor& d : descriptors) parsed.tensors.push_back(std::move(d.tensor));
   return parsed;
 }
 
@@ -456,40 +485,6 @@ std::vector<uint8_t> read_whole(int fd, size_t size, const std::string& path) {
     done += static_cast<size_t>(n);
   }
   return bytes;
-}
-
-/// "u32", "string", "array of f32" for messages about a key's type.
-std::string describe_type(uint32_t type, const GgufValue& value) {
-  std::string text = value_type_name(type);
-  if (const auto* a = std::get_if<std::shared_ptr<const GgufArray>>(&value)) {
-    text += std::string(" of ") + value_type_name((*a)->type);
-  }
-  return text;
-}
-
-/// The value as uint64 if it is an integer that fits.
-std::optional<uint64_t> as_uint(const GgufValue& value) {
-  if (const auto* u = std::get_if<uint64_t>(&value)) return *u;
-  if (const auto* i = std::get_if<int64_t>(&value); i && *i >= 0) return static_cast<uint64_t>(*i);
-  return std::nullopt;
-}
-
-/// The value as int64 if it is an integer that fits.
-std::optional<int64_t> as_int(const GgufValue& value) {
-  if (const auto* i = std::get_if<int64_t>(&value)) return *i;
-  if (const auto* u = std::get_if<uint64_t>(&value); u && *u <= kMaxInt64) return static_cast<int64_t>(*u);
-  return std::nullopt;
-}
-
-bool is_integer(const GgufValue& value) {
-  return std::holds_alternative<uint64_t>(value) || std::holds_alternative<int64_t>(value);
-}
-
-/// "-5" or "18446744073709551615" for messages about integers that do not fit.
-std::string integer_text(const GgufValue& value) {
-  if (const auto* i = std::get_if<int64_t>(&value)) return std::to_string(*i);
-  if (const auto* u = std::get_if<uint64_t>(&value)) return std::to_string(*u);
-  return "?";
 }
 
 }  // namespace
@@ -618,87 +613,93 @@ GgufFile GgufFile::parse(std::span<const uint8_t> image, const std::string& labe
   return State::into_file(std::move(state), label);
 }
 
-uint32_t GgufFile::version() const { return state_->parsed.version; }
+const GgufFile::State& GgufFile::state() const {
+  static const State empty;
+  return state_ ? *state_ : empty;
+}
 
-const std::vector<std::pair<std::string, GgufValue>>& GgufFile::metadata() const { return state_->parsed.metadata; }
+uint32_t GgufFile::version() const { return state().parsed.version; }
+
+const std::vector<std::pair<std::string, GgufValue>>& GgufFile::metadata() const { return state().parsed.metadata; }
 
 const GgufValue* GgufFile::find(const std::string& key) const {
-  const auto it = state_->parsed.key_index.find(key);
-  return it == state_->parsed.key_index.end() ? nullptr : &state_->parsed.metadata[it->second].second;
+  const auto it = state().parsed.key_index.find(key);
+  return it == state().parsed.key_index.end() ? nullptr : &state().parsed.metadata[it->second].second;
 }
 
 int64_t GgufFile::value_type(const std::string& key) const {
-  const auto it = state_->parsed.key_index.find(key);
-  return it == state_->parsed.key_index.end() ? -1 : state_->parsed.value_types[it->second];
+  const auto it = state().parsed.key_index.find(key);
+  if (it == state().parsed.key_index.end()) return -1;
+  return static_cast<int64_t>(state().parsed.value_types[it->second]);
 }
 
 std::string GgufFile::get_string(const std::string& key) const {
-  const auto* s = std::get_if<std::string>(&state_->require(key));
-  if (s == nullptr) state_->fail_type(key, "a string");
+  const auto* s = std::get_if<std::string>(&state().require(key));
+  if (s == nullptr) state().fail_type(key, "a string");
   return *s;
 }
 
 uint64_t GgufFile::get_uint(const std::string& key) const {
-  const GgufValue& value = state_->require(key);
-  if (!is_integer(value)) state_->fail_type(key, "an integer");
+  const GgufValue& value = state().require(key);
+  if (!is_integer(value)) state().fail_type(key, "an integer");
   const auto u = as_uint(value);
-  if (!u) fail_key(state_->label, key, "value " + integer_text(value) + " is negative");
+  if (!u) fail_key(state().label, key, "value " + integer_text(value) + " is negative");
   return *u;
 }
 
 int64_t GgufFile::get_int(const std::string& key) const {
-  const GgufValue& value = state_->require(key);
-  if (!is_integer(value)) state_->fail_type(key, "an integer");
+  const GgufValue& value = state().require(key);
+  if (!is_integer(value)) state().fail_type(key, "an integer");
   const auto i = as_int(value);
-  if (!i) fail_key(state_->label, key, "value " + integer_text(value) + " does not fit in int64");
+  if (!i) fail_key(state().label, key, "value " + integer_text(value) + " does not fit in int64");
   return *i;
 }
 
 double GgufFile::get_float(const std::string& key) const {
-  const auto* d = std::get_if<double>(&state_->require(key));
-  if (d == nullptr) state_->fail_type(key, "a float");
+  const auto* d = std::get_if<double>(&state().require(key));
+  if (d == nullptr) state().fail_type(key, "a float");
   return *d;
 }
 
 bool GgufFile::get_bool(const std::string& key) const {
-  const auto* b = std::get_if<bool>(&state_->require(key));
-  if (b == nullptr) state_->fail_type(key, "a bool");
+  const auto* b = std::get_if<bool>(&state().require(key));
+  if (b == nullptr) state().fail_type(key, "a bool");
   return *b;
 }
 
 std::vector<std::string> GgufFile::get_strings(const std::string& key) const {
-  const auto& items = state_->require_array(key, "an array of strings");
+  const auto& items = state().require_array(key, "an array of strings");
   std::vector<std::string> out;
   out.reserve(items.size());
   for (const GgufValue& item : items) {
     const auto* s = std::get_if<std::string>(&item);
-    if (s == nullptr) state_->fail_type(key, "an array of strings");
+    if (s == nullptr) state().fail_type(key, "an array of strings");
     out.push_back(*s);
   }
   return out;
 }
 
 std::vector<float> GgufFile::get_floats(const std::string& key) const {
-  const auto& items = state_->require_array(key, "an array of floats");
+  const auto& items = state().require_array(key, "an array of floats");
   std::vector<float> out;
   out.reserve(items.size());
   for (const GgufValue& item : items) {
     const auto* d = std::get_if<double>(&item);
-    if (d == nullptr) state_->fail_type(key, "an array of floats");
+    if (d == nullptr) state().fail_type(key, "an array of floats");
     out.push_back(static_cast<float>(*d));
   }
   return out;
 }
 
 std::vector<int64_t> GgufFile::get_ints(const std::string& key) const {
-  const auto& items = state_->require_array(key, "an array of integers");
+  const auto& items = state().require_array(key, "an array of integers");
   std::vector<int64_t> out;
   out.reserve(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
-    if (!is_integer(items[i])) state_->fail_type(key, "an array of integers");
+    if (!is_integer(items[i])) state().fail_type(key, "an array of integers");
     const auto v = as_int(items[i]);
     if (!v) {
-      fail_key(state_->label, key, "item " + std::to_string(i) + " (" + integer_text(items[i]) +
+      fail_key(state().label, key, "item " + std::to_string(i) + " (" + integer_text(items[i]) +
                                        ") does not fit in int64");
     }
     out.push_back(*v);
@@ -706,17 +707,17 @@ std::vector<int64_t> GgufFile::get_ints(const std::string& key) const {
   return out;
 }
 
-const std::vector<GgufTensor>& GgufFile::tensors() const { return state_->parsed.tensors; }
+const std::vector<GgufTensor>& GgufFile::tensors() const { return state().parsed.tensors; }
 
 const GgufTensor* GgufFile::tensor(const std::string& name) const {
-  const auto it = state_->parsed.tensor_index.find(name);
-  return it == state_->parsed.tensor_index.end() ? nullptr : &state_->parsed.tensors[it->second];
+  const auto it = state().parsed.tensor_index.find(name);
+  return it == state().parsed.tensor_index.end() ? nullptr : &state().parsed.tensors[it->second];
 }
 
-const std::string& GgufFile::label() const { return state_->label; }
+const std::string& GgufFile::label() const { return state().label; }
 
-uint64_t GgufFile::alignment() const { return state_->parsed.alignment; }
+uint64_t GgufFile::alignment() const { return state().parsed.alignment; }
 
-uint64_t GgufFile::data_offset() const { return state_->parsed.data_offset; }
+uint64_t GgufFile::data_offset() const { return state().parsed.data_offset; }
 
 }  // namespace gaac::model

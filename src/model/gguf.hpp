@@ -39,19 +39,19 @@ const char* value_type_name(uint32_t id);
 /// of `in` values). `bytes` points into the file's mapping and lives as long as the GgufFile.
 struct GgufTensor {
   std::string name;
-  GgmlType type;
+  GgmlType type = GgmlType::f32;
   std::vector<int64_t> ne;
   std::span<const uint8_t> bytes;
   /// Offset of the tensor's data from the start of the data section, as stored in the file.
   uint64_t offset = 0;
 
-  /// Product of ne.
+  /// Product of ne (1 for a tensor of no dimensions; never overflows for a parsed tensor).
   int64_t elements() const;
   /// Elements per row (ne[0]; 1 for a tensor of no dimensions).
   int64_t row_elements() const { return ne.empty() ? 1 : ne[0]; }
   /// Rows (elements / ne[0]; 0 when ne[0] is 0).
   int64_t rows() const;
-  /// Bytes per row.
+  /// Bytes per row (rows() * row_bytes() == bytes.size() for a parsed tensor).
   size_t row_bytes() const;
 };
 
@@ -109,6 +109,8 @@ class GgufFile {
 
  private:
   struct State;
+  /// The parsed file; an empty one (no metadata, no tensors) for a default-constructed GgufFile.
+  const State& state() const;
   std::shared_ptr<const State> state_;
 };
 

@@ -55,7 +55,8 @@ namespace avx2 {
 bool available();
 /// The AVX2 paths (throw gaac::Error when !available()). Dequantization is bit-identical to the
 /// reference; matmul_rows sums in another order (8 lanes, fused multiply-adds, column chunks), so
-/// each result is within 2·γ(cols)·Σ_c |W[r][c]·X[t][c]| of the reference's, γ(n) = n·2⁻²⁴/(1 − n·2⁻²⁴).
+/// each result is within 2·γ(cols + 1)·Σ_c |W[r][c]·X[t][c]| of the reference's, where
+/// γ(n) = n·2⁻²⁴/(1 − n·2⁻²⁴): both are within γ of the exact sum, whatever the order of additions.
 void dequantize_row(GgmlType type, const uint8_t* src, float* dst, int64_t n);
 void matmul_rows(GgmlType type, const uint8_t* w, size_t row_bytes, int64_t cols, int64_t row_begin, int64_t row_end,
                  const float* x, int64_t tokens, float* y, int64_t y_stride);

@@ -192,6 +192,7 @@ void dequantize_row(GgmlType type, const uint8_t* src, float* dst, int64_t n) {
 void matmul_rows(GgmlType type, const uint8_t* w, size_t row_bytes, int64_t cols, int64_t row_begin, int64_t row_end,
                  const float* x, int64_t tokens, float* y, int64_t y_stride) {
   detail::check_matmul(type, w, row_bytes, cols, row_begin, row_end, x, tokens, y, y_stride);
+  if (tokens == 0) return;
   std::vector<float> row(static_cast<size_t>(cols));
   for (int64_t r = row_begin; r < row_end; ++r) {
     dequantize_unchecked(type, w + static_cast<size_t>(r) * row_bytes, row.data(), cols);

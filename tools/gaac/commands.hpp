@@ -20,5 +20,6 @@ void add_stats(CLI::App& app);
 void add_compress(CLI::App& app);
 void add_decompress(CLI::App& app);
 void add_verify(CLI::App& app);
+void add_inspect(CLI::App& app);
 
 }  // namespace gaac::cli

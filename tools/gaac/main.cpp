@@ -17,6 +17,7 @@ int main(int argc, char** argv) {
   gaac::cli::add_compress(app);
   gaac::cli::add_decompress(app);
   gaac::cli::add_verify(app);
+  gaac::cli::add_inspect(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

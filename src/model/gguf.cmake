@@ -1,0 +1,1 @@
+target_sources(gaac PRIVATE ${CMAKE_CURRENT_LIST_DIR}/gguf.cpp)

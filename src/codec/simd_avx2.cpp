@@ -24,7 +24,6 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
-#include <utility>
 
 namespace gaac::avx2 {
 namespace {
@@ -392,19 +391,20 @@ struct CodeArea {
   }
 };
 
-/// Decode: the 3-bit codes of fragment register 16c + p, for c = kChunk.
-template <class G, int kChunk>
-__m256i read_codes(const uint8_t* codes, int p) {
+/// Decode: the 3-bit codes of fragment register 16c + p, chunk c = 2o + kOdd.
+template <class G, int kOdd>
+__m256i read_codes(const uint8_t* codes, int o, int p) {
   using Area = CodeArea<G>;
-  constexpr int kOc = G::kOctets, kFw = Area::kFirstWords, o = kChunk / 2;
-  if constexpr (kChunk % 2 == 0) {  // quads 0..3: W0, W0 >> 3, W1, W1 >> 3
-    const __m256i pick = _mm256_setr_epi32(o, o, kOc + o, kOc + o, kFw + o, kFw + o, kFw + kOc + o, kFw + kOc + o);
+  constexpr int kOc = G::kOctets, kFw = Area::kFirstWords;
+  const __m256i octet = _mm256_set1_epi32(o);
+  if constexpr (kOdd == 0) {  // quads 0..3: W0, W0 >> 3, W1, W1 >> 3
+    const __m256i pick = _mm256_add_epi32(_mm256_setr_epi32(0, 0, kOc, kOc, kFw, kFw, kFw + kOc, kFw + kOc), octet);
     const __m256i shift = _mm256_setr_epi32(0, 3, 0, 3, 0, 3, 0, 3);
     const __m256i w = _mm256_permutevar8x32_epi32(Area::first(codes, p), pick);
     return _mm256_and_si256(_mm256_srlv_epi32(w, shift), _mm256_set1_epi8(7));
   } else {  // quads 4..7: W2, W2 >> 3, W0 >> 6 | bit 6 of W2, W1 >> 6 | bit 7 of W2
-    const __m256i pick01 = _mm256_setr_epi32(0, 0, o, kOc + o, 0, 0, kFw + o, kFw + kOc + o);
-    const __m256i pick2 = _mm256_setr_epi32(o, o, o, o, kOc + o, kOc + o, kOc + o, kOc + o);
+    const __m256i pick01 = _mm256_add_epi32(_mm256_setr_epi32(0, 0, 0, kOc, 0, 0, kFw, kFw + kOc), octet);
+    const __m256i pick2 = _mm256_add_epi32(_mm256_setr_epi32(0, 0, 0, 0, kOc, kOc, kOc, kOc), octet);
     const __m256i shift01 = _mm256_setr_epi32(32, 32, 6, 6, 32, 32, 6, 6);
     const __m256i shift2 = _mm256_setr_epi32(0, 3, 4, 5, 0, 3, 4, 5);
     const __m256i mask2 = _mm256_setr_epi8(7, 7, 7, 7, 7, 7, 7, 7, 4, 4, 4, 4, 4, 4, 4, 4,  //
@@ -516,12 +516,15 @@ DecodeStatus scan_tags(const uint8_t* tags, const uint8_t* escapes, size_t capac
   return padding_is_zero(escapes, used, capacity) ? DecodeStatus::ok : DecodeStatus::nonzero_padding;
 }
 
-/// Per group, in rows of 16 (group 16r + i at byte i of row r): its plane-3 escape byte if it is
-/// 4-bit, else 0; and 0xFF if it is 4-bit, else 0. What the vector pass needs to add the escapes.
+/// What the vector pass adds to the 3-bit exponents. Per group, in rows of 16 (group 16r + i at
+/// byte i of row r): its plane-3 escape byte if it is 4-bit, else 0; 0xFF if it is 4-bit, else 0.
+/// And the fragment registers that hold a raw group (bit v), which are rare enough to be rebuilt
+/// one at a time (Exponents::with_raw_groups).
 template <class G>
 struct EscapeRows {
   alignas(32) uint8_t plane3[TagRows<G>::kRows][16];
   alignas(32) uint8_t is4[TagRows<G>::kRows][16];
+  uint64_t raw_registers;
 };
 
 /// Per byte i of a 128-bit lane: tag byte i / 4 of the lane's tag word (lane 1: the next word).
@@ -531,50 +534,78 @@ constexpr std::array<uint8_t, 32> kTagBytes = [] {
   return control;
 }();
 
-/// Fills `out` for two rows at a time. In a row without raw groups the 4-bit escapes are
-/// consecutive bytes, so the k-th 4-bit group of the row takes byte k of a 16-byte window at the
-/// row's start: a prefix count and one byte shuffle. Rows with raw groups are redone in scalar.
+/// Both 128-bit lanes: byte values (lane 0: `low`, lane 1: `high`) added to every byte.
+inline __m256i per_lane(int low, int high) {
+  const __m256i lane_pick = _mm256_setr_epi64x(0, 0, 0x0101010101010101ll, 0x0101010101010101ll);
+  return _mm256_shuffle_epi8(_mm256_set1_epi16(static_cast<short>((low & 0xFF) | (high & 0xFF) << 8)), lane_pick);
+}
+
+/// Fills `out`, two rows at a time. A row's escapes are consecutive bytes from its start: 4-bit
+/// groups take one, raw groups five, so an exclusive prefix sum of those sizes over the row (at
+/// most 75) locates each 4-bit group's byte, and two 16-byte windows from the row's start reach
+/// every byte of a row that needs at most 32 (a row of 4-bit groups needs 16; one that needs more
+/// holds several raw groups and is rebuilt in scalar code).
 template <class G>
 void find_escape_rows(const uint8_t* tags, const uint8_t* escapes, size_t capacity, const TagRows<G>& rows,
                       EscapeRows<G>& out) {
   const __m256i tag_bytes = load(kTagBytes.data());
   const __m256i field = _mm256_set1_epi32(static_cast<int>(0xC0300C03u));  // group i's tag in byte i
   const __m256i tag1 = _mm256_set1_epi32(0x40100401);                     // ... when it is 1
-  const __m256i lane_pick = _mm256_setr_epi64x(0, 0, 0x0101010101010101ll, 0x0101010101010101ll);
-  const __m256i not4 = _mm256_set1_epi8(static_cast<char>(0x80));  // vpshufb: byte 0
-  // The windows stay inside the escape slot: a row starting in its last 16 bytes reads those.
-  // (There are escapes, so capacity >= used > 0 is at least 16.)
-  const size_t last = capacity - 16;
+  const __m256i tag2 = _mm256_set1_epi32(static_cast<int>(0x80200802u));  // ... when it is 2
+  const __m256i high_nibble = _mm256_set1_epi8(0x70);  // index + 0x70, saturated: bit 7 (byte 0) unless 0..15
+  const __m256i not4 = _mm256_set1_epi8(static_cast<char>(0x80));
+  // Windows stay inside the escape slot: near its end they start earlier (capacity >= used > 0, so
+  // capacity >= 16). They may overlap; a byte found in both is the same byte.
+  const int last = static_cast<int>(capacity) - 16;
   for (int r = 0; r < TagRows<G>::kRows; r += 2) {
-    const __m256i word = _mm256_set1_epi64x(static_cast<long long>(load_u64(tags + 4 * r)));
-    const __m256i is4 = _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(word, tag_bytes), field), tag1);
-    // is4 is -1 per 4-bit group: its inclusive prefix sum is minus the count up to each group.
-    __m256i count = is4;
-    count = _mm256_add_epi8(count, _mm256_slli_si256(count, 1));
-    count = _mm256_add_epi8(count, _mm256_slli_si256(count, 2));
-    count = _mm256_add_epi8(count, _mm256_slli_si256(count, 4));
-    count = _mm256_add_epi8(count, _mm256_slli_si256(count, 8));
-    const __m256i before = _mm256_sub_epi8(is4, count);  // 4-bit groups before this one in its row
-    const size_t base0 = std::min<size_t>(rows.start[r], last), base1 = std::min<size_t>(rows.start[r + 1], last);
-    const auto skip = static_cast<short>((rows.start[r] - base0) | (rows.start[r + 1] - base1) << 8);
-    const __m256i offset = _mm256_shuffle_epi8(_mm256_set1_epi16(skip), lane_pick);
-    const __m256i window = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(escapes + base1),
-                                               reinterpret_cast<const __m128i*>(escapes + base0));
-    const __m256i index = _mm256_or_si256(_mm256_add_epi8(before, offset), _mm256_andnot_si256(is4, not4));
-    store(out.plane3[r], _mm256_shuffle_epi8(window, index));
-    store(out.is4[r], is4);
+    const __m256i tag = _mm256_and_si256(_mm256_shuffle_epi8(_mm256_set1_epi64x(static_cast<long long>(load_u64(tags + 4 * r))), tag_bytes), field);
+    const __m256i is4 = _mm256_cmpeq_epi8(tag, tag1);
+    const __m256i size = _mm256_sub_epi8(_mm256_and_si256(_mm256_cmpeq_epi8(tag, tag2), _mm256_set1_epi8(5)), is4);
+    __m256i sum = size;  // inclusive prefix sum over the row
+    sum = _mm256_add_epi8(sum, _mm256_slli_si256(sum, 1));
+    sum = _mm256_add_epi8(sum, _mm256_slli_si256(sum, 2));
+    sum = _mm256_add_epi8(sum, _mm256_slli_si256(sum, 4));
+    sum = _mm256_add_epi8(sum, _mm256_slli_si256(sum, 8));
+    const __m256i before = _mm256_or_si256(_mm256_sub_epi8(sum, size), _mm256_andnot_si256(is4, not4));
+    const int start0 = rows.start[r], start1 = rows.start[r + 1];
+    const int first0 = std::min(start0, last), first1 = std::min(start1, last);
+    const int second0 = std::min(start0 + 16, last), second1 = std::min(start1 + 16, last);
+    const __m256i window0 = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(escapes + first1),
+                                                reinterpret_cast<const __m128i*>(escapes + first0));
+    const __m256i window1 = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(escapes + second1),
+                                                reinterpret_cast<const __m128i*>(escapes + second0));
+    // Indices into each window; before + anything keeps bit 7 for groups that are not 4-bit.
+    const __m256i index0 = _mm256_adds_epu8(_mm256_add_epi8(before, per_lane(start0 - first0, start1 - first1)), high_nibble);
+    const __m256i index1 = _mm256_adds_epu8(_mm256_add_epi8(before, per_lane(start0 - second0, start1 - second1)), high_nibble);
+    // (index1 is negative, so saturates to 0xFF, for bytes before the second window.)
+    const __m256i plane3 = _mm256_or_si256(_mm256_shuffle_epi8(window0, index0), _mm256_shuffle_epi8(window1, index1));
+    _mm_store_si128(reinterpret_cast<__m128i*>(out.plane3[r]), _mm256_castsi256_si128(plane3));
+    _mm_store_si128(reinterpret_cast<__m128i*>(out.plane3[r + 1]), _mm256_extracti128_si256(plane3, 1));
+    _mm_store_si128(reinterpret_cast<__m128i*>(out.is4[r]), _mm256_castsi256_si128(is4));
+    _mm_store_si128(reinterpret_cast<__m128i*>(out.is4[r + 1]), _mm256_extracti128_si256(is4, 1));
   }
+  uint64_t raw_registers = 0;
   for (uint32_t pending = rows.raw_rows; pending != 0; pending &= pending - 1) {
     const int r = __builtin_ctz(pending);
     uint32_t word;
     std::memcpy(&word, tags + 4 * r, sizeof word);
-    size_t next = rows.start[r];
-    for (int i = 0; i < 16; ++i) {
-      const unsigned tag = word >> (2 * i) & 3u;
-      out.plane3[r][i] = tag == static_cast<unsigned>(GroupMode::bits4) ? escapes[next] : 0;
-      next += static_cast<size_t>(escape_bytes_for(static_cast<GroupMode>(tag)));
+    if (__builtin_popcount(word & 0x55555555u) + 5 * __builtin_popcount(word & 0xAAAAAAAAu) > 32) [[unlikely]] {
+      alignas(16) uint8_t plane3[16] = {};
+      size_t next = rows.start[r];
+      for (int i = 0; i < 16; ++i) {
+        const auto mode = static_cast<GroupMode>(word >> (2 * i) & 3u);
+        if (mode == GroupMode::bits4) plane3[i] = escapes[next];
+        next += static_cast<size_t>(escape_bytes_for(mode));
+      }
+      std::memcpy(out.plane3[r], plane3, sizeof plane3);
+    }
+    for (uint32_t raw = word & 0xAAAAAAAAu; raw != 0; raw &= raw - 1) {
+      const int g = 16 * r + __builtin_ctz(raw) / 2;
+      const int lane = g / G::kGroupsPerLane, pair = g % G::kGroupsPerLane;
+      raw_registers |= uint64_t{1} << (16 * (pair / 2) + lane / 2);
     }
   }
+  out.raw_registers = raw_registers;
 }
 
 /// Per fragment register v = 16c + p: byte d holds the row byte of its group (lane 2p + d / 16,
@@ -593,36 +624,63 @@ constexpr std::array<ByteControl, 2 * G::kChunks> kGroupPick = [] {
   return controls;
 }();
 
-/// The exponents of a tile's fragment registers: 3-bit code plus b3, plus for 4-bit groups
-/// b4 - b3 and bit 3 of the offset (from `EscapeRows`, when kEscapes). Raw groups come out as if
-/// 3-bit; patch_raw_groups fixes them in the rows afterwards.
-template <class G, bool kEscapes>
+/// The exponents of a tile's fragment registers: 3-bit code plus b3, plus what `EscapeRows` says
+/// for 4-bit and raw groups.
+template <class G>
 class Exponents {
  public:
-  Exponents(const uint8_t* codes, const FragmentBases<G>& bases, const EscapeRows<G>* rows)
-      : codes_(codes), bases_(bases), rows_(rows) {}
+  Exponents(const uint8_t* slot, const FragmentBases<G>& bases, const TagRows<G>& tag_rows, const EscapeRows<G>& rows)
+      : slot_(slot), codes_(slot + G::kShape.code_offset()), bases_(bases), tag_rows_(tag_rows), rows_(&rows) {}
 
-  /// Fragment register v = 16·kChunk + p.
-  template <int kChunk>
-  __m256i get(int p) const {
-    const int v = 16 * kChunk + p;
-    const __m256i exponent = _mm256_add_epi8(read_codes<G, kChunk>(codes_, p), bases_.b3(v));
-    if constexpr (!kEscapes) return exponent;
+  /// Fragment register v = 16c + p, chunk c = 2o + kOdd.
+  template <int kOdd>
+  __m256i get(int o, int p) const {
+    const int c = 2 * o + kOdd, v = 16 * c + p;
+    const __m256i code = read_codes<G, kOdd>(codes_, o, p);
+    const __m256i exponent = _mm256_add_epi8(code, bases_.b3(v));
     const int row = 2 * p * G::kGroupsPerLane / 16;
-    const __m256i pick = load(kGroupPick<G>[static_cast<size_t>(2 * kChunk + p % 2)]);
+    const __m256i pick = load(kGroupPick<G>[static_cast<size_t>(2 * c + p % 2)]);
     const __m256i plane3 = _mm256_shuffle_epi8(broadcast(rows_->plane3[row]), pick);
     const __m256i is4 = _mm256_shuffle_epi8(broadcast(rows_->is4[row]), pick);
     const __m256i bit = _mm256_set1_epi64x(0x8040201008040201ll);  // element i of a group: bit i
     const __m256i bit3 = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(plane3, bit), bit), _mm256_set1_epi8(8));
-    return _mm256_add_epi8(_mm256_add_epi8(exponent, _mm256_and_si256(is4, bases_.step(v))), bit3);
+    const __m256i escaped = _mm256_add_epi8(_mm256_add_epi8(exponent, _mm256_and_si256(is4, bases_.step(v))), bit3);
+    if ((rows_->raw_registers >> v & 1) == 0) [[likely]] return escaped;
+    return with_raw_groups(c, p, escaped, code);
   }
 
  private:
   static __m256i broadcast(const uint8_t* row) {
     return _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(row)));
   }
+
+  /// Register 16c + p with its raw groups' exponents (code | bits 3..7 from their five escapes).
+  [[gnu::noinline]] __m256i with_raw_groups(int c, int p, __m256i escaped, __m256i code) const {
+    const uint8_t* tags = slot_ + G::kShape.tag_offset();
+    const uint8_t* escapes = slot_ + G::kShape.escape_offset();
+    uint64_t high[4] = {}, mask[4] = {};
+    for (int q = 0; q < 4; ++q) {  // qword q: lane 2p + q / 2, pair 2c + q % 2
+      const int g = (2 * p + q / 2) * G::kGroupsPerLane + 2 * c + q % 2;
+      uint32_t word;
+      std::memcpy(&word, tags + 4 * (g / 16), sizeof word);
+      if ((word >> (2 * (g % 16)) & 3u) != static_cast<unsigned>(GroupMode::raw)) continue;
+      const uint32_t earlier = word & ((1u << (2 * (g % 16))) - 1);
+      const uint8_t* planes = escapes + tag_rows_.start[g / 16] + __builtin_popcount(earlier & 0x55555555u) +
+                              5 * __builtin_popcount(earlier & 0xAAAAAAAAu);
+      for (int k = 0; k < 5; ++k) high[q] |= _pdep_u64(planes[k], kByteBit0) << (3 + k);
+      mask[q] = ~uint64_t{0};
+    }
+    const auto vec = [](const uint64_t* x) {
+      return _mm256_setr_epi64x(static_cast<long long>(x[0]), static_cast<long long>(x[1]), static_cast<long long>(x[2]),
+                                static_cast<long long>(x[3]));
+    };
+    return _mm256_blendv_epi8(escaped, _mm256_or_si256(code, vec(high)), vec(mask));
+  }
+
+  const uint8_t* slot_;
   const uint8_t* codes_;
   const FragmentBases<G>& bases_;
+  const TagRows<G>& tag_rows_;
   const EscapeRows<G>* rows_;
 };
 
@@ -657,18 +715,19 @@ inline void value_stream_to_rows_fused(__m256i x[8]) {
   }
 }
 
-/// Composes every element of the tile from its stored byte and exponent and writes the rows,
-/// chunk kChunk of fragment order.
-template <class G, int kChunk, class Source>
-void write_chunk(const uint8_t* stored, const Source& exponents, uint16_t* dst, size_t stride) {
+/// Composes the elements of chunk c = 2o + kOdd of fragment order from their stored bytes and
+/// exponents and writes them to their rows.
+template <class G, int kOdd>
+void write_chunk(const uint8_t* stored, const Exponents<G>& exponents, int o, uint16_t* dst, size_t stride) {
+  const int c = 2 * o + kOdd;
   if constexpr (G::kShape.kind == TensorKind::key) {
 #pragma GCC unroll 1
-    for (int q = 0; q < 8; ++q) {  // key segment 8·kChunk + q: registers p = 2q, 2q + 1
-      const int segment = 8 * kChunk + q;
+    for (int q = 0; q < 8; ++q) {  // key segment 8c + q: registers p = 2q, 2q + 1
+      const int segment = 8 * c + q;
       __m256i lo[2], hi[2];
 #pragma GCC unroll 2
       for (int r = 0; r < 2; ++r) {
-        compose(load(stored + 64 * segment + 32 * r), exponents.template get<kChunk>(2 * q + r), lo[r], hi[r]);
+        compose(load(stored + 64 * segment + 32 * r), exponents.template get<kOdd>(o, 2 * q + r), lo[r], hi[r]);
       }
       key_stream_to_rows(lo);
       key_stream_to_rows(hi);
@@ -685,13 +744,13 @@ void write_chunk(const uint8_t* stored, const Source& exponents, uint16_t* dst, 
       __m256i lo[8], hi[8];
 #pragma GCC unroll 8
       for (int j = 0; j < 8; ++j) {
-        compose(load(stored + 512 * kChunk + 64 * j + 32 * t1), exponents.template get<kChunk>(2 * j + t1), lo[j], hi[j]);
+        compose(load(stored + 512 * c + 64 * j + 32 * t1), exponents.template get<kOdd>(o, 2 * j + t1), lo[j], hi[j]);
       }
       value_stream_to_rows_fused(lo);
       value_stream_to_rows_fused(hi);
 #pragma GCC unroll 8
       for (int j = 0; j < 8; ++j) {
-        uint16_t* column = dst + 32 * kChunk + value_out_column(j);
+        uint16_t* column = dst + 32 * c + value_out_column(j);
         store(column + value_out_row(j, t1, 0) * stride, _mm256_unpacklo_epi8(lo[j], hi[j]));
         store(column + value_out_row(j, t1, 1) * stride, _mm256_unpackhi_epi8(lo[j], hi[j]));
       }
@@ -699,46 +758,11 @@ void write_chunk(const uint8_t* stored, const Source& exponents, uint16_t* dst, 
   }
 }
 
-template <class G, class Source, int... kChunks>
-void write_rows(const uint8_t* stored, const Source& exponents, uint16_t* dst, size_t stride,
-                std::integer_sequence<int, kChunks...>) {
-  (write_chunk<G, kChunks>(stored, exponents, dst, stride), ...);
-}
-
-/// Rewrites the elements of the raw groups in the rows (the vector pass treated them as 3-bit):
-/// exponent = code | bits 3..7 from the group's five escape bytes. Scalar: about one per tile.
 template <class G>
-void patch_raw_groups(const uint8_t* slot, const TagRows<G>& rows, uint16_t* dst, size_t stride) {
-  constexpr TileShape shape = G::kShape;
-  const uint8_t* tags = slot + shape.tag_offset();
-  const uint8_t* escapes = slot + shape.escape_offset();
-  for (uint32_t pending = rows.raw_rows; pending != 0; pending &= pending - 1) {
-    const int r = __builtin_ctz(pending);
-    uint32_t word;
-    std::memcpy(&word, tags + 4 * r, sizeof word);
-    size_t next = rows.start[r];
-    for (int i = 0; i < 16; ++i) {
-      const auto mode = static_cast<GroupMode>(word >> (2 * i) & 3u);
-      if (mode == GroupMode::raw) {
-        const int lane = (16 * r + i) / G::kGroupsPerLane, pair = (16 * r + i) % G::kGroupsPerLane;
-        for (int e = 0; e < kGroupSize; ++e) {
-          const int quad = 2 * pair + e / kQuadSize, byte = e % kQuadSize;
-          const CodeBits where = code_bits(shape, quad);
-          const auto word_at = [&](int w) {
-            uint32_t x;
-            std::memcpy(&x, slot + shape.code_offset() + code_word_offset(shape, lane, w), sizeof x);
-            return x >> (8 * byte);
-          };
-          unsigned exponent = word_at(where.low_word) >> where.low_shift & ((1u << where.low_bits) - 1);
-          if (where.high_word >= 0) exponent |= (word_at(where.high_word) >> where.high_shift & 1u) << 2;
-          for (int k = 0; k < 5; ++k) exponent |= (escapes[next + static_cast<size_t>(k)] >> e & 1u) << (3 + k);
-          const ElementSlot at = element_slot(shape, lane, quad, byte);
-          dst[static_cast<size_t>(at.token) * stride + at.channel] =
-              bf16_compose(slot[sign_mantissa_offset(lane, quad, byte)], static_cast<uint8_t>(exponent));
-        }
-      }
-      next += static_cast<size_t>(escape_bytes_for(mode));
-    }
+void write_rows(const uint8_t* stored, const Exponents<G>& exponents, uint16_t* dst, size_t stride) {
+  for (int o = 0; o < G::kOctets; ++o) {
+    write_chunk<G, 0>(stored, exponents, o, dst, stride);
+    write_chunk<G, 1>(stored, exponents, o, dst, stride);
   }
 }
 
@@ -747,21 +771,16 @@ DecodeStatus decode(const uint8_t* slot, size_t capacity, const TileBases& bases
   using G = Geometry<Kind, Channels>;
   const uint8_t* tags = slot + G::kShape.tag_offset();
   const uint8_t* escapes = slot + G::kShape.escape_offset();
-  const uint8_t* codes = slot + G::kShape.code_offset();
   TagRows<G> rows;
   const DecodeStatus status = scan_tags(tags, escapes, capacity, rows);
   if (status != DecodeStatus::ok) return status;
 
   const FragmentBases<G> fragment_bases(bases);
-  const auto chunks = std::make_integer_sequence<int, G::kChunks>{};
-  if (rows.used == 0) {
-    write_rows<G>(slot, Exponents<G, false>(codes, fragment_bases, nullptr), dst, stride, chunks);
-    return DecodeStatus::ok;
-  }
+  static const EscapeRows<G> kNoEscapes{};  // an all-3-bit tile
   EscapeRows<G> escape_rows;
-  find_escape_rows(tags, escapes, capacity, rows, escape_rows);
-  write_rows<G>(slot, Exponents<G, true>(codes, fragment_bases, &escape_rows), dst, stride, chunks);
-  patch_raw_groups(slot, rows, dst, stride);
+  if (rows.used != 0) find_escape_rows(tags, escapes, capacity, rows, escape_rows);
+  const Exponents<G> exponents(slot, fragment_bases, rows, rows.used != 0 ? escape_rows : kNoEscapes);
+  write_rows<G>(slot, exponents, dst, stride);
   return DecodeStatus::ok;
 }
 

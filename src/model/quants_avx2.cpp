@@ -1,7 +1,9 @@
 // AVX2 + FMA + F16C dequantization and matmul_rows.
 //
 // Every format is decoded by one `emit` function per type that turns a block into float vectors,
-// 32 elements (four __m256) at a time, and hands them to a sink. The sink decides what happens:
+// 32 elements (four __m256) at a time, and hands them to a sink. Quants are widened to 32-bit lanes
+// either straight from memory (vpmovzxbd, for plain nibbles) or after byte-wide bit assembly over 32
+// quants at once (for formats with extra high bits), whichever measured faster. The sink decides what happens:
 // dequantize_row stores them; the decode path (one token) multiplies them straight into the dot
 // product, so a weight row is read once and never stored.
 //
@@ -46,26 +48,19 @@ inline __m128i load128(const uint8_t* p) { return _mm_loadu_si128(reinterpret_ca
 inline __m256i load256(const uint8_t* p) { return _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)); }
 inline __m256i byte_splat(int v) { return _mm256_set1_epi8(static_cast<char>(v)); }
 
-/// Unsigned bytes 0..7 of `v` as 8 floats.
-inline __m256 u8_to_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)); }
-/// Signed bytes 0..7 of `v` as 8 floats.
-inline __m256 i8_to_ps(__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)); }
-
-/// The four 8-float groups of 32 unsigned bytes, in order.
+/// 32 signed bytes as four vectors of 8 floats, in order.
 struct Four {
   __m256 v[4];
 };
-inline Four u8x32_to_ps(__m256i bytes) {
-  const __m128i lo = _mm256_castsi256_si128(bytes), hi = _mm256_extracti128_si256(bytes, 1);
-  return {{u8_to_ps(lo), u8_to_ps(_mm_srli_si128(lo, 8)), u8_to_ps(hi), u8_to_ps(_mm_srli_si128(hi, 8))}};
-}
 inline Four i8x32_to_ps(__m256i bytes) {
   const __m128i lo = _mm256_castsi256_si128(bytes), hi = _mm256_extracti128_si256(bytes, 1);
-  return {{i8_to_ps(lo), i8_to_ps(_mm_srli_si128(lo, 8)), i8_to_ps(hi), i8_to_ps(_mm_srli_si128(hi, 8))}};
+  const auto widen = [](__m128i v) { return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(v)); };
+  return {{widen(lo), widen(_mm_srli_si128(lo, 8)), widen(hi), widen(_mm_srli_si128(hi, 8))}};
 }
 
 /// 16 bytes of nibbles → 32 bytes: low nibbles (elements 0..15), then high nibbles (16..31).
-inline __m256i split_nibbles16(__m128i q) {
+inline __m256i split_nibbles16(const uint8_t* p) {
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
   const __m128i mask = _mm_set1_epi8(15);
   const __m128i lo = _mm_and_si128(q, mask), hi = _mm_and_si128(_mm_srli_epi16(q, 4), mask);
   return _mm256_inserti128_si256(_mm256_castsi128_si256(lo), hi, 1);
@@ -99,12 +94,21 @@ inline void scale_min_k4(int j, const uint8_t* s, int& scale, int& min) {
 
 inline float f(int v) { return static_cast<float>(v); }
 
-// exact_fma: where a format adds an offset to a scaled quant (Q4_1, Q5_1: q·d + m; Q4_K, Q5_K:
-// (d·sc)·q − dmin·m), the product is exact in float: d is an fp16 value (11 significant bits, at
-// least 2^-24), d·sc with sc < 64 has at most 17 significant bits (so d·sc itself is exact, as the
-// reference computes it), and times a quant below 32 at most 22 bits, far from float's range limits.
-// An FMA rounds only the sum, which is then the same rounding mul-then-add performs: the kernels may
-// use it there. Q6_K's (d·sc)·q (8-bit sc, 6-bit q: up to 25 bits) is not exact and stays a mul.
+/// Bytes p[0..7] widened to 8 dwords (one vpmovzxbd from memory).
+inline __m256i u8x8(const uint8_t* p) {
+  return _mm256_cvtepu8_epi32(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(p)));
+}
+inline __m256i dwords(int v) { return _mm256_set1_epi32(v); }
+inline __m256 to_ps(__m256i v) { return _mm256_cvtepi32_ps(v); }
+
+// exact_fma: every product in these formats is exact in float. d is an fp16 value (11 significant
+// bits, magnitude at least 2^-24); d·sc has at most 11 + 6 significant bits (K-quant scales < 64) or
+// 11 + 7 (Q6_K, |sc| ≤ 128), and times a quant below 32 in magnitude (5 bits; Q6_K's −32 is one bit)
+// at most 23, far inside float's exponent range. So where a format adds an offset to a scaled quant
+// (Q4_1, Q5_1: q·d + m; Q4_K, Q5_K: (d·sc)·q − dmin·m) an FMA rounds only the sum, exactly as the
+// reference's mul-then-add does (signed zeros included: the exact product keeps its sign). Formats
+// without an offset keep a plain mul: folding Q4_0's −8 into an FMA (q·d − 8d) would turn the
+// reference's −0 for q = 8, d < 0 into +0.
 //
 // ----------------------------------------------------------------------------------------------
 // Block decoders. `emit(block, sink)` calls sink(g, v0, v1, v2, v3) for g = 0 .. kElements/32 − 1,
@@ -175,8 +179,10 @@ struct Q4_0 {  // f16 d; u8 qs[16]: (q−8)·d
   template <class Sink>
   static void emit(const uint8_t* b, Sink&& sink) {
     const __m256 d = _mm256_set1_ps(half_at(b));
-    const Four q = i8x32_to_ps(_mm256_sub_epi8(split_nibbles16(load128(b + 2)), byte_splat(8)));
-    sink(0, _mm256_mul_ps(q.v[0], d), _mm256_mul_ps(q.v[1], d), _mm256_mul_ps(q.v[2], d), _mm256_mul_ps(q.v[3], d));
+    const __m256i v0 = u8x8(b + 2), v1 = u8x8(b + 10), mask = dwords(15), eight = dwords(8);
+    const auto value = [&](__m256i q) { return _mm256_mul_ps(to_ps(_mm256_sub_epi32(q, eight)), d); };
+    sink(0, value(_mm256_and_si256(v0, mask)), value(_mm256_and_si256(v1, mask)), value(_mm256_srli_epi32(v0, 4)),
+         value(_mm256_srli_epi32(v1, 4)));
   }
 };
 
@@ -186,10 +192,10 @@ struct Q4_1 {  // f16 d, m; u8 qs[16]: q·d + m
   template <class Sink>
   static void emit(const uint8_t* b, Sink&& sink) {
     const __m256 d = _mm256_set1_ps(half_at(b)), m = _mm256_set1_ps(half_at(b + 2));
-    const Four q = u8x32_to_ps(split_nibbles16(load128(b + 4)));
-    // q·d is exact (see exact_fma below), so the FMA rounds q·d + m exactly as mul-then-add does.
-    sink(0, _mm256_fmadd_ps(q.v[0], d, m), _mm256_fmadd_ps(q.v[1], d, m), _mm256_fmadd_ps(q.v[2], d, m),
-         _mm256_fmadd_ps(q.v[3], d, m));
+    const __m256i v0 = u8x8(b + 4), v1 = u8x8(b + 12), mask = dwords(15);
+    const auto value = [&](__m256i q) { return _mm256_fmadd_ps(to_ps(q), d, m); };  // exact_fma
+    sink(0, value(_mm256_and_si256(v0, mask)), value(_mm256_and_si256(v1, mask)), value(_mm256_srli_epi32(v0, 4)),
+         value(_mm256_srli_epi32(v1, 4)));
   }
 };
 
@@ -199,8 +205,8 @@ struct Q5_0 {  // f16 d; u8 qh[4]; u8 qs[16]: (q−16)·d
   template <class Sink>
   static void emit(const uint8_t* b, Sink&& sink) {
     const __m256 d = _mm256_set1_ps(half_at(b));
-    const __m256i q5 = _mm256_or_si256(split_nibbles16(load128(b + 6)), bits_to_16(le32(b + 2)));
-    const Four q = i8x32_to_ps(_mm256_sub_epi8(q5, byte_splat(16)));
+    // (low | 16·bit) − 16 = low − 16·(1 − bit): subtract the complemented fifth bits.
+    const Four q = i8x32_to_ps(_mm256_sub_epi8(split_nibbles16(b + 6), bits_to_16(~le32(b + 2))));
     sink(0, _mm256_mul_ps(q.v[0], d), _mm256_mul_ps(q.v[1], d), _mm256_mul_ps(q.v[2], d), _mm256_mul_ps(q.v[3], d));
   }
 };
@@ -211,21 +217,20 @@ struct Q5_1 {  // f16 d, m; u8 qh[4]; u8 qs[16]: q·d + m
   template <class Sink>
   static void emit(const uint8_t* b, Sink&& sink) {
     const __m256 d = _mm256_set1_ps(half_at(b)), m = _mm256_set1_ps(half_at(b + 2));
-    const Four q = u8x32_to_ps(_mm256_or_si256(split_nibbles16(load128(b + 8)), bits_to_16(le32(b + 4))));
-    // q·d is exact (see exact_fma below), so the FMA rounds q·d + m exactly as mul-then-add does.
-    sink(0, _mm256_fmadd_ps(q.v[0], d, m), _mm256_fmadd_ps(q.v[1], d, m), _mm256_fmadd_ps(q.v[2], d, m),
+    // Quants are below 32, so widening them as signed bytes is exact.
+    const Four q = i8x32_to_ps(_mm256_or_si256(split_nibbles16(b + 8), bits_to_16(le32(b + 4))));
+    sink(0, _mm256_fmadd_ps(q.v[0], d, m), _mm256_fmadd_ps(q.v[1], d, m), _mm256_fmadd_ps(q.v[2], d, m),  // exact_fma
          _mm256_fmadd_ps(q.v[3], d, m));
   }
 };
 
-/// (d·sc)·q − dmin·m for one sub-block of 32 unsigned 5- or 4-bit values.
+/// (d·sc)·q − dmin·m for one sub-block of 32 quants (four vectors of 8 dwords).
 template <class Sink>
-inline void k_quant_sub_block(int g, __m256i q, float d, float dmin, int sc, int m, Sink& sink) {
+inline void k_quant_sub_block(int g, const __m256i (&q)[4], float d, float dmin, int sc, int m, Sink& sink) {
   const __m256 scale = _mm256_set1_ps(d * f(sc)), offset = _mm256_set1_ps(dmin * f(m));
-  const Four v = u8x32_to_ps(q);
-  // (d·sc)·q is exact (see exact_fma below), so the FMA rounds it minus dmin·m as mul-then-sub does.
-  sink(g, _mm256_fmsub_ps(v.v[0], scale, offset), _mm256_fmsub_ps(v.v[1], scale, offset),
-       _mm256_fmsub_ps(v.v[2], scale, offset), _mm256_fmsub_ps(v.v[3], scale, offset));
+  // exact_fma: (d·sc)·q is exact, so this rounds like the reference's mul-then-sub.
+  sink(g, _mm256_fmsub_ps(to_ps(q[0]), scale, offset), _mm256_fmsub_ps(to_ps(q[1]), scale, offset),
+       _mm256_fmsub_ps(to_ps(q[2]), scale, offset), _mm256_fmsub_ps(to_ps(q[3]), scale, offset));
 }
 
 struct Q4_K {  // f16 d, dmin; u8 scales[12]; u8 qs[128]
@@ -235,14 +240,20 @@ struct Q4_K {  // f16 d, dmin; u8 scales[12]; u8 qs[128]
   static void emit(const uint8_t* b, Sink&& sink) {
     const float d = half_at(b), dmin = half_at(b + 2);
     const uint8_t* scales = b + 4;
-    const __m256i mask = byte_splat(15);
+    const __m256i mask = dwords(15);
     for (int c = 0; c < 4; ++c) {
-      const __m256i q = load256(b + 16 + 32 * c);
+      const uint8_t* qs = b + 16 + 32 * c;
+      __m256i lo[4], hi[4];
+      for (int k = 0; k < 4; ++k) {
+        const __m256i v = u8x8(qs + 8 * k);
+        lo[k] = _mm256_and_si256(v, mask);
+        hi[k] = _mm256_srli_epi32(v, 4);
+      }
       int sc, m;
       scale_min_k4(2 * c, scales, sc, m);
-      k_quant_sub_block(2 * c, _mm256_and_si256(q, mask), d, dmin, sc, m, sink);
+      k_quant_sub_block(2 * c, lo, d, dmin, sc, m, sink);
       scale_min_k4(2 * c + 1, scales, sc, m);
-      k_quant_sub_block(2 * c + 1, _mm256_and_si256(_mm256_srli_epi16(q, 4), mask), d, dmin, sc, m, sink);
+      k_quant_sub_block(2 * c + 1, hi, d, dmin, sc, m, sink);
     }
   }
 };
@@ -254,19 +265,22 @@ struct Q5_K {  // f16 d, dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]
   static void emit(const uint8_t* b, Sink&& sink) {
     const float d = half_at(b), dmin = half_at(b + 2);
     const uint8_t* scales = b + 4;
-    const __m256i qh = load256(b + 16);
-    const __m256i mask = byte_splat(15), sixteen = byte_splat(16);
+    const uint8_t* qh = b + 16;
+    const __m256i mask = dwords(15), sixteen = dwords(16);
     for (int c = 0; c < 4; ++c) {
-      const __m256i q = load256(b + 48 + 32 * c);
-      const __m256i bit_lo = byte_splat(1 << (2 * c)), bit_hi = byte_splat(2 << (2 * c));
-      const __m256i h_lo = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit_lo), bit_lo), sixteen);
-      const __m256i h_hi = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit_hi), bit_hi), sixteen);
+      const uint8_t* qs = b + 48 + 32 * c;
+      __m256i lo[4], hi[4];
+      for (int k = 0; k < 4; ++k) {
+        const __m256i v = u8x8(qs + 8 * k);
+        const __m256i h16 = _mm256_slli_epi32(u8x8(qh + 8 * k), 4);  // bit i of qh[l] at bit 4 + i
+        lo[k] = _mm256_or_si256(_mm256_and_si256(v, mask), _mm256_and_si256(_mm256_srli_epi32(h16, 2 * c), sixteen));
+        hi[k] = _mm256_or_si256(_mm256_srli_epi32(v, 4), _mm256_and_si256(_mm256_srli_epi32(h16, 2 * c + 1), sixteen));
+      }
       int sc, m;
       scale_min_k4(2 * c, scales, sc, m);
-      k_quant_sub_block(2 * c, _mm256_or_si256(_mm256_and_si256(q, mask), h_lo), d, dmin, sc, m, sink);
+      k_quant_sub_block(2 * c, lo, d, dmin, sc, m, sink);
       scale_min_k4(2 * c + 1, scales, sc, m);
-      k_quant_sub_block(2 * c + 1, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(q, 4), mask), h_hi), d, dmin, sc,
-                        m, sink);
+      k_quant_sub_block(2 * c + 1, hi, d, dmin, sc, m, sink);
     }
   }
 };
@@ -276,7 +290,8 @@ struct Q6_K {  // u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d: (d·sc)·(q−32)
   static constexpr size_t kBytes = 210;
   template <class Sink>
   static void sub_blocks(int g, __m256i q, float s0, float s1, Sink& sink) {
-    const Four v = i8x32_to_ps(_mm256_sub_epi8(q, byte_splat(32)));
+    const __m256i qq = _mm256_sub_epi8(q, byte_splat(32));
+    const Four v = i8x32_to_ps(qq);
     const __m256 a = _mm256_set1_ps(s0), c = _mm256_set1_ps(s1);
     sink(g, _mm256_mul_ps(v.v[0], a), _mm256_mul_ps(v.v[1], a), _mm256_mul_ps(v.v[2], c), _mm256_mul_ps(v.v[3], c));
   }

@@ -582,6 +582,13 @@ TEST(RealModels, Gemma3Tensors) {
 // ----------------------------------------------------------------------------------------------
 // Arguments
 
+TEST(QuantArguments, LayoutsAgreeWithGguf) {
+  for (GgmlType type : kAllTypes) {
+    EXPECT_EQ(detail::quant_layout(type).elements, block_elements(type)) << name(type);
+    EXPECT_EQ(detail::quant_layout(type).bytes, block_bytes(type)) << name(type);
+  }
+}
+
 TEST(QuantArguments, SupportedTypes) {
   for (GgmlType type : kAllTypes) EXPECT_TRUE(supported_type(type)) << name(type);
   EXPECT_FALSE(supported_type(static_cast<GgmlType>(10)));  // Q2_K

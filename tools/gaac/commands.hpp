@@ -21,5 +21,8 @@ void add_compress(CLI::App& app);
 void add_decompress(CLI::App& app);
 void add_verify(CLI::App& app);
 void add_inspect(CLI::App& app);
+void add_generate(CLI::App& app);
+void add_capture(CLI::App& app);
+void add_validate(CLI::App& app);
 
 }  // namespace gaac::cli

@@ -18,6 +18,9 @@ int main(int argc, char** argv) {
   gaac::cli::add_decompress(app);
   gaac::cli::add_verify(app);
   gaac::cli::add_inspect(app);
+  gaac::cli::add_generate(app);
+  gaac::cli::add_capture(app);
+  gaac::cli::add_validate(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -46,8 +46,8 @@ void run(const ValidateOptions& o) {
 
   const auto vocab = static_cast<size_t>(model->config().vocab);
   const std::vector<uint8_t> reference = io::read_file(o.reference);
-  if (reference.size() != tokens.size() * vocab * sizeof(float)) {
-    throw Error(o.reference + ": expected " + std::to_string(tokens.size()) + " × " + std::to_string(vocab) +
+  if (reference.size() % (vocab * sizeof(float)) != 0 || reference.size() < tokens.size() * vocab * sizeof(float)) {
+    throw Error(o.reference + ": expected at least " + std::to_string(tokens.size()) + " × " + std::to_string(vocab) +
                 " float32 logits, the file has " + std::to_string(reference.size()) + " bytes");
   }
   model::ThreadPool pool(o.threads);

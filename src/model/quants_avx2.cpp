@@ -27,6 +27,7 @@
 
 #if (defined(__x86_64__) || defined(_M_X64)) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define GAAC_QUANTS_AVX2 1
+#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -497,7 +498,10 @@ void with_kind(GgmlType type, F&& fn) {
 }
 
 bool cpu_ok() {
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c");
+  // F16C through CPUID (leaf 1, ECX bit 29): clang 14's __builtin_cpu_supports does not know "f16c".
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
 }
 
 void require() {

@@ -1,0 +1,576 @@
+// AVX2 + FMA + F16C activation quantizers and quantized products.
+//
+// Quantizers: bit-identical to the reference (same scalar d/id/iscale computations; roundf emulated
+// exactly as trunc plus a correction where the exact fraction is at least one half; ggml's
+// nearest_int is round-half-even, which is what vroundps does).
+//
+// Products: a weight row is first decoded into an L1-resident buffer in a form the integer kernels
+// take directly, then multiplied against blocks of up to 64 tokens (their activations stay in L2),
+// four tokens at a time so that each decoded weight vector is loaded once for four dot products:
+//   32-element types: 32 quants per block as int8 (signed for Q4_0/Q5_0/Q8_0, which then use the
+//     sign trick vpsignb + vpmaddubsw; unsigned 0..31 for Q4_1/Q5_1) and the block's d (and m);
+//     per block: vpmaddubsw → vpmaddwd → 8 int32 lanes → float, times d_w·d_x, into 8-lane FMA
+//     accumulators; Q4_1/Q5_1 add Σ m_w·s_x at the end (a separate 8-lane dot).
+//   K-quants: 256 unsigned quants per super-block (Q6_K without its −32), one 16-lane int16 scale
+//     vector per 32 quants, and 16 int16 "mins" that multiply the activations' bsums: Q4_K/Q5_K
+//     m_j, Q6_K 32·s_j (so Σ s_j·Σ (q−32)·x = Σ s_j·Σ q·x − Σ 32·s_j·bsum_j). The integer sums are
+//     exact; d_w·d_x and dmin_w·d_x scale them per super-block.
+#include <algorithm>
+#include <cstring>
+#include <vector>
+
+#include "gaac/bf16.hpp"
+#include "gaac/error.hpp"
+#include "model/quants.hpp"
+#include "model/quants_q8.hpp"
+
+#if (defined(__x86_64__) || defined(_M_X64)) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#define GAAC_Q8_AVX2 1
+#include <immintrin.h>
+#endif
+
+namespace gaac::model::avx2 {
+
+#if defined(GAAC_Q8_AVX2)
+
+namespace {
+
+// ----------------------------------------------------------------------------------------------
+// Helpers
+
+inline float half_at(const uint8_t* p) {
+  uint16_t h;
+  std::memcpy(&h, p, sizeof h);
+  return _cvtsh_ss(h);
+}
+inline float float_at(const uint8_t* p) {
+  float v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+inline void put16(uint8_t* p, uint16_t v) { std::memcpy(p, &v, sizeof v); }
+inline __m256i load(const void* p) { return _mm256_loadu_si256(static_cast<const __m256i*>(p)); }
+inline void store(void* p, __m256i v) { _mm256_storeu_si256(static_cast<__m256i*>(p), v); }
+inline __m256i bytes(int v) { return _mm256_set1_epi8(static_cast<char>(v)); }
+
+inline float hsum(__m256 v) {
+  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+  s = _mm_add_ss(s, _mm_movehdup_ps(s));
+  return _mm_cvtss_f32(s);
+}
+inline int hsum_i32(__m256i v) {
+  __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+  s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+  s = _mm_add_epi32(s, _mm_shuffle_epi32(s, _MM_SHUFFLE(2, 3, 0, 1)));
+  return _mm_cvtsi128_si32(s);
+}
+inline float hmax(__m256 v) {
+  __m128 m = _mm_max_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+  m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+  m = _mm_max_ss(m, _mm_movehdup_ps(m));
+  return _mm_cvtss_f32(m);
+}
+inline __m256 abs_ps(__m256 v) { return _mm256_and_ps(v, _mm256_castsi256_ps(_mm256_set1_epi32(0x7FFFFFFF))); }
+
+/// Rounded values to quants as the reference's to_quant does: NaN → 0, clamped to [−127, 127].
+inline __m256i to_quants(__m256 r) {
+  r = _mm256_and_ps(r, _mm256_cmp_ps(r, r, _CMP_ORD_Q));
+  r = _mm256_max_ps(_mm256_min_ps(r, _mm256_set1_ps(127.0f)), _mm256_set1_ps(-127.0f));
+  return _mm256_cvttps_epi32(r);
+}
+
+/// roundf on 8 lanes: truncate, then step away from zero where the (exact) fraction is ≥ 1/2.
+inline __m256 round_half_away(__m256 v) {
+  const __m256 t = _mm256_round_ps(v, _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC);
+  const __m256 frac = abs_ps(_mm256_sub_ps(v, t));
+  const __m256 one = _mm256_or_ps(_mm256_and_ps(v, _mm256_set1_ps(-0.0f)), _mm256_set1_ps(1.0f));
+  return _mm256_add_ps(t, _mm256_and_ps(_mm256_cmp_ps(frac, _mm256_set1_ps(0.5f), _CMP_GE_OQ), one));
+}
+
+/// Four vectors of 8 int32 quants (elements 0..31 in order) → 32 int8 stored at `out`.
+inline void store_quants(uint8_t* out, __m256i i0, __m256i i1, __m256i i2, __m256i i3) {
+  const __m256i a = _mm256_packs_epi32(i0, i1), b = _mm256_packs_epi32(i2, i3);
+  const __m256i packed = _mm256_packs_epi16(a, b);
+  store(out, _mm256_permutevar8x32_epi32(packed, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+
+// ----------------------------------------------------------------------------------------------
+// Quantizers
+
+/// Q8_0 (sum == false) or Q8_1 (sum == true) blocks of 32.
+template <bool with_sum>
+void quantize_q8_01(const float* x, uint8_t* out, int64_t blocks, float* scales, float* sums) {
+  constexpr size_t kBytes = with_sum ? 36 : 34;
+  for (int64_t i = 0; i < blocks; ++i, x += 32, out += kBytes) {
+    __m256 v[4];
+    for (int k = 0; k < 4; ++k) v[k] = _mm256_loadu_ps(x + 8 * k);
+    const float amax = hmax(_mm256_max_ps(_mm256_max_ps(abs_ps(v[0]), abs_ps(v[1])), _mm256_max_ps(abs_ps(v[2]), abs_ps(v[3]))));
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const __m256 idv = _mm256_set1_ps(id);
+    __m256i q[4];
+    for (int k = 0; k < 4; ++k) q[k] = to_quants(round_half_away(_mm256_mul_ps(v[k], idv)));
+    const uint16_t dh = float_to_fp16(d);
+    put16(out, dh);
+    if (scales != nullptr) scales[i] = _cvtsh_ss(dh);
+    if constexpr (with_sum) {
+      const int sum = hsum_i32(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
+      const uint16_t sh = float_to_fp16(static_cast<float>(sum) * d);
+      put16(out + 2, sh);
+      if (sums != nullptr) sums[i] = _cvtsh_ss(sh);
+    }
+    store_quants(out + (with_sum ? 4 : 2), q[0], q[1], q[2], q[3]);
+  }
+}
+
+void quantize_q8_k(const float* x, uint8_t* out, int64_t blocks) {
+  for (int64_t i = 0; i < blocks; ++i, x += 256, out += 292) {
+    __m256 amaxv = _mm256_setzero_ps();
+    for (int k = 0; k < 32; ++k) amaxv = _mm256_max_ps(amaxv, abs_ps(_mm256_loadu_ps(x + 8 * k)));
+    const float amax = hmax(amaxv);
+    if (amax == 0.0f) {
+      std::memset(out, 0, 292);
+      continue;
+    }
+    // The first element of largest magnitude, with its sign (the reference keeps the first).
+    float max = 0.0f;
+    const __m256 target = _mm256_set1_ps(amax);
+    for (int k = 0; k < 32; ++k) {
+      const int mask = _mm256_movemask_ps(_mm256_cmp_ps(abs_ps(_mm256_loadu_ps(x + 8 * k)), target, _CMP_EQ_OQ));
+      if (mask != 0) {
+        max = x[8 * k + __builtin_ctz(static_cast<unsigned>(mask))];
+        break;
+      }
+    }
+    const float iscale = -127.0f / max;
+    const __m256 isv = _mm256_set1_ps(iscale);
+    for (int g = 0; g < 8; ++g) {
+      __m256i q[4];
+      for (int k = 0; k < 4; ++k) {
+        const __m256 p = _mm256_mul_ps(_mm256_loadu_ps(x + 32 * g + 8 * k), isv);
+        q[k] = to_quants(_mm256_round_ps(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+      }
+      store_quants(out + 4 + 32 * g, q[0], q[1], q[2], q[3]);
+      const auto s0 = static_cast<int16_t>(hsum_i32(_mm256_add_epi32(q[0], q[1])));
+      const auto s1 = static_cast<int16_t>(hsum_i32(_mm256_add_epi32(q[2], q[3])));
+      put16(out + 260 + 4 * g, static_cast<uint16_t>(s0));
+      put16(out + 262 + 4 * g, static_cast<uint16_t>(s1));
+    }
+    const float d = 1.0f / iscale;
+    std::memcpy(out, &d, sizeof d);
+  }
+}
+
+/// Round-to-nearest-even BF16 of 8 floats, widened back (NaN: quiet, as float_to_bf16).
+inline __m256 round_bf16(__m256 v) {
+  const __m256i bits = _mm256_castps_si256(v);
+  const __m256i lsb = _mm256_and_si256(_mm256_srli_epi32(bits, 16), _mm256_set1_epi32(1));
+  const __m256i rounded = _mm256_add_epi32(bits, _mm256_add_epi32(_mm256_set1_epi32(0x7FFF), lsb));
+  const __m256i nan = _mm256_or_si256(bits, _mm256_set1_epi32(0x00400000));
+  const __m256i is_nan = _mm256_castps_si256(_mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+  const __m256i chosen = _mm256_blendv_epi8(rounded, nan, is_nan);
+  return _mm256_castsi256_ps(_mm256_and_si256(chosen, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
+}
+
+void quantize_row(ActivationType type, const float* x, int64_t cols, uint8_t* out, float* scales, float* sums) {
+  switch (type) {
+    case ActivationType::q8_0: quantize_q8_01<false>(x, out, cols / 32, scales, nullptr); return;
+    case ActivationType::q8_1: quantize_q8_01<true>(x, out, cols / 32, scales, sums); return;
+    case ActivationType::q8_k: quantize_q8_k(x, out, cols / 256); return;
+    default: return;  // float types are handled by the callers
+  }
+}
+
+// ----------------------------------------------------------------------------------------------
+// Weight decoders
+
+/// 16 bytes of nibbles → 32 bytes: low nibbles (elements 0..15), then high nibbles (16..31).
+inline __m256i split_nibbles16(const uint8_t* p) {
+  const __m128i q = _mm_loadu_si128(reinterpret_cast<const __m128i*>(p));
+  const __m128i mask = _mm_set1_epi8(15);
+  return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_and_si128(q, mask)),
+                                 _mm_and_si128(_mm_srli_epi16(q, 4), mask), 1);
+}
+
+/// The 32 bits at `p` as 32 bytes of 0 or 16 (byte j ← bit j).
+inline __m256i bits_to_16(const uint8_t* p) {
+  uint32_t h;
+  std::memcpy(&h, p, sizeof h);
+  const __m256i spread = _mm256_shuffle_epi8(
+      _mm256_set1_epi32(static_cast<int>(h)),
+      _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3));
+  const __m256i bit = _mm256_set1_epi64x(static_cast<long long>(0x8040201008040201ull));
+  return _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(spread, bit), bit), bytes(16));
+}
+
+/// A decoded row of a 32-element type: quants (element order), d and m per block.
+struct RowA {
+  std::vector<int8_t> q;
+  std::vector<float> d, m;
+  void resize(int64_t cols) {
+    q.resize(static_cast<size_t>(cols));
+    d.resize(static_cast<size_t>(cols / 32));
+    m.resize(static_cast<size_t>(cols / 32));
+  }
+};
+
+struct Q4_0 {
+  static constexpr size_t kBytes = 18;
+  static constexpr bool kSigned = true, kMin = false;
+  static void decode(const uint8_t* b, int8_t* q, float& d, float&) {
+    d = half_at(b);
+    store(q, _mm256_sub_epi8(split_nibbles16(b + 2), bytes(8)));
+  }
+};
+struct Q4_1 {
+  static constexpr size_t kBytes = 20;
+  static constexpr bool kSigned = false, kMin = true;
+  static void decode(const uint8_t* b, int8_t* q, float& d, float& m) {
+    d = half_at(b);
+    m = half_at(b + 2);
+    store(q, split_nibbles16(b + 4));
+  }
+};
+struct Q5_0 {
+  static constexpr size_t kBytes = 22;
+  static constexpr bool kSigned = true, kMin = false;
+  static void decode(const uint8_t* b, int8_t* q, float& d, float&) {
+    d = half_at(b);
+    store(q, _mm256_sub_epi8(_mm256_or_si256(split_nibbles16(b + 6), bits_to_16(b + 2)), bytes(16)));
+  }
+};
+struct Q5_1 {
+  static constexpr size_t kBytes = 24;
+  static constexpr bool kSigned = false, kMin = true;
+  static void decode(const uint8_t* b, int8_t* q, float& d, float& m) {
+    d = half_at(b);
+    m = half_at(b + 2);
+    store(q, _mm256_or_si256(split_nibbles16(b + 8), bits_to_16(b + 4)));
+  }
+};
+struct Q8_0 {
+  static constexpr size_t kBytes = 34;
+  static constexpr bool kSigned = true, kMin = false;
+  static void decode(const uint8_t* b, int8_t* q, float& d, float&) {
+    d = half_at(b);
+    store(q, load(b + 2));
+  }
+};
+
+/// A decoded K-quant super-block.
+struct alignas(32) KBlock {
+  uint8_t q[256];
+  int16_t scale[8][16];  // per 32 quants: the scale of each vpmaddubsw lane (elements 0..15 | 16..31)
+  int16_t mins[16];      // multiplies bsums[j] (16 activations each)
+  float d, dmin;
+};
+
+// Q4_K / Q5_K: scale and min of sub-block j (0..7) from the 12 packed bytes.
+inline void scale_min_k4(int j, const uint8_t* s, int& scale, int& min) {
+  if (j < 4) {
+    scale = s[j] & 63;
+    min = s[j + 4] & 63;
+  } else {
+    scale = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
+    min = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+  }
+}
+
+inline void k4_scales(const uint8_t* scales, KBlock& out) {
+  for (int j = 0; j < 8; ++j) {
+    int sc, mn;
+    scale_min_k4(j, scales, sc, mn);
+    store(out.scale[j], _mm256_set1_epi16(static_cast<int16_t>(sc)));
+    out.mins[2 * j] = out.mins[2 * j + 1] = static_cast<int16_t>(mn);
+  }
+}
+
+struct Q4_K {
+  static constexpr size_t kBytes = 144;
+  static constexpr bool kQ6 = false;
+  static void decode(const uint8_t* b, KBlock& out) {
+    out.d = half_at(b);
+    out.dmin = half_at(b + 2);
+    const __m256i mask = bytes(15);
+    for (int c = 0; c < 4; ++c) {
+      const __m256i v = load(b + 16 + 32 * c);
+      store(out.q + 64 * c, _mm256_and_si256(v, mask));
+      store(out.q + 64 * c + 32, _mm256_and_si256(_mm256_srli_epi16(v, 4), mask));
+    }
+    k4_scales(b + 4, out);
+  }
+};
+
+struct Q5_K {
+  static constexpr size_t kBytes = 176;
+  static constexpr bool kQ6 = false;
+  static void decode(const uint8_t* b, KBlock& out) {
+    out.d = half_at(b);
+    out.dmin = half_at(b + 2);
+    const __m256i mask = bytes(15), one = bytes(1);
+    const __m256i qh = load(b + 16);
+    for (int c = 0; c < 4; ++c) {
+      const __m256i v = load(b + 48 + 32 * c);
+      const __m256i h0 = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c)), one);
+      const __m256i h1 = _mm256_and_si256(_mm256_srl_epi16(qh, _mm_cvtsi32_si128(2 * c + 1)), one);
+      store(out.q + 64 * c, _mm256_or_si256(_mm256_and_si256(v, mask), _mm256_slli_epi16(h0, 4)));
+      store(out.q + 64 * c + 32,
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(v, 4), mask), _mm256_slli_epi16(h1, 4)));
+    }
+    k4_scales(b + 4, out);
+  }
+};
+
+struct Q6_K {
+  static constexpr size_t kBytes = 210;
+  static constexpr bool kQ6 = true;
+  static void decode(const uint8_t* b, KBlock& out) {
+    out.d = half_at(b + 208);
+    out.dmin = 0.0f;
+    const __m256i low = bytes(15), high = bytes(0x30);
+    for (int h = 0; h < 2; ++h) {
+      const __m256i a = load(b + 64 * h), c = load(b + 64 * h + 32), qh = load(b + 128 + 32 * h);
+      uint8_t* q = out.q + 128 * h;
+      store(q, _mm256_or_si256(_mm256_and_si256(a, low), _mm256_and_si256(_mm256_slli_epi16(qh, 4), high)));
+      store(q + 32, _mm256_or_si256(_mm256_and_si256(c, low), _mm256_and_si256(_mm256_slli_epi16(qh, 2), high)));
+      store(q + 64, _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(a, 4), low), _mm256_and_si256(qh, high)));
+      store(q + 96,
+            _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), low), _mm256_and_si256(_mm256_srli_epi16(qh, 2), high)));
+    }
+    const auto* sc = reinterpret_cast<const int8_t*>(b + 192);
+    for (int g = 0; g < 8; ++g) {
+      const auto s0 = static_cast<int16_t>(sc[2 * g]), s1 = static_cast<int16_t>(sc[2 * g + 1]);
+      store(out.scale[g], _mm256_setr_epi16(s0, s0, s0, s0, s0, s0, s0, s0, s1, s1, s1, s1, s1, s1, s1, s1));
+    }
+    for (int j = 0; j < 16; ++j) out.mins[j] = static_cast<int16_t>(32 * sc[j]);
+  }
+};
+
+// ----------------------------------------------------------------------------------------------
+// Kernels: one decoded row against NT tokens.
+
+/// Σ a[i]·b[i] over n floats, 8 lanes.
+inline float dot_floats(const float* a, const float* b, int64_t n) {
+  __m256 acc = _mm256_setzero_ps();
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
+  float s = hsum(acc);
+  for (; i < n; ++i) s += a[i] * b[i];
+  return s;
+}
+
+template <class K, int NT>
+void kernel_a(const RowA& w, int64_t blocks, const QuantizedActivations& x, int64_t t0, float* y, int64_t y_stride,
+              int64_t r) {
+  constexpr size_t kXBytes = K::kMin ? 36 : 34;
+  const uint8_t* xq[NT];
+  const float* xd[NT];
+  __m256 acc[NT];
+  for (int t = 0; t < NT; ++t) {
+    xq[t] = x.blocks.data() + static_cast<size_t>(t0 + t) * x.row_bytes + (kXBytes - 32);
+    xd[t] = x.scales.data() + static_cast<size_t>(t0 + t) * static_cast<size_t>(blocks);
+    acc[t] = _mm256_setzero_ps();
+  }
+  const __m256i ones = _mm256_set1_epi16(1);
+  for (int64_t b = 0; b < blocks; ++b) {
+    const __m256i wv = load(w.q.data() + 32 * b);
+    const __m256i aw = K::kSigned ? _mm256_sign_epi8(wv, wv) : wv;
+    const __m256 dw = _mm256_set1_ps(w.d[static_cast<size_t>(b)]);
+    for (int t = 0; t < NT; ++t) {
+      __m256i xv = load(xq[t] + kXBytes * static_cast<size_t>(b));
+      if constexpr (K::kSigned) xv = _mm256_sign_epi8(xv, wv);
+      const __m256i lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xv), ones);
+      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_mul_ps(dw, _mm256_broadcast_ss(xd[t] + b)), acc[t]);
+    }
+  }
+  for (int t = 0; t < NT; ++t) {
+    float s = hsum(acc[t]);
+    if constexpr (K::kMin) {
+      s += dot_floats(w.m.data(), x.sums.data() + static_cast<size_t>(t0 + t) * static_cast<size_t>(blocks), blocks);
+    }
+    y[(t0 + t) * y_stride + r] = s;
+  }
+}
+
+template <class K, int NT>
+void kernel_k(const KBlock* w, int64_t blocks, const QuantizedActivations& x, int64_t t0, float* y, int64_t y_stride,
+              int64_t r) {
+  const uint8_t* xq[NT];
+  __m256 acc[NT];
+  for (int t = 0; t < NT; ++t) {
+    xq[t] = x.blocks.data() + static_cast<size_t>(t0 + t) * x.row_bytes;
+    acc[t] = _mm256_setzero_ps();
+  }
+  for (int64_t b = 0; b < blocks; ++b) {
+    const KBlock& kb = w[b];
+    const size_t base = 292 * static_cast<size_t>(b);
+    __m256i sumi[NT];
+    for (int t = 0; t < NT; ++t) sumi[t] = _mm256_setzero_si256();
+    for (int g = 0; g < 8; ++g) {
+      const __m256i wv = _mm256_load_si256(reinterpret_cast<const __m256i*>(kb.q + 32 * g));
+      const __m256i sv = _mm256_load_si256(reinterpret_cast<const __m256i*>(kb.scale[g]));
+      for (int t = 0; t < NT; ++t) {
+        const __m256i xv = load(xq[t] + base + 4 + 32 * g);
+        sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(_mm256_maddubs_epi16(wv, xv), sv));
+      }
+    }
+    const __m256i mv = _mm256_load_si256(reinterpret_cast<const __m256i*>(kb.mins));
+    for (int t = 0; t < NT; ++t) {
+      const __m256i ml = _mm256_madd_epi16(mv, load(xq[t] + base + 260));
+      const float xd = float_at(xq[t] + base);
+      if constexpr (K::kQ6) {
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(sumi[t], ml)), _mm256_set1_ps(kb.d * xd), acc[t]);
+      } else {
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[t]), _mm256_set1_ps(kb.d * xd), acc[t]);
+        acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(ml), _mm256_set1_ps(kb.dmin * xd), acc[t]);
+      }
+    }
+  }
+  for (int t = 0; t < NT; ++t) y[(t0 + t) * y_stride + r] = hsum(acc[t]);
+}
+
+constexpr int64_t kTokenBlock = 64;  // tokens whose activations stay in L2 while rows stream past
+
+/// Calls kernel<NT>(t) over [t0, t1) in groups of 4, then 2, then 1.
+template <class Run>
+void token_groups(int64_t t0, int64_t t1, Run&& run) {
+  int64_t t = t0;
+  for (; t + 4 <= t1; t += 4) run(std::integral_constant<int, 4>{}, t);
+  if (t + 2 <= t1) {
+    run(std::integral_constant<int, 2>{}, t);
+    t += 2;
+  }
+  if (t < t1) run(std::integral_constant<int, 1>{}, t);
+}
+
+template <class K>
+void matmul_a(const uint8_t* w, size_t row_bytes, int64_t cols, int64_t row_begin, int64_t row_end,
+              const QuantizedActivations& x, float* y, int64_t y_stride) {
+  const int64_t blocks = cols / 32;
+  RowA row;
+  row.resize(cols);
+  for (int64_t t0 = 0; t0 < x.tokens; t0 += kTokenBlock) {
+    const int64_t t1 = std::min(x.tokens, t0 + kTokenBlock);
+    for (int64_t r = row_begin; r < row_end; ++r) {
+      const uint8_t* src = w + static_cast<size_t>(r) * row_bytes;
+      for (int64_t b = 0; b < blocks; ++b) {
+        K::decode(src + K::kBytes * static_cast<size_t>(b), row.q.data() + 32 * b, row.d[static_cast<size_t>(b)],
+                  row.m[static_cast<size_t>(b)]);
+      }
+      token_groups(t0, t1, [&](auto nt, int64_t t) { kernel_a<K, decltype(nt)::value>(row, blocks, x, t, y, y_stride, r); });
+    }
+  }
+}
+
+template <class K>
+void matmul_k(const uint8_t* w, size_t row_bytes, int64_t cols, int64_t row_begin, int64_t row_end,
+              const QuantizedActivations& x, float* y, int64_t y_stride) {
+  const int64_t blocks = cols / 256;
+  std::vector<KBlock> row(static_cast<size_t>(blocks));
+  for (int64_t t0 = 0; t0 < x.tokens; t0 += kTokenBlock) {
+    const int64_t t1 = std::min(x.tokens, t0 + kTokenBlock);
+    for (int64_t r = row_begin; r < row_end; ++r) {
+      const uint8_t* src = w + static_cast<size_t>(r) * row_bytes;
+      for (int64_t b = 0; b < blocks; ++b) K::decode(src + K::kBytes * static_cast<size_t>(b), row[static_cast<size_t>(b)]);
+      token_groups(t0, t1, [&](auto nt, int64_t t) { kernel_k<K, decltype(nt)::value>(row.data(), blocks, x, t, y, y_stride, r); });
+    }
+  }
+}
+
+void require() {
+  if (!available()) throw Error("the AVX2 quantized kernels need AVX2, FMA and F16C, which this CPU lacks");
+}
+
+}  // namespace
+
+void quantize_activations(GgmlType weight_type, const float* x, int64_t cols, std::vector<uint8_t>& out) {
+  require();
+  const bool blocked = supported_type(weight_type) && activation_block_elements(activation_type(weight_type)) > 1;
+  const int64_t block = blocked ? activation_block_elements(activation_type(weight_type)) : 1;
+  if (!blocked || cols < 0 || cols % block != 0 || (cols > 0 && x == nullptr)) {
+    // Float types are plain conversions; anything invalid gets the reference's error.
+    reference::quantize_activations(weight_type, x, cols, out);
+    return;
+  }
+  const ActivationType type = activation_type(weight_type);
+  out.resize(static_cast<size_t>(cols / block) * activation_block_bytes(type));
+  if (cols > 0) quantize_row(type, x, cols, out.data(), nullptr, nullptr);
+}
+
+void quantize_activation_rows(const float* x, int64_t t_begin, int64_t t_end, QuantizedActivations& out) {
+  require();
+  detail::check_activation_rows(x, t_begin, t_end, out);
+  if (out.cols == 0) return;
+  const auto cols = static_cast<size_t>(out.cols);
+  const size_t blocks = activation_block_elements(out.type) == 1 ? 0 : cols / static_cast<size_t>(activation_block_elements(out.type));
+  for (int64_t t = t_begin; t < t_end; ++t) {
+    const float* row = x + static_cast<size_t>(t) * cols;
+    if (out.type == ActivationType::f32 || out.type == ActivationType::f16 || out.type == ActivationType::bf16) {
+      float* dst = out.values.data() + static_cast<size_t>(t) * cols;
+      size_t i = 0;
+      if (out.type == ActivationType::f32) {
+        std::memcpy(dst, row, cols * sizeof(float));
+        continue;
+      }
+      for (; i + 8 <= cols; i += 8) {
+        const __m256 v = _mm256_loadu_ps(row + i);
+        const __m256 r = out.type == ActivationType::f16
+                             ? _mm256_cvtph_ps(_mm256_cvtps_ph(v, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC))
+                             : round_bf16(v);
+        _mm256_storeu_ps(dst + i, r);
+      }
+      for (; i < cols; ++i) {
+        dst[i] = out.type == ActivationType::f16 ? fp16_to_float(float_to_fp16(row[i]))
+                                                 : bf16_to_float(float_to_bf16(row[i]));
+      }
+      continue;
+    }
+    float* scales = out.scales.empty() ? nullptr : out.scales.data() + static_cast<size_t>(t) * blocks;
+    float* sums = out.sums.empty() ? nullptr : out.sums.data() + static_cast<size_t>(t) * blocks;
+    quantize_row(out.type, row, out.cols, out.blocks.data() + static_cast<size_t>(t) * out.row_bytes, scales, sums);
+  }
+}
+
+void matmul_rows_quantized(GgmlType type, const uint8_t* w, size_t row_bytes, int64_t cols, int64_t row_begin,
+                           int64_t row_end, const QuantizedActivations& x, float* y, int64_t y_stride) {
+  require();
+  detail::check_quantized_matmul(type, w, row_bytes, cols, row_begin, row_end, x, y, y_stride);
+  if (activation_block_elements(x.type) == 1) {
+    avx2::matmul_rows(type, w, row_bytes, cols, row_begin, row_end, x.values.data(), x.tokens, y, y_stride);
+    return;
+  }
+  if (row_end == row_begin || x.tokens == 0) return;
+  if (cols == 0) {
+    for (int64_t t = 0; t < x.tokens; ++t) std::fill(y + t * y_stride + row_begin, y + t * y_stride + row_end, 0.0f);
+    return;
+  }
+  switch (type) {
+    case GgmlType::q4_0: matmul_a<Q4_0>(w, row_bytes, cols, row_begin, row_end, x, y, y_stride); return;
+    case GgmlType::q4_1: matmul_a<Q4_1>(w, row_bytes, cols, row_begin, row_end, x, y, y_stride); return;
+    case GgmlType::q5_0: matmul_a<Q5_0>(w, row_bytes, cols, row_begin, row_end, x, y, y_stride); return;
+    case GgmlType::q5_1: matmul_a<Q5_1>(w, row_bytes, cols, row_begin, row_end, x, y, y_stride); return;
+    case GgmlType::q8_0: matmul_a<Q8_0>(w, row_bytes, cols, row_begin, row_end, x, y, y_stride); return;
+    case GgmlType::q4_k: matmul_k<Q4_K>(w, row_bytes, cols, row_begin, row_end, x, y, y_stride); return;
+    case GgmlType::q5_k: matmul_k<Q5_K>(w, row_bytes, cols, row_begin, row_end, x, y, y_stride); return;
+    case GgmlType::q6_k: matmul_k<Q6_K>(w, row_bytes, cols, row_begin, row_end, x, y, y_stride); return;
+    default: return;  // float types handled above
+  }
+}
+
+#else  // no AVX2 code in this build
+
+void quantize_activations(GgmlType, const float*, int64_t, std::vector<uint8_t>&) {
+  throw Error("the AVX2 quantized kernels are not compiled into this build");
+}
+void quantize_activation_rows(const float*, int64_t, int64_t, QuantizedActivations&) {
+  throw Error("the AVX2 quantized kernels are not compiled into this build");
+}
+void matmul_rows_quantized(GgmlType, const uint8_t*, size_t, int64_t, int64_t, int64_t, const QuantizedActivations&, float*,
+                           int64_t) {
+  throw Error("the AVX2 quantized kernels are not compiled into this build");
+}
+
+#endif
+
+}  // namespace gaac::model::avx2

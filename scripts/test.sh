@@ -37,9 +37,9 @@ cmake -S . -B build-fuzz -DCMAKE_BUILD_TYPE=RelWithDebInfo -DCMAKE_C_COMPILER=cl
 cmake --build build-fuzz -j"$jobs"
 corpus=build-fuzz/corpus
 rm -rf "$corpus"
-mkdir -p "$corpus/snapshot" "$corpus/tile_decode" "$corpus/safetensors"
-build-fuzz/fuzz/gaac_fuzz_corpus "$corpus/snapshot" "$corpus/tile_decode" "$corpus/safetensors"
-for target in snapshot tile_decode safetensors; do
+mkdir -p "$corpus/snapshot" "$corpus/tile_decode" "$corpus/safetensors" "$corpus/gguf"
+build-fuzz/fuzz/gaac_fuzz_corpus "$corpus/snapshot" "$corpus/tile_decode" "$corpus/safetensors" "$corpus/gguf"
+for target in snapshot tile_decode safetensors gguf; do
   echo "fuzzing $target for ${fuzz_seconds}s"
   build-fuzz/fuzz/gaac_${target}_fuzz -max_total_time="$fuzz_seconds" -print_final_stats=1 "$corpus/$target" \
     2>build-fuzz/fuzz-$target.log || { tail -50 build-fuzz/fuzz-$target.log; echo "fuzz target $target FAILED"; exit 1; }

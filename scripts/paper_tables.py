@@ -1,0 +1,63 @@
+#!/usr/bin/env python3
+"""Prints the paper's Table 1 and Table 3 rows from `gaac stats --json` outputs.
+
+  paper_tables.py table1 MODEL STATS.json [--global-layers 5,11,17]
+      exponent entropy, ratio and mode split for K, V and the total (and sliding vs global layers)
+  paper_tables.py table3 NAME CROSS.json ORACLE.json
+      calibration transfer: mode split and ratio with windows from another text vs from the text itself
+"""
+import json
+import sys
+
+
+def modes(s):
+    m = s["modes"]
+    return f"{100 * m['3bit']:.1f}% | {100 * m['4bit']:.1f}% | {100 * m['raw']:.2f}%"
+
+
+def merge(layers, kinds):
+    """Figures of several layers' tensors together, from their byte counts and per-tile mode fractions
+    (every tile of a model has the same number of groups, so tiles weight the fractions)."""
+    bf16 = codec = tiles = 0
+    groups = [0.0, 0.0, 0.0]
+    for layer in layers:
+        for k in kinds:
+            s = layer[k]
+            bf16 += s["bf16_bytes"]
+            codec += s["codec_bytes"]
+            tiles += s["tiles"]
+            for i, key in enumerate(("3bit", "4bit", "raw")):
+                groups[i] += s["modes"][key] * s["tiles"]
+    return {"ratio": bf16 / codec, "modes": {k: g / max(tiles, 1) for k, g in zip(("3bit", "4bit", "raw"), groups)}}
+
+
+def table1(model, path, global_layers):
+    s = json.load(open(path))
+    print(f"| {model} | total | {s['exponent_entropy_bits']:.2f} | {s['ratio']:.3f} | {s['resident_ratio']:.3f} | {modes(s)} |")
+    for k in ("k", "v"):
+        t = s[k]
+        print(f"| {model} | {k.upper()} | {t['exponent_entropy_bits']:.2f} | {t['ratio']:.3f} | {t['resident_ratio']:.3f} | {modes(t)} |")
+    if global_layers:
+        for name, pick in (("sliding layers", lambda i: i not in global_layers), ("global layers", lambda i: i in global_layers)):
+            ls = [l for l in s["layers"] if pick(l["layer"])]
+            m = merge(ls, ("k", "v"))
+            print(f"| {model} | {name} | – | {m['ratio']:.3f} | – | {modes(m)} |")
+
+
+def table3(name, cross, oracle):
+    c, o = json.load(open(cross)), json.load(open(oracle))
+    cm, om = c["modes"], o["modes"]
+    print(f"| {name} | {100 * cm['3bit']:.1f} | {100 * om['3bit']:.1f} | {100 * cm['4bit']:.1f} | {100 * om['4bit']:.1f} | "
+          f"{100 * cm['raw']:.2f} | {100 * om['raw']:.2f} | {c['ratio']:.3f} | {o['ratio']:.3f} |")
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "table1":
+        gl = set()
+        if len(sys.argv) > 5 and sys.argv[4] == "--global-layers":
+            gl = {int(x) for x in sys.argv[5].split(",")}
+        table1(sys.argv[2], sys.argv[3], gl)
+    elif sys.argv[1] == "table3":
+        table3(sys.argv[2], sys.argv[3], sys.argv[4])
+    else:
+        sys.exit(__doc__)

@@ -1,6 +1,5 @@
 // The forward pass of the Llama family and Gemma 3 over a BF16 KV cache.
 #include <algorithm>
-#include <cstdlib>  // DEV-ONLY
 #include <cmath>
 #include <numbers>
 
@@ -73,21 +72,14 @@ std::vector<float> Session::forward(std::span<const Token> tokens, bool all_logi
   const int q_width = c.heads * hd, kv_width = c.kv_heads * hd;
   const auto rows = [](int64_t t, int width) { return static_cast<size_t>(t) * static_cast<size_t>(width); };
 
-  // As llama.cpp: the activations are converted once per product to the weight's vec_dot_type
-  // (Q8_0, Q8_1, Q8_K, or rounded to F16/BF16) and shared by the threads that split the rows.
+  // As llama.cpp's CPU backend: the activations are converted once per product to the weight's
+  // vec_dot_type (Q8_0, Q8_1 or Q8_K with ggml's x86 rounding, or F16/BF16), spread over the pool by
+  // tokens, then shared read-only by the threads that split the rows.
   QuantizedActivations xq;
-  static const int dev_mode = getenv("GAAC_DEV_MODE") ? atoi(getenv("GAAC_DEV_MODE")) : 0;  // DEV-ONLY
   auto matmul = [&](const Weight& w, const float* x, int64_t n_tokens, float* y) {
-    if (dev_mode & 1) {  // DEV-ONLY
-      pool_.parallel_for(w.rows, 16, [&](int64_t r0, int64_t r1) {
-        matmul_rows(w.type, w.data, w.row_bytes, w.cols, r0, r1, x, n_tokens, y, w.rows);
-      });
-      return;
-    }
-    prepare_activations(w.type, w.cols, n_tokens, xq);
+    prepare_activations(w.type, w.cols, n_tokens, xq, Q8Rounding::x86);
     pool_.parallel_for(n_tokens, 8, [&](int64_t t0, int64_t t1) { quantize_activation_rows(x, t0, t1, xq); });
     pool_.parallel_for(w.rows, 16, [&](int64_t r0, int64_t r1) {
-      if (dev_mode & 4) reference::matmul_rows_quantized(w.type, w.data, w.row_bytes, w.cols, r0, r1, xq, y, w.rows); else  // DEV
       matmul_rows_quantized(w.type, w.data, w.row_bytes, w.cols, r0, r1, xq, y, w.rows);
     });
   };
@@ -132,7 +124,8 @@ std::vector<float> Session::forward(std::span<const Token> tokens, bool all_logi
         float* qh = &q[rows(t, q_width) + static_cast<size_t>(head) * hd];
         if (!L.q_norm.empty()) rms_norm(qh, L.q_norm.data(), hd, c.rms_eps, qh);
         rope(qh, hd, pos, base, c.neox_rope);
-        if (!(dev_mode & 2)) for (int i = 0; i < hd; ++i) qh[i] = bf16_to_float(float_to_bf16(qh[i]));  // DEV
+        // llama.cpp converts Q to the K cache's type (BF16) before Q·Kᵀ.
+        for (int i = 0; i < hd; ++i) qh[i] = bf16_to_float(float_to_bf16(qh[i]));
       }
       for (int head = 0; head < c.kv_heads; ++head) {
         float* kh = &k[rows(t, kv_width) + static_cast<size_t>(head) * hd];

@@ -121,33 +121,47 @@ int nearest_int(float v) {
 
 // ---- quantizers (quantize_row_q8_0_ref, quantize_row_q8_1_ref, quantize_row_q8_K_ref)
 
-void quantize_q8_0(const float* x, uint8_t* out, int64_t blocks) {
-  for (int64_t i = 0; i < blocks; ++i, x += 32, out += 34) {
-    float amax = 0.0f;
-    for (int j = 0; j < 32; ++j) {
-      const float a = std::fabs(x[j]);
-      amax = amax > a ? amax : a;
-    }
-    const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
-    put16(out, float_to_fp16(d));
-    for (int j = 0; j < 32; ++j) out[2 + j] = static_cast<uint8_t>(to_quant(std::round(x[j] * id)));
+/// d and the inverse scale of a Q8_0/Q8_1 block whose largest magnitude is `amax`.
+void q8_scales(float amax, Q8Rounding rounding, float& d, float& id) {
+  d = amax / 127.0f;
+  if (rounding == Q8Rounding::reference) {
+    id = d != 0.0f ? 1.0f / d : 0.0f;
+  } else {
+    id = amax != 0.0f ? 127.0f / amax : 0.0f;
   }
 }
 
-void quantize_q8_1(const float* x, uint8_t* out, int64_t blocks) {
+/// roundf (reference) or round half to even (x86: vroundps; std::nearbyint in the default rounding mode).
+int8_t q8_quant(float scaled, Q8Rounding rounding) {
+  return to_quant(rounding == Q8Rounding::reference ? std::round(scaled) : std::nearbyint(scaled));
+}
+
+float block_amax(const float* x) {
+  float amax = 0.0f;
+  for (int j = 0; j < 32; ++j) {
+    const float a = std::fabs(x[j]);
+    amax = amax > a ? amax : a;  // ggml's MAX(amax, a)
+  }
+  return amax;
+}
+
+void quantize_q8_0(const float* x, uint8_t* out, int64_t blocks, Q8Rounding rounding) {
+  for (int64_t i = 0; i < blocks; ++i, x += 32, out += 34) {
+    float d, id;
+    q8_scales(block_amax(x), rounding, d, id);
+    put16(out, float_to_fp16(d));
+    for (int j = 0; j < 32; ++j) out[2 + j] = static_cast<uint8_t>(q8_quant(x[j] * id, rounding));
+  }
+}
+
+void quantize_q8_1(const float* x, uint8_t* out, int64_t blocks, Q8Rounding rounding) {
   for (int64_t i = 0; i < blocks; ++i, x += 32, out += 36) {
-    float amax = 0.0f;
-    for (int j = 0; j < 32; ++j) {
-      const float a = std::fabs(x[j]);
-      amax = amax > a ? amax : a;
-    }
-    const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    float d, id;
+    q8_scales(block_amax(x), rounding, d, id);
     put16(out, float_to_fp16(d));
     int sum = 0;
     for (int j = 0; j < 32; ++j) {
-      const int8_t q = to_quant(std::round(x[j] * id));
+      const int8_t q = q8_quant(x[j] * id, rounding);
       out[4 + j] = static_cast<uint8_t>(q);
       sum += q;
     }
@@ -185,7 +199,7 @@ void quantize_q8_k(const float* x, uint8_t* out, int64_t blocks) {
   }
 }
 
-void quantize_row_unchecked(ActivationType type, const float* x, int64_t cols, uint8_t* out) {
+void quantize_row_unchecked(ActivationType type, const float* x, int64_t cols, uint8_t* out, Q8Rounding rounding) {
   switch (type) {
     case ActivationType::f32: std::memcpy(out, x, static_cast<size_t>(cols) * sizeof(float)); return;
     case ActivationType::f16:
@@ -194,8 +208,8 @@ void quantize_row_unchecked(ActivationType type, const float* x, int64_t cols, u
     case ActivationType::bf16:
       for (int64_t i = 0; i < cols; ++i) put16(out + 2 * i, float_to_bf16(x[i]));
       return;
-    case ActivationType::q8_0: quantize_q8_0(x, out, cols / 32); return;
-    case ActivationType::q8_1: quantize_q8_1(x, out, cols / 32); return;
+    case ActivationType::q8_0: quantize_q8_0(x, out, cols / 32, rounding); return;
+    case ActivationType::q8_1: quantize_q8_1(x, out, cols / 32, rounding); return;
     case ActivationType::q8_k: quantize_q8_k(x, out, cols / 256); return;
   }
 }
@@ -431,7 +445,13 @@ void check_quantized_matmul(GgmlType type, const uint8_t* w, size_t row_bytes, i
   if (x.tokens > 0 && x.cols > 0) {
     const auto n = static_cast<size_t>(x.tokens);
     const bool plain = activation_block_elements(x.type) == 1;
-    const bool sized = plain ? x.values.size() == n * static_cast<size_t>(x.cols) : x.blocks.size() == n * x.row_bytes;
+    const bool cached = x.type == ActivationType::q8_0 || x.type == ActivationType::q8_1;
+    const size_t cells = n * static_cast<size_t>(x.cols / activation_block_elements(x.type));
+    const bool sized = plain ? x.values.size() == n * static_cast<size_t>(x.cols)
+                             : x.blocks.size() == n * x.row_bytes &&
+                                   (!cached || (x.scales.size() == cells + 4 &&
+                                                (x.type == ActivationType::q8_0 || x.sums.size() == cells + 4) &&
+                                                x.quants_offset < 32 && x.quants.size() == n * static_cast<size_t>(x.cols) + 32));
     if (!sized) throw Error("quantized matmul: the activations were not prepared");
     data = &kPresent;
   }
@@ -443,12 +463,14 @@ void check_quantized_matmul(GgmlType type, const uint8_t* w, size_t row_bytes, i
 // ----------------------------------------------------------------------------------------------
 // Preparation (shared by both implementations)
 
-void prepare_activations(GgmlType weight_type, int64_t cols, int64_t tokens, QuantizedActivations& out) {
+void prepare_activations(GgmlType weight_type, int64_t cols, int64_t tokens, QuantizedActivations& out,
+                         Q8Rounding rounding) {
   static const float kAny = 0.0f;
   const ActivationType type = check_row(weight_type, &kAny, cols);
   if (tokens < 0) throw Error("quantize activations: negative token count " + std::to_string(tokens));
   out.weight_type = weight_type;
   out.type = type;
+  out.rounding = rounding;
   out.cols = cols;
   out.tokens = tokens;
   const int64_t block = activation_block_elements(type);
@@ -459,14 +481,18 @@ void prepare_activations(GgmlType weight_type, int64_t cols, int64_t tokens, Qua
     out.values.resize(n * static_cast<size_t>(cols));
     out.scales.clear();
     out.sums.clear();
+    out.quants.clear();
+    out.quants_offset = 0;
   } else {
     const auto blocks = static_cast<size_t>(cols / block);
     out.row_bytes = blocks * activation_block_bytes(type);
     out.blocks.resize(n * out.row_bytes);
     out.values.clear();
     const bool cached = type == ActivationType::q8_0 || type == ActivationType::q8_1;
-    out.scales.resize(cached ? n * blocks : 0);
-    out.sums.resize(type == ActivationType::q8_1 ? n * blocks : 0);
+    out.scales.assign(cached ? n * blocks + 4 : 0, 0.0f);
+    out.sums.assign(type == ActivationType::q8_1 ? n * blocks + 4 : 0, 0.0f);
+    out.quants.resize(cached ? n * static_cast<size_t>(cols) + 32 : 0);
+    out.quants_offset = cached ? (32 - reinterpret_cast<uintptr_t>(out.quants.data()) % 32) % 32 : 0;
   }
 }
 
@@ -475,11 +501,12 @@ void prepare_activations(GgmlType weight_type, int64_t cols, int64_t tokens, Qua
 
 namespace reference {
 
-void quantize_activations(GgmlType weight_type, const float* x, int64_t cols, std::vector<uint8_t>& out) {
+void quantize_activations(GgmlType weight_type, const float* x, int64_t cols, std::vector<uint8_t>& out,
+                          Q8Rounding rounding) {
   const ActivationType type = check_row(weight_type, x, cols);
   const int64_t block = activation_block_elements(type);
   out.resize(static_cast<size_t>(cols / block) * activation_block_bytes(type));
-  if (cols > 0) quantize_row_unchecked(type, x, cols, out.data());
+  if (cols > 0) quantize_row_unchecked(type, x, cols, out.data(), rounding);
 }
 
 void quantize_activation_rows(const float* x, int64_t t_begin, int64_t t_end, QuantizedActivations& out) {
@@ -494,13 +521,15 @@ void quantize_activation_rows(const float* x, int64_t t_begin, int64_t t_end, Qu
       continue;
     }
     uint8_t* dst = out.blocks.data() + static_cast<size_t>(t) * out.row_bytes;
-    quantize_row_unchecked(out.type, row, out.cols, dst);
+    quantize_row_unchecked(out.type, row, out.cols, dst, out.rounding);
     if (out.type == ActivationType::q8_0 || out.type == ActivationType::q8_1) {
       const size_t bytes = activation_block_bytes(out.type);
       const size_t blocks = cols / 32;
       for (size_t b = 0; b < blocks; ++b) {
-        out.scales[static_cast<size_t>(t) * blocks + b] = half_at(dst + b * bytes);
-        if (out.type == ActivationType::q8_1) out.sums[static_cast<size_t>(t) * blocks + b] = half_at(dst + b * bytes + 2);
+        const size_t at = b * static_cast<size_t>(out.tokens) + static_cast<size_t>(t);
+        out.scales[at] = half_at(dst + b * bytes);
+        if (out.type == ActivationType::q8_1) out.sums[at] = half_at(dst + b * bytes + 2);
+        std::memcpy(out.quants.data() + out.quants_offset + static_cast<size_t>(t) * cols + 32 * b, dst + b * bytes + (bytes - 32), 32);
       }
     }
   }
@@ -549,11 +578,12 @@ bool use_avx2() {
 }
 }  // namespace
 
-void quantize_activations(GgmlType weight_type, const float* x, int64_t cols, std::vector<uint8_t>& out) {
+void quantize_activations(GgmlType weight_type, const float* x, int64_t cols, std::vector<uint8_t>& out,
+                          Q8Rounding rounding) {
   if (use_avx2()) {
-    avx2::quantize_activations(weight_type, x, cols, out);
+    avx2::quantize_activations(weight_type, x, cols, out, rounding);
   } else {
-    reference::quantize_activations(weight_type, x, cols, out);
+    reference::quantize_activations(weight_type, x, cols, out, rounding);
   }
 }
 
@@ -566,8 +596,8 @@ void quantize_activation_rows(const float* x, int64_t t_begin, int64_t t_end, Qu
 }
 
 void quantize_activations(GgmlType weight_type, const float* x, int64_t cols, int64_t tokens,
-                          QuantizedActivations& out) {
-  prepare_activations(weight_type, cols, tokens, out);
+                          QuantizedActivations& out, Q8Rounding rounding) {
+  prepare_activations(weight_type, cols, tokens, out, rounding);
   quantize_activation_rows(x, 0, tokens, out);
 }
 
@@ -584,6 +614,7 @@ void matmul_rows_quantized(GgmlType type, const uint8_t* w, size_t row_bytes, in
                            int64_t row_end, const float* x, int64_t tokens, float* y, int64_t y_stride) {
   // The same checks as matmul_rows, before any conversion.
   detail::check_matmul(type, w, row_bytes, cols, row_begin, row_end, x, tokens, y, y_stride);
+  if (row_end == row_begin || tokens == 0) return;
   QuantizedActivations q;
   quantize_activations(type, x, cols, tokens, q);
   matmul_rows_quantized(type, w, row_bytes, cols, row_begin, row_end, q, y, y_stride);

@@ -20,17 +20,21 @@
 //   Q8_0/Q8_1: amax = max|x|, d = amax/127, id = d ≠ 0 ? 1/d : 0, q = roundf(x·id) (ties away from 0)
 //   Q8_K: max = the first element of largest magnitude (signed), iscale = −127/max,
 //         q = min(127, round_half_even(iscale·x)), d = 1/iscale; an all-zero block gives d = 0.
-// fp16 stores round to nearest even; F16/BF16 activations round to nearest even (ggml's
-// GGML_FP32_TO_FP16 / GGML_FP32_TO_BF16). The one deliberate departure: where ggml's behaviour is
-// undefined (non-finite inputs, or a block whose largest magnitude is so small that 1/d overflows),
-// quants saturate to [−127, 127] and NaN quantizes to 0.
+// Q8Rounding::x86 selects instead the Q8_0/Q8_1 quantizers of ggml-cpu's x86 build, which llama.cpp
+// runs on x86 CPUs (the engine uses those). fp16 stores round to nearest even; F16/BF16 activations
+// round to nearest even (ggml's GGML_FP32_TO_FP16 / GGML_FP32_TO_BF16). The one deliberate
+// departure: where ggml's behaviour is undefined (non-finite inputs, or a block whose largest
+// magnitude is so small that 1/d overflows), quants saturate to [−127, 127] and NaN quantizes to 0.
 //
 // The scalar reference computes each row·token dot exactly as ggml's generic C kernels do
 // (ggml_vec_dot_*_generic in ggml-cpu/quants.c): integer block sums, then the same float
-// expressions in the same order, each operation rounded on its own (built with -ffp-contract=off).
+// expressions in the same order, each operation rounded on its own (built with -ffp-contract=off;
+// compiled with contraction, as ggml itself is, it reproduces those kernels bit for bit).
 // The AVX2 path quantizes bit-identically and computes the same integer block sums; its float
-// combination uses 8-lane fused multiply-adds (as ggml's own AVX2 kernels do), so each result is
-// within a stated bound of the reference (see avx2::matmul_rows_quantized).
+// combination follows ggml's x86 AVX2 kernels (ggml_vec_dot_*_q8_* in ggml-cpu/arch/x86/quants.c,
+// as built in llama-cpp-python 0.3.36): same lanes, same fused multiply-adds, same order, so its
+// results equal those kernels' bit for bit. It differs from the reference only in float summation
+// order, within the bound stated at avx2::matmul_rows_quantized.
 #pragma once
 
 #include <cstddef>
@@ -43,6 +47,13 @@ namespace gaac::model {
 
 /// The format activations are converted to for products with weights of a given type.
 enum class ActivationType { f32, f16, bf16, q8_0, q8_1, q8_k };
+
+/// Which of ggml's two Q8_0/Q8_1 activation quantizers to follow (Q8_K has one):
+///   reference: quantize_row_q8_0_ref / _q8_1_ref: id = 1/(amax/127), q = roundf(x·id) (ties away from 0).
+///   x86: ggml-cpu's x86 quantize_row_q8_0 / _q8_1 (AVX/AVX2 builds; what llama.cpp's CPU backend runs
+///        on such machines): id = 127/amax, q rounded half to even. d = amax/127 in both.
+/// The two differ in about one quant per 500,000.
+enum class Q8Rounding { reference, x86 };
 
 /// ggml's vec_dot_type of a weight type. Throws gaac::Error for a type supported_type() rejects.
 ActivationType activation_type(GgmlType weight_type);
@@ -58,9 +69,10 @@ uint16_t float_to_fp16(float value);
 /// Quantizes one activation row of `cols` elements (a multiple of the weight type's block size) to
 /// the vec_dot_type of `weight_type`, in ggml's block layout (for the float types: the raw fp32,
 /// fp16 or bf16 values). `out` is resized to the encoded size. Uses the AVX2 path when available
-/// (bit-identical to reference::quantize_activations). Throws gaac::Error for an unsupported type,
+/// (bit-identical to reference::quantize_activations for finite inputs). Throws gaac::Error for an unsupported type,
 /// a bad column count or a null `x` with cols > 0.
-void quantize_activations(GgmlType weight_type, const float* x, int64_t cols, std::vector<uint8_t>& out);
+void quantize_activations(GgmlType weight_type, const float* x, int64_t cols, std::vector<uint8_t>& out,
+                          Q8Rounding rounding = Q8Rounding::reference);
 
 /// The activation rows of several tokens, converted once for one weight type and then shared,
 /// read-only, by every thread that multiplies rows of that weight. Fill it with
@@ -69,6 +81,7 @@ void quantize_activations(GgmlType weight_type, const float* x, int64_t cols, st
 struct QuantizedActivations {
   GgmlType weight_type = GgmlType::f32;
   ActivationType type = ActivationType::f32;
+  Q8Rounding rounding = Q8Rounding::reference;
   int64_t cols = 0;
   int64_t tokens = 0;
   /// Bytes of one token's row in `blocks` (Q8 types).
@@ -77,22 +90,28 @@ struct QuantizedActivations {
   std::vector<uint8_t> blocks;
   /// Float types: tokens × cols floats, the activations after rounding to F16/BF16 (widened back).
   std::vector<float> values;
-  /// Q8_0/Q8_1: each block's d widened to float (tokens × blocks); Q8_1 also s, in `sums`. A cache
-  /// of values in `blocks`, for the AVX2 kernels.
+  /// Q8_0/Q8_1: each block's d widened to float, block-major (block b of token t at
+  /// scales[b·tokens + t], plus 4 floats of padding); Q8_1 also s, in `sums`, laid out alike. A
+  /// cache of values in `blocks`, for the AVX2 kernels (which read 4 tokens of a block at once).
   std::vector<float> scales;
   std::vector<float> sums;
+  /// Q8_0/Q8_1: the quants again, contiguous (token t's row of `cols` at quants[quants_offset +
+  /// t·cols]), the offset chosen so that they start 32-byte aligned. Also a cache for the AVX2 kernels.
+  std::vector<int8_t> quants;
+  size_t quants_offset = 0;
 };
 
 /// Sizes `out` for `tokens` rows of `cols` activations for weights of `weight_type` (no conversion).
 /// Throws like quantize_activations; negative `tokens` is an error.
-void prepare_activations(GgmlType weight_type, int64_t cols, int64_t tokens, QuantizedActivations& out);
+void prepare_activations(GgmlType weight_type, int64_t cols, int64_t tokens, QuantizedActivations& out,
+                         Q8Rounding rounding = Q8Rounding::reference);
 /// Converts rows [t_begin, t_end) of X (`out.tokens` × `out.cols` floats, row stride `out.cols`)
 /// into a prepared `out`. Calls on disjoint ranges may run concurrently. Throws gaac::Error for a
 /// bad range or a null `x`.
 void quantize_activation_rows(const float* x, int64_t t_begin, int64_t t_end, QuantizedActivations& out);
 /// prepare_activations + quantize_activation_rows over all tokens.
 void quantize_activations(GgmlType weight_type, const float* x, int64_t cols, int64_t tokens,
-                          QuantizedActivations& out);
+                          QuantizedActivations& out, Q8Rounding rounding = Q8Rounding::reference);
 
 /// Y[t·y_stride + r] = row r of W · token t of X, for r in [row_begin, row_end) and t < tokens, as
 /// llama.cpp computes it: the activations converted to the weight's vec_dot_type, then ggml's
@@ -108,7 +127,8 @@ void matmul_rows_quantized(GgmlType type, const uint8_t* w, size_t row_bytes, in
 
 namespace reference {
 /// Scalar quantizers (the oracle for the AVX2 ones).
-void quantize_activations(GgmlType weight_type, const float* x, int64_t cols, std::vector<uint8_t>& out);
+void quantize_activations(GgmlType weight_type, const float* x, int64_t cols, std::vector<uint8_t>& out,
+                          Q8Rounding rounding = Q8Rounding::reference);
 void quantize_activation_rows(const float* x, int64_t t_begin, int64_t t_end, QuantizedActivations& out);
 /// ggml's generic dot of one encoded weight row with one encoded activation row of `cols`
 /// elements (`xq` in the layout quantize_activations writes). Quantized weight types only.
@@ -120,14 +140,17 @@ void matmul_rows_quantized(GgmlType type, const uint8_t* w, size_t row_bytes, in
 }  // namespace reference
 
 namespace avx2 {
-/// AVX2 quantizers, bit-identical to the reference (throw gaac::Error when !available()).
-void quantize_activations(GgmlType weight_type, const float* x, int64_t cols, std::vector<uint8_t>& out);
+/// AVX2 quantizers, bit-identical to the reference for finite inputs (throw gaac::Error when
+/// !available()).
+void quantize_activations(GgmlType weight_type, const float* x, int64_t cols, std::vector<uint8_t>& out,
+                          Q8Rounding rounding = Q8Rounding::reference);
 void quantize_activation_rows(const float* x, int64_t t_begin, int64_t t_end, QuantizedActivations& out);
 /// AVX2 products. The integer block sums are exact, as in the reference; the float part adds the
-/// same per-block terms in another grouping (8 lanes, FMAs), so both results lie within
-/// γ(blocks + 16)·M of the exact value of ggml's formula over the quantized data, where
-/// γ(n) = n·2⁻²⁴/(1 − n·2⁻²⁴) and M = Σ over elements of |scale·q_w·q_x| (+ |min term| where the type
-/// has one), hence within twice that of each other. Float types: avx2::matmul_rows on rounded X.
+/// same per-block terms in another grouping (8 lanes, FMAs). The reference lies within
+/// γ(blocks + 16)·M and the AVX2 result within γ(2·blocks + 16)·M of the exact value of ggml's
+/// formula over the quantized data, where γ(n) = n·2⁻²⁴/(1 − n·2⁻²⁴) and M is the formula evaluated
+/// on magnitudes: Σ_blocks |d_w·d_x|·Σ_i |sc_i·q_w,i·q_x,i| (+ |m_w·s_x|, or |dmin_w·d_x|·Σ_j m_j·|bsum_j|,
+/// where the type has a min term). Float types: avx2::matmul_rows on the rounded X.
 void matmul_rows_quantized(GgmlType type, const uint8_t* w, size_t row_bytes, int64_t cols, int64_t row_begin,
                            int64_t row_end, const QuantizedActivations& x, float* y, int64_t y_stride);
 }  // namespace avx2

@@ -16,6 +16,7 @@
 //     m_j, Q6_K 32·s_j (so Σ s_j·Σ (q−32)·x = Σ s_j·Σ q·x − Σ 32·s_j·bsum_j). The integer sums are
 //     exact; d_w·d_x and dmin_w·d_x scale them per super-block.
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -98,29 +99,36 @@ inline void store_quants(uint8_t* out, __m256i i0, __m256i i1, __m256i i2, __m25
 // ----------------------------------------------------------------------------------------------
 // Quantizers
 
-/// Q8_0 (sum == false) or Q8_1 (sum == true) blocks of 32.
+/// Q8_0 (with_sum == false) or Q8_1 blocks of 32; where given, d (and s) widened also into
+/// scales[i·stride] (sums[i·stride]) and the quants into quants[32·i ..].
 template <bool with_sum>
-void quantize_q8_01(const float* x, uint8_t* out, int64_t blocks, float* scales, float* sums) {
+void quantize_q8_01(const float* x, uint8_t* out, int64_t blocks, float* scales, float* sums, size_t stride,
+                    int8_t* quants, Q8Rounding rounding) {
+  const bool reference = rounding == Q8Rounding::reference;
   constexpr size_t kBytes = with_sum ? 36 : 34;
   for (int64_t i = 0; i < blocks; ++i, x += 32, out += kBytes) {
     __m256 v[4];
     for (int k = 0; k < 4; ++k) v[k] = _mm256_loadu_ps(x + 8 * k);
     const float amax = hmax(_mm256_max_ps(_mm256_max_ps(abs_ps(v[0]), abs_ps(v[1])), _mm256_max_ps(abs_ps(v[2]), abs_ps(v[3]))));
     const float d = amax / 127.0f;
-    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    const float id = reference ? (d != 0.0f ? 1.0f / d : 0.0f) : (amax != 0.0f ? 127.0f / amax : 0.0f);
     const __m256 idv = _mm256_set1_ps(id);
     __m256i q[4];
-    for (int k = 0; k < 4; ++k) q[k] = to_quants(round_half_away(_mm256_mul_ps(v[k], idv)));
+    for (int k = 0; k < 4; ++k) {
+      const __m256 p = _mm256_mul_ps(v[k], idv);
+      q[k] = to_quants(reference ? round_half_away(p) : _mm256_round_ps(p, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC));
+    }
     const uint16_t dh = float_to_fp16(d);
     put16(out, dh);
-    if (scales != nullptr) scales[i] = _cvtsh_ss(dh);
+    if (scales != nullptr) scales[static_cast<size_t>(i) * stride] = _cvtsh_ss(dh);
     if constexpr (with_sum) {
       const int sum = hsum_i32(_mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3])));
       const uint16_t sh = float_to_fp16(static_cast<float>(sum) * d);
       put16(out + 2, sh);
-      if (sums != nullptr) sums[i] = _cvtsh_ss(sh);
+      if (sums != nullptr) sums[static_cast<size_t>(i) * stride] = _cvtsh_ss(sh);
     }
     store_quants(out + (with_sum ? 4 : 2), q[0], q[1], q[2], q[3]);
+    if (quants != nullptr) store(quants + 32 * i, load(out + (with_sum ? 4 : 2)));
   }
 }
 
@@ -173,10 +181,11 @@ inline __m256 round_bf16(__m256 v) {
   return _mm256_castsi256_ps(_mm256_and_si256(chosen, _mm256_set1_epi32(static_cast<int>(0xFFFF0000u))));
 }
 
-void quantize_row(ActivationType type, const float* x, int64_t cols, uint8_t* out, float* scales, float* sums) {
+void quantize_row(ActivationType type, const float* x, int64_t cols, uint8_t* out, float* scales, float* sums,
+                  size_t stride, int8_t* quants, Q8Rounding rounding) {
   switch (type) {
-    case ActivationType::q8_0: quantize_q8_01<false>(x, out, cols / 32, scales, nullptr); return;
-    case ActivationType::q8_1: quantize_q8_01<true>(x, out, cols / 32, scales, sums); return;
+    case ActivationType::q8_0: quantize_q8_01<false>(x, out, cols / 32, scales, nullptr, stride, quants, rounding); return;
+    case ActivationType::q8_1: quantize_q8_01<true>(x, out, cols / 32, scales, sums, stride, quants, rounding); return;
     case ActivationType::q8_k: quantize_q8_k(x, out, cols / 256); return;
     default: return;  // float types are handled by the callers
   }
@@ -262,33 +271,39 @@ struct Q8_0 {
 struct alignas(32) KBlock {
   uint8_t q[256];
   int16_t scale[8][16];  // per 32 quants: the scale of each vpmaddubsw lane (elements 0..15 | 16..31)
-  int16_t mins[16];      // multiplies bsums[j] (16 activations each)
+  int16_t mins[16];      // Q4_K/Q5_K: the min of each 32 quants (8); Q6_K: 32·scale of each 16 quants
   float d, dmin;
 };
 
-// Q4_K / Q5_K: scale and min of sub-block j (0..7) from the 12 packed bytes.
-inline void scale_min_k4(int j, const uint8_t* s, int& scale, int& min) {
-  if (j < 4) {
-    scale = s[j] & 63;
-    min = s[j + 4] & 63;
-  } else {
-    scale = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
-    min = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
+/// The scale vectors of a super-block from its 16 (Q6_K) or 8 (Q4_K/Q5_K: bytes 0..7, twice) scale
+/// bytes: group g gets bytes 2g | 2g+1 (Q6_K) or g | g (K4), widened to 8 + 8 int16 lanes.
+template <bool q6>
+inline void scale_vectors(__m128i bytes16, KBlock& out) {
+  for (int g = 0; g < 8; ++g) {
+    const char lo = static_cast<char>(q6 ? 2 * g : g), hi = static_cast<char>(q6 ? 2 * g + 1 : g);
+    const __m128i pick = _mm_shuffle_epi8(bytes16, _mm_setr_epi8(lo, lo, lo, lo, lo, lo, lo, lo, hi, hi, hi, hi, hi, hi, hi, hi));
+    store(out.scale[g], q6 ? _mm256_cvtepi8_epi16(pick) : _mm256_cvtepu8_epi16(pick));
   }
 }
 
-inline void k4_scales(const uint8_t* scales, KBlock& out) {
-  for (int j = 0; j < 8; ++j) {
-    int sc, mn;
-    scale_min_k4(j, scales, sc, mn);
-    store(out.scale[j], _mm256_set1_epi16(static_cast<int16_t>(sc)));
-    out.mins[2 * j] = out.mins[2 * j + 1] = static_cast<int16_t>(mn);
-  }
+/// Q4_K / Q5_K: the 12 packed bytes → 8 six-bit scales and 8 six-bit mins.
+inline void k4_scales(const uint8_t* packed, KBlock& out) {
+  uint32_t u[3];
+  std::memcpy(u, packed, 12);
+  const uint32_t scales_lo = u[0] & 0x3F3F3F3Fu;                                           // scales 0..3
+  const uint32_t scales_hi = (u[2] & 0x0F0F0F0Fu) | (((u[0] >> 6) & 0x03030303u) << 4);    // scales 4..7
+  const uint32_t mins_lo = u[1] & 0x3F3F3F3Fu;                                             // mins 0..3
+  const uint32_t mins_hi = ((u[2] >> 4) & 0x0F0F0F0Fu) | (((u[1] >> 6) & 0x03030303u) << 4);  // mins 4..7
+  const __m128i v = _mm_setr_epi32(static_cast<int>(scales_lo), static_cast<int>(scales_hi), static_cast<int>(mins_lo),
+                                   static_cast<int>(mins_hi));
+  scale_vectors<false>(v, out);
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out.mins), _mm_cvtepu8_epi16(_mm_srli_si128(v, 8)));
+  _mm_storeu_si128(reinterpret_cast<__m128i*>(out.mins + 8), _mm_setzero_si128());
 }
 
 struct Q4_K {
   static constexpr size_t kBytes = 144;
-  static constexpr bool kQ6 = false;
+  static constexpr int kKind = 4;
   static void decode(const uint8_t* b, KBlock& out) {
     out.d = half_at(b);
     out.dmin = half_at(b + 2);
@@ -304,7 +319,7 @@ struct Q4_K {
 
 struct Q5_K {
   static constexpr size_t kBytes = 176;
-  static constexpr bool kQ6 = false;
+  static constexpr int kKind = 5;
   static void decode(const uint8_t* b, KBlock& out) {
     out.d = half_at(b);
     out.dmin = half_at(b + 2);
@@ -324,7 +339,7 @@ struct Q5_K {
 
 struct Q6_K {
   static constexpr size_t kBytes = 210;
-  static constexpr bool kQ6 = true;
+  static constexpr int kKind = 6;
   static void decode(const uint8_t* b, KBlock& out) {
     out.d = half_at(b + 208);
     out.dmin = 0.0f;
@@ -338,69 +353,79 @@ struct Q6_K {
       store(q + 96,
             _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(c, 4), low), _mm256_and_si256(_mm256_srli_epi16(qh, 2), high)));
     }
-    const auto* sc = reinterpret_cast<const int8_t*>(b + 192);
-    for (int g = 0; g < 8; ++g) {
-      const auto s0 = static_cast<int16_t>(sc[2 * g]), s1 = static_cast<int16_t>(sc[2 * g + 1]);
-      store(out.scale[g], _mm256_setr_epi16(s0, s0, s0, s0, s0, s0, s0, s0, s1, s1, s1, s1, s1, s1, s1, s1));
-    }
-    for (int j = 0; j < 16; ++j) out.mins[j] = static_cast<int16_t>(32 * sc[j]);
+    const __m128i sc = _mm_loadu_si128(reinterpret_cast<const __m128i*>(b + 192));
+    scale_vectors<true>(sc, out);
+    store(out.mins, _mm256_slli_epi16(_mm256_cvtepi8_epi16(sc), 5));  // 32·s_j
   }
 };
 
 // ----------------------------------------------------------------------------------------------
 // Kernels: one decoded row against NT tokens.
 
-/// Σ a[i]·b[i] over n floats, 8 lanes.
-inline float dot_floats(const float* a, const float* b, int64_t n) {
-  __m256 acc = _mm256_setzero_ps();
-  int64_t i = 0;
-  for (; i + 8 <= n; i += 8) acc = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), acc);
-  float s = hsum(acc);
-  for (; i < n; ++i) s += a[i] * b[i];
-  return s;
-}
-
-template <class K, int NT>
-void kernel_a(const RowA& w, int64_t blocks, const QuantizedActivations& x, int64_t t0, float* y, int64_t y_stride,
-              int64_t r) {
-  constexpr size_t kXBytes = K::kMin ? 36 : 34;
-  const uint8_t* xq[NT];
-  const float* xd[NT];
-  __m256 acc[NT];
-  for (int t = 0; t < NT; ++t) {
-    xq[t] = x.blocks.data() + static_cast<size_t>(t0 + t) * x.row_bytes + (kXBytes - 32);
-    xd[t] = x.scales.data() + static_cast<size_t>(t0 + t) * static_cast<size_t>(blocks);
-    acc[t] = _mm256_setzero_ps();
+/// NR decoded rows against NT tokens (NT ≤ 4), with ggml's AVX2 arithmetic per row·token: per block,
+/// d = d_w·d_x (one float product), acc = fma(d, float(lanes), acc) where lane k sums 4 products
+/// q_w·q_x; Q4_1/Q5_1 add Σ m_w·s_x, accumulated block by block (those products are exact).
+template <class K, int NR, int NT>
+void kernel_a(const RowA* w, int64_t blocks, const QuantizedActivations& x, int64_t t0, float* y, int64_t y_stride,
+              int64_t r0) {
+  const auto tokens = static_cast<size_t>(x.tokens);
+  const int8_t* xq[NT];
+  __m256 acc[NR][NT];
+  __m128 summs[NR];
+  for (int t = 0; t < NT; ++t) xq[t] = x.quants.data() + x.quants_offset + static_cast<size_t>((t0 + t) * 32 * blocks);
+  for (int r = 0; r < NR; ++r) {
+    summs[r] = _mm_setzero_ps();
+    for (int t = 0; t < NT; ++t) acc[r][t] = _mm256_setzero_ps();
   }
   const __m256i ones = _mm256_set1_epi16(1);
+  alignas(16) float d[NR][4];
   for (int64_t b = 0; b < blocks; ++b) {
-    const __m256i wv = load(w.q.data() + 32 * b);
-    const __m256i aw = K::kSigned ? _mm256_sign_epi8(wv, wv) : wv;
-    const __m256 dw = _mm256_set1_ps(w.d[static_cast<size_t>(b)]);
+    const size_t bt = static_cast<size_t>(b) * tokens + static_cast<size_t>(t0);
+    // d_w·d_x for 4 tokens at once (the caches are padded, so a group of fewer tokens reads spare lanes).
+    const __m128 dx = _mm_loadu_ps(x.scales.data() + bt);
+    __m256i wv[NR], aw[NR];
+    for (int r = 0; r < NR; ++r) {
+      _mm_store_ps(d[r], _mm_mul_ps(_mm_set1_ps(w[r].d[static_cast<size_t>(b)]), dx));
+      if constexpr (K::kMin) {
+        summs[r] = _mm_fmadd_ps(_mm_set1_ps(w[r].m[static_cast<size_t>(b)]), _mm_loadu_ps(x.sums.data() + bt), summs[r]);
+      }
+      wv[r] = load(w[r].q.data() + 32 * b);
+      aw[r] = K::kSigned ? _mm256_sign_epi8(wv[r], wv[r]) : wv[r];
+    }
     for (int t = 0; t < NT; ++t) {
-      __m256i xv = load(xq[t] + kXBytes * static_cast<size_t>(b));
-      if constexpr (K::kSigned) xv = _mm256_sign_epi8(xv, wv);
-      const __m256i lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(aw, xv), ones);
-      acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(lanes), _mm256_mul_ps(dw, _mm256_broadcast_ss(xd[t] + b)), acc[t]);
+      const __m256i xv = load(xq[t] + 32 * b);
+      for (int r = 0; r < NR; ++r) {
+        const __m256i sx = K::kSigned ? _mm256_sign_epi8(xv, wv[r]) : xv;
+        const __m256i lanes = _mm256_madd_epi16(_mm256_maddubs_epi16(aw[r], sx), ones);
+        acc[r][t] = _mm256_fmadd_ps(_mm256_broadcast_ss(&d[r][t]), _mm256_cvtepi32_ps(lanes), acc[r][t]);
+      }
     }
   }
-  for (int t = 0; t < NT; ++t) {
-    float s = hsum(acc[t]);
-    if constexpr (K::kMin) {
-      s += dot_floats(w.m.data(), x.sums.data() + static_cast<size_t>(t0 + t) * static_cast<size_t>(blocks), blocks);
-    }
-    y[(t0 + t) * y_stride + r] = s;
+  for (int r = 0; r < NR; ++r) {
+    alignas(16) float m[4];
+    _mm_store_ps(m, summs[r]);
+    for (int t = 0; t < NT; ++t) y[(t0 + t) * y_stride + r0 + r] = hsum(acc[r][t]) + (K::kMin ? m[t] : 0.0f);
   }
 }
 
+/// K-quants, with ggml's AVX2 float structure: per super-block, d·Σ lanes into 8-lane accumulators;
+/// the mins (Q4_K) into a 4-lane accumulator of dmin·(m_2k·s_2k + m_2k+1·s_2k+1), s_g the activations'
+/// sum over 32-element group g, or (Q5_K) dmin·Σ m·s into a scalar fused multiply-add chain; Q6_K
+/// subtracts its −32 offset from the integer lanes through bsums (lane k: 32·(s_2k·bsum_2k +
+/// s_2k+1·bsum_2k+1)). This is the arithmetic of the ggml build llama-cpp-python 0.3.36 ships,
+/// reproduced bit for bit (checked against that library during development).
 template <class K, int NT>
 void kernel_k(const KBlock* w, int64_t blocks, const QuantizedActivations& x, int64_t t0, float* y, int64_t y_stride,
               int64_t r) {
   const uint8_t* xq[NT];
   __m256 acc[NT];
+  __m128 acc_m[NT];
+  float summs[NT];
   for (int t = 0; t < NT; ++t) {
     xq[t] = x.blocks.data() + static_cast<size_t>(t0 + t) * x.row_bytes;
     acc[t] = _mm256_setzero_ps();
+    acc_m[t] = _mm_setzero_ps();
+    summs[t] = 0.0f;
   }
   for (int64_t b = 0; b < blocks; ++b) {
     const KBlock& kb = w[b];
@@ -412,22 +437,42 @@ void kernel_k(const KBlock* w, int64_t blocks, const QuantizedActivations& x, in
       const __m256i sv = _mm256_load_si256(reinterpret_cast<const __m256i*>(kb.scale[g]));
       for (int t = 0; t < NT; ++t) {
         const __m256i xv = load(xq[t] + base + 4 + 32 * g);
-        sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(_mm256_maddubs_epi16(wv, xv), sv));
+        sumi[t] = _mm256_add_epi32(sumi[t], _mm256_madd_epi16(sv, _mm256_maddubs_epi16(wv, xv)));
       }
     }
-    const __m256i mv = _mm256_load_si256(reinterpret_cast<const __m256i*>(kb.mins));
+    const __m128i mins = _mm_loadu_si128(reinterpret_cast<const __m128i*>(kb.mins));
     for (int t = 0; t < NT; ++t) {
-      const __m256i ml = _mm256_madd_epi16(mv, load(xq[t] + base + 260));
       const float xd = float_at(xq[t] + base);
-      if constexpr (K::kQ6) {
-        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_sub_epi32(sumi[t], ml)), _mm256_set1_ps(kb.d * xd), acc[t]);
-      } else {
-        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(sumi[t]), _mm256_set1_ps(kb.d * xd), acc[t]);
-        acc[t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(ml), _mm256_set1_ps(kb.dmin * xd), acc[t]);
+      if constexpr (K::kKind == 6) {  // Σ s_j·Σ (q−32)·x = Σ s_j·Σ q·x − Σ 32·s_j·bsum_j, in 8 lanes
+        sumi[t] = _mm256_sub_epi32(sumi[t], _mm256_madd_epi16(load(kb.mins), load(xq[t] + base + 260)));
+      }
+      acc[t] = _mm256_fmadd_ps(_mm256_set1_ps(xd * kb.d), _mm256_cvtepi32_ps(sumi[t]), acc[t]);
+      if constexpr (K::kKind != 6) {
+        const __m256i bsums = load(xq[t] + base + 260);
+        const __m128i s32 = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
+        const __m128i prod = _mm_madd_epi16(mins, s32);
+        const float dmin = -xd * kb.dmin;
+        if constexpr (K::kKind == 4) {
+          acc_m[t] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(prod), acc_m[t]);
+        } else {
+          __m128i total = _mm_add_epi32(prod, _mm_unpackhi_epi64(prod, prod));
+          total = _mm_add_epi32(total, _mm_shuffle_epi32(total, _MM_SHUFFLE(2, 3, 0, 1)));
+          summs[t] = std::fma(dmin, static_cast<float>(_mm_cvtsi128_si32(total)), summs[t]);
+        }
       }
     }
   }
-  for (int t = 0; t < NT; ++t) y[(t0 + t) * y_stride + r] = hsum(acc[t]);
+  for (int t = 0; t < NT; ++t) {
+    float s = hsum(acc[t]);
+    if constexpr (K::kKind == 4) {
+      __m128 m = _mm_add_ps(acc_m[t], _mm_movehl_ps(acc_m[t], acc_m[t]));
+      m = _mm_add_ss(m, _mm_movehdup_ps(m));
+      s += _mm_cvtss_f32(m);
+    } else if constexpr (K::kKind == 5) {
+      s += summs[t];
+    }
+    y[(t0 + t) * y_stride + r] = s;
+  }
 }
 
 constexpr int64_t kTokenBlock = 64;  // tokens whose activations stay in L2 while rows stream past
@@ -448,17 +493,26 @@ template <class K>
 void matmul_a(const uint8_t* w, size_t row_bytes, int64_t cols, int64_t row_begin, int64_t row_end,
               const QuantizedActivations& x, float* y, int64_t y_stride) {
   const int64_t blocks = cols / 32;
-  RowA row;
-  row.resize(cols);
+  RowA rows[2];
+  for (RowA& row : rows) row.resize(cols);
+  const auto decode = [&](int64_t r, RowA& row) {
+    const uint8_t* src = w + static_cast<size_t>(r) * row_bytes;
+    for (int64_t b = 0; b < blocks; ++b) {
+      K::decode(src + K::kBytes * static_cast<size_t>(b), row.q.data() + 32 * b, row.d[static_cast<size_t>(b)],
+                row.m[static_cast<size_t>(b)]);
+    }
+  };
   for (int64_t t0 = 0; t0 < x.tokens; t0 += kTokenBlock) {
     const int64_t t1 = std::min(x.tokens, t0 + kTokenBlock);
-    for (int64_t r = row_begin; r < row_end; ++r) {
-      const uint8_t* src = w + static_cast<size_t>(r) * row_bytes;
-      for (int64_t b = 0; b < blocks; ++b) {
-        K::decode(src + K::kBytes * static_cast<size_t>(b), row.q.data() + 32 * b, row.d[static_cast<size_t>(b)],
-                  row.m[static_cast<size_t>(b)]);
-      }
-      token_groups(t0, t1, [&](auto nt, int64_t t) { kernel_a<K, decltype(nt)::value>(row, blocks, x, t, y, y_stride, r); });
+    int64_t r = row_begin;
+    for (; r + 2 <= row_end; r += 2) {
+      decode(r, rows[0]);
+      decode(r + 1, rows[1]);
+      token_groups(t0, t1, [&](auto nt, int64_t t) { kernel_a<K, 2, decltype(nt)::value>(rows, blocks, x, t, y, y_stride, r); });
+    }
+    if (r < row_end) {
+      decode(r, rows[0]);
+      token_groups(t0, t1, [&](auto nt, int64_t t) { kernel_a<K, 1, decltype(nt)::value>(rows, blocks, x, t, y, y_stride, r); });
     }
   }
 }
@@ -484,18 +538,19 @@ void require() {
 
 }  // namespace
 
-void quantize_activations(GgmlType weight_type, const float* x, int64_t cols, std::vector<uint8_t>& out) {
+void quantize_activations(GgmlType weight_type, const float* x, int64_t cols, std::vector<uint8_t>& out,
+                          Q8Rounding rounding) {
   require();
   const bool blocked = supported_type(weight_type) && activation_block_elements(activation_type(weight_type)) > 1;
   const int64_t block = blocked ? activation_block_elements(activation_type(weight_type)) : 1;
   if (!blocked || cols < 0 || cols % block != 0 || (cols > 0 && x == nullptr)) {
     // Float types are plain conversions; anything invalid gets the reference's error.
-    reference::quantize_activations(weight_type, x, cols, out);
+    reference::quantize_activations(weight_type, x, cols, out, rounding);
     return;
   }
   const ActivationType type = activation_type(weight_type);
   out.resize(static_cast<size_t>(cols / block) * activation_block_bytes(type));
-  if (cols > 0) quantize_row(type, x, cols, out.data(), nullptr, nullptr);
+  if (cols > 0) quantize_row(type, x, cols, out.data(), nullptr, nullptr, 0, nullptr, rounding);
 }
 
 void quantize_activation_rows(const float* x, int64_t t_begin, int64_t t_end, QuantizedActivations& out) {
@@ -503,7 +558,6 @@ void quantize_activation_rows(const float* x, int64_t t_begin, int64_t t_end, Qu
   detail::check_activation_rows(x, t_begin, t_end, out);
   if (out.cols == 0) return;
   const auto cols = static_cast<size_t>(out.cols);
-  const size_t blocks = activation_block_elements(out.type) == 1 ? 0 : cols / static_cast<size_t>(activation_block_elements(out.type));
   for (int64_t t = t_begin; t < t_end; ++t) {
     const float* row = x + static_cast<size_t>(t) * cols;
     if (out.type == ActivationType::f32 || out.type == ActivationType::f16 || out.type == ActivationType::bf16) {
@@ -526,9 +580,11 @@ void quantize_activation_rows(const float* x, int64_t t_begin, int64_t t_end, Qu
       }
       continue;
     }
-    float* scales = out.scales.empty() ? nullptr : out.scales.data() + static_cast<size_t>(t) * blocks;
-    float* sums = out.sums.empty() ? nullptr : out.sums.data() + static_cast<size_t>(t) * blocks;
-    quantize_row(out.type, row, out.cols, out.blocks.data() + static_cast<size_t>(t) * out.row_bytes, scales, sums);
+    float* scales = out.scales.empty() ? nullptr : out.scales.data() + t;
+    float* sums = out.sums.empty() ? nullptr : out.sums.data() + t;
+    int8_t* quants = out.quants.empty() ? nullptr : out.quants.data() + out.quants_offset + static_cast<size_t>(t) * cols;
+    quantize_row(out.type, row, out.cols, out.blocks.data() + static_cast<size_t>(t) * out.row_bytes, scales, sums,
+                 static_cast<size_t>(out.tokens), quants, out.rounding);
   }
 }
 
@@ -560,7 +616,7 @@ void matmul_rows_quantized(GgmlType type, const uint8_t* w, size_t row_bytes, in
 
 #else  // no AVX2 code in this build
 
-void quantize_activations(GgmlType, const float*, int64_t, std::vector<uint8_t>&) {
+void quantize_activations(GgmlType, const float*, int64_t, std::vector<uint8_t>&, Q8Rounding) {
   throw Error("the AVX2 quantized kernels are not compiled into this build");
 }
 void quantize_activation_rows(const float*, int64_t, int64_t, QuantizedActivations&) {

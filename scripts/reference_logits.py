@@ -16,13 +16,30 @@ llama-cpp-python==0.3.36 numpy`) with a BF16 KV cache. Nothing of llama.cpp is p
 import sys
 
 import numpy as np
+import llama_cpp.llama_cpp as llama_cpp  # the bindings module the Llama class reads its defaults from
 from llama_cpp import Llama
 
 GGML_TYPE_BF16 = 30
+# llama.cpp's CPU backend multiplies K-quant weights (Q4_K, Q6_K) by micro-batches of eight or more tokens
+# with another kernel, whose float sums are ordered differently (a few ulps apart). Micro-batches of four
+# tokens keep it on ggml's plain dot products, the arithmetic gaac's engine follows.
+MICRO_BATCH = 4
+
+
+def _plain_weight_params(default_params=llama_cpp.llama_model_default_params):
+    # By default llama.cpp repacks some weight types (Q4_K, Q8_0, ...) into interleaved layouts whose
+    # matrix kernels add the same products in another order. The reference keeps the weights as stored,
+    # so its dot products are ggml's plain ones, the arithmetic gaac's engine follows.
+    params = default_params()
+    params.use_extra_bufts = False
+    return params
+
+
+llama_cpp.llama_model_default_params = _plain_weight_params
 
 
 def load(model, n_ctx):
-    return Llama(model_path=model, n_ctx=n_ctx, n_batch=512, logits_all=True, n_threads=2, verbose=False,
+    return Llama(model_path=model, n_ctx=n_ctx, n_batch=MICRO_BATCH, n_ubatch=MICRO_BATCH, logits_all=True, n_threads=2, verbose=False,
                  type_k=GGML_TYPE_BF16, type_v=GGML_TYPE_BF16, flash_attn=True)
 
 

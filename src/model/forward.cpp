@@ -1,63 +1,15 @@
 // The forward pass of the Llama family and Gemma 3 over a BF16 KV cache.
 #include <algorithm>
 #include <cmath>
-#include <numbers>
 
 #include "gaac/bf16.hpp"
 #include "gaac/error.hpp"
 #include "model/model.hpp"
+#include "model/ops.hpp"
 #include "model/quants.hpp"
 #include "model/quants_q8.hpp"
 
 namespace gaac::model {
-namespace {
-
-/// Dot product written as eight independent lanes so the compiler vectorises it without
-/// reassociating (no -ffast-math).
-float dot(const float* a, const float* b, int n) {
-  float lanes[8] = {};
-  int i = 0;
-  for (; i + 8 <= n; i += 8) {
-    for (int l = 0; l < 8; ++l) lanes[l] += a[i + l] * b[i + l];
-  }
-  float sum = 0;
-  for (; i < n; ++i) sum += a[i] * b[i];
-  for (float l : lanes) sum += l;
-  return sum;
-}
-
-/// y = x / sqrt(mean(x²) + eps) · w, with the mean accumulated in double as ggml does.
-void rms_norm(const float* x, const float* w, int n, float eps, float* y) {
-  double sum = 0;
-  for (int i = 0; i < n; ++i) sum += static_cast<double>(x[i]) * x[i];
-  const auto scale = static_cast<float>(1.0 / std::sqrt(sum / n + eps));
-  for (int i = 0; i < n; ++i) y[i] = x[i] * scale * w[i];
-}
-
-/// Rotates one head in place for position `pos`: pairs (2i, 2i+1), or (i, i+d/2) for NEOX.
-/// The angle advances by repeated multiplication, as ggml computes it.
-void rope(float* x, int d, int pos, float base, bool neox) {
-  const float theta_scale = std::pow(base, -2.0f / static_cast<float>(d));
-  float theta = static_cast<float>(pos);
-  for (int i = 0; i < d / 2; ++i, theta *= theta_scale) {
-    const float c = std::cos(theta), s = std::sin(theta);
-    float& a = neox ? x[i] : x[2 * i];
-    float& b = neox ? x[i + d / 2] : x[2 * i + 1];
-    const float a0 = a, b0 = b;
-    a = a0 * c - b0 * s;
-    b = a0 * s + b0 * c;
-  }
-}
-
-float silu(float x) { return x / (1.0f + std::exp(-x)); }
-
-float gelu_tanh(float x) {
-  constexpr float kSqrt2OverPi = 0.7978845608028654f;
-  return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * x * (1.0f + 0.044715f * x * x)));
-}
-
-}  // namespace
-
 Session::Session(const Model& model, ThreadPool& pool)
     : model_(model), pool_(pool), k_cache_(model.config().layers), v_cache_(model.config().layers) {}
 
@@ -100,7 +52,6 @@ std::vector<float> Session::forward(std::span<const Token> tokens, bool all_logi
   std::vector<float> h(rows(T, d)), q(rows(T, q_width)), k(rows(T, kv_width)), v(rows(T, kv_width));
   std::vector<float> attn(rows(T, q_width)), o(rows(T, d)), gate(rows(T, c.d_ff)), up(rows(T, c.d_ff));
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  std::vector<float> kf, vf;  // the attended part of one layer's cache, widened to float
   const int group = c.heads / c.kv_heads;
 
   for (int l = 0; l < c.layers; ++l) {
@@ -108,7 +59,7 @@ std::vector<float> Session::forward(std::span<const Token> tokens, bool all_logi
     const bool sliding = c.is_sliding(l);
     const float base = sliding ? c.rope_base_local : c.rope_base;
 
-    for (int64_t t = 0; t < T; ++t) rms_norm(&x[rows(t, d)], L.attn_norm.data(), d, c.rms_eps, &h[rows(t, d)]);
+    for (int64_t t = 0; t < T; ++t) ops::rms_norm(&x[rows(t, d)], L.attn_norm.data(), d, c.rms_eps, &h[rows(t, d)]);
     matmul(L.wq, h.data(), T, q.data());
     matmul(L.wk, h.data(), T, k.data());
     matmul(L.wv, h.data(), T, v.data());
@@ -122,15 +73,13 @@ std::vector<float> Session::forward(std::span<const Token> tokens, bool all_logi
       const int pos = position_ + static_cast<int>(t);
       for (int head = 0; head < c.heads; ++head) {
         float* qh = &q[rows(t, q_width) + static_cast<size_t>(head) * hd];
-        if (!L.q_norm.empty()) rms_norm(qh, L.q_norm.data(), hd, c.rms_eps, qh);
-        rope(qh, hd, pos, base, c.neox_rope);
-        // llama.cpp converts Q to the K cache's type (BF16) before Q·Kᵀ.
-        for (int i = 0; i < hd; ++i) qh[i] = bf16_to_float(float_to_bf16(qh[i]));
+        if (!L.q_norm.empty()) ops::rms_norm(qh, L.q_norm.data(), hd, c.rms_eps, qh);
+        ops::rope(qh, hd, pos, base, c.neox_rope);
       }
       for (int head = 0; head < c.kv_heads; ++head) {
         float* kh = &k[rows(t, kv_width) + static_cast<size_t>(head) * hd];
-        if (!L.k_norm.empty()) rms_norm(kh, L.k_norm.data(), hd, c.rms_eps, kh);
-        rope(kh, hd, pos, base, c.neox_rope);
+        if (!L.k_norm.empty()) ops::rms_norm(kh, L.k_norm.data(), hd, c.rms_eps, kh);
+        ops::rope(kh, hd, pos, base, c.neox_rope);
       }
       for (int i = 0; i < kv_width; ++i) {
         kc[rows(pos, kv_width) + i] = float_to_bf16(k[rows(t, kv_width) + i]);
@@ -138,58 +87,44 @@ std::vector<float> Session::forward(std::span<const Token> tokens, bool all_logi
       }
     }
 
-    // Causal attention over the cache (sliding layers see the last `sliding_window` positions). The
-    // attended range is widened from BF16 once per layer, not once per query.
-    const int seen_from = sliding ? std::max(0, position_ - c.sliding_window + 1) : 0;
-    const int seen_to = position_ + static_cast<int>(T);
-    kf.resize(rows(seen_to, kv_width));
-    vf.resize(rows(seen_to, kv_width));
-    for (size_t i = rows(seen_from, kv_width); i < rows(seen_to, kv_width); ++i) {
-      kf[i] = bf16_to_float(kc[i]);
-      vf[i] = bf16_to_float(vc[i]);
-    }
+    // Causal attention over the cache (sliding layers see the last `sliding_window` positions).
     pool_.parallel_for(T * c.heads, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> scores;
+      std::vector<float> scratch(2 * static_cast<size_t>(hd));
       for (int64_t job = begin; job < end; ++job) {
         const int64_t t = job / c.heads;
         const int head = static_cast<int>(job % c.heads), kv = head / group;
         const int pos = position_ + static_cast<int>(t);
-        const int first = sliding ? std::max(0, pos - c.sliding_window + 1) : 0;
-        const float* qh = &q[rows(t, q_width) + static_cast<size_t>(head) * hd];
-        scores.assign(static_cast<size_t>(pos - first + 1), 0.0f);
-        float top = -INFINITY;
-        for (int j = first; j <= pos; ++j) {
-          const float s = dot(qh, &kf[rows(j, kv_width) + static_cast<size_t>(kv) * hd], hd) * scale;
-          scores[static_cast<size_t>(j - first)] = s;
-          top = std::max(top, s);
-        }
-        float total = 0;
-        for (float& s : scores) total += (s = std::exp(s - top));
-        float* out = &attn[rows(t, q_width) + static_cast<size_t>(head) * hd];
-        std::fill(out, out + hd, 0.0f);
-        for (int j = first; j <= pos; ++j) {
-          const float p = scores[static_cast<size_t>(j - first)] / total;
-          const float* vj = &vf[rows(j, kv_width) + static_cast<size_t>(kv) * hd];
-          for (int i = 0; i < hd; ++i) out[i] += p * vj[i];
-        }
+        ops::AttentionQuery query;
+        query.q = &q[rows(t, q_width) + static_cast<size_t>(head) * hd];
+        query.keys = &kc[static_cast<size_t>(kv) * hd];
+        query.values = &vc[static_cast<size_t>(kv) * hd];
+        query.stride = static_cast<size_t>(kv_width);
+        query.head_dim = hd;
+        query.first = sliding ? std::max(0, pos - c.sliding_window + 1) : 0;
+        query.last = pos;
+        query.scale = scale;
+        ops::attend(query, &attn[rows(t, q_width) + static_cast<size_t>(head) * hd], scratch.data());
       }
     });
 
     matmul(L.wo, attn.data(), T, o.data());
     for (int64_t t = 0; t < T; ++t) {
       float* ot = &o[rows(t, d)];
-      if (!L.post_attn_norm.empty()) rms_norm(ot, L.post_attn_norm.data(), d, c.rms_eps, ot);
+      if (!L.post_attn_norm.empty()) ops::rms_norm(ot, L.post_attn_norm.data(), d, c.rms_eps, ot);
       for (int i = 0; i < d; ++i) x[rows(t, d) + i] += ot[i];
-      rms_norm(&x[rows(t, d)], L.ffn_norm.data(), d, c.rms_eps, &h[rows(t, d)]);
+      ops::rms_norm(&x[rows(t, d)], L.ffn_norm.data(), d, c.rms_eps, &h[rows(t, d)]);
     }
     matmul(L.gate, h.data(), T, gate.data());
     matmul(L.up, h.data(), T, up.data());
-    const bool gelu = c.arch == Architecture::gemma3;
-    for (size_t i = 0; i < gate.size(); ++i) gate[i] = (gelu ? gelu_tanh(gate[i]) : silu(gate[i])) * up[i];
+    if (c.arch == Architecture::gemma3) {
+      ops::geglu(gate.data(), up.data(), gate.size());
+    } else {
+      ops::swiglu(gate.data(), up.data(), gate.size());
+    }
     matmul(L.down, gate.data(), T, o.data());
     for (int64_t t = 0; t < T; ++t) {
       float* ot = &o[rows(t, d)];
-      if (!L.post_ffn_norm.empty()) rms_norm(ot, L.post_ffn_norm.data(), d, c.rms_eps, ot);
+      if (!L.post_ffn_norm.empty()) ops::rms_norm(ot, L.post_ffn_norm.data(), d, c.rms_eps, ot);
       for (int i = 0; i < d; ++i) x[rows(t, d) + i] += ot[i];
     }
   }
@@ -200,7 +135,7 @@ std::vector<float> Session::forward(std::span<const Token> tokens, bool all_logi
   const int64_t n = T - first;
   std::vector<float> normed(rows(n, d));
   for (int64_t t = 0; t < n; ++t) {
-    rms_norm(&x[rows(first + t, d)], model_.output_norm().data(), d, c.rms_eps, &normed[rows(t, d)]);
+    ops::rms_norm(&x[rows(first + t, d)], model_.output_norm().data(), d, c.rms_eps, &normed[rows(t, d)]);
   }
   std::vector<float> logits(rows(n, c.vocab));
   matmul(model_.output(), normed.data(), n, logits.data());

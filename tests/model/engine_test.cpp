@@ -83,6 +83,53 @@ void capture_round_trip(const std::string& path, int expected_layers, int expect
   }
 }
 
+// Golden greedy continuations. Produced by llama.cpp (llama-cpp-python 0.3.36, BF16 KV cache, flash
+// attention, weights as stored, micro-batches of 4) with
+//   gaac validate -m MODEL --text PROMPT.txt --write-tokens prompt.txt   (PROMPT.txt: kGoldenPrompt, no newline)
+//   python3 scripts/reference_logits.py greedy MODEL prompt.txt 32
+// The prompt ids are checked too, so a tokenizer change is reported as such.
+constexpr const char* kGoldenPrompt = "The three most important ideas in the history of computing are";
+
+/// The prompt's ids as `gaac validate` makes them, then `n` greedy tokens from the engine, the prompt
+/// given at once and each new token on its own (as the reference was run).
+std::pair<std::vector<Token>, std::vector<Token>> greedy_continuation(const std::string& path, int n) {
+  const auto model = Model::load(path);
+  ThreadPool pool(0);
+  Session session(*model, pool);
+  const Tokenizer& tok = model->tokenizer();
+  std::vector<Token> prompt;
+  if (tok.add_bos()) prompt.push_back(tok.bos());
+  const auto text = tok.encode(kGoldenPrompt, false);
+  prompt.insert(prompt.end(), text.begin(), text.end());
+  std::vector<Token> out;
+  std::vector<float> logits = session.forward(prompt);
+  uint64_t state = 0;
+  for (int i = 0; i < n; ++i) {
+    const Token next = sample(logits, Sampling{}, state);
+    out.push_back(next);
+    logits = session.forward(std::span(&out.back(), 1));
+  }
+  return {prompt, out};
+}
+
+TEST(Engine, SmolLm2GreedyTokensMatchLlamaCpp) {
+  GAAC_REQUIRE_MODEL(path, "smollm2");
+  const auto [prompt, tokens] = greedy_continuation(path, 32);
+  EXPECT_EQ(prompt, (std::vector<Token>{504, 1296, 768, 1070, 2821, 281, 260, 1463, 282, 7867, 359}));
+  EXPECT_EQ(tokens, (std::vector<Token>{260, 10531, 282, 260, 2583, 28, 260, 10531, 282, 260, 5594, 28, 284, 260, 10531, 282,
+                                        260, 17030, 30, 198, 198, 504, 10531, 282, 260, 2583, 314, 1129, 10866, 288, 2322,
+                                        28516}));
+}
+
+TEST(Engine, Gemma3GreedyTokensMatchLlamaCpp) {
+  GAAC_REQUIRE_MODEL(path, "gemma3");
+  const auto [prompt, tokens] = greedy_continuation(path, 32);
+  EXPECT_EQ(prompt, (std::vector<Token>{2, 818, 1806, 1346, 2132, 6549, 528, 506, 4083, 529, 20124, 659}));
+  EXPECT_EQ(tokens, (std::vector<Token>{236787, 108, 236829, 236743, 198, 818, 9513, 207, 107, 236829, 236743, 198, 818,
+                                        4109, 45735, 6940, 207, 107, 236829, 236743, 198, 818, 4109, 45735, 6940, 207,
+                                        108, 818, 9513, 563, 506, 1902}));
+}
+
 TEST(Engine, SmolLm2CaptureRoundTripsBitExact) {
   GAAC_REQUIRE_MODEL(path, "smollm2");
   capture_round_trip(path, 30, 3, 64);

@@ -1,0 +1,192 @@
+// The forward-pass arithmetic: the AVX2 versions return the portable versions' bits, and each
+// function computes what it claims to within the accuracy of its float arithmetic.
+#include "model/ops.hpp"
+
+#include <gtest/gtest.h>
+
+#include <bit>
+#include <cmath>
+#include <random>
+#include <vector>
+
+#include "gaac/bf16.hpp"
+#include "model/ops_avx2.hpp"
+
+namespace gaac::model::ops {
+namespace {
+
+std::vector<float> random_floats(size_t n, float scale, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> dist(0.0f, scale);
+  std::vector<float> v(n);
+  for (float& x : v) x = dist(rng);
+  return v;
+}
+
+std::vector<uint16_t> random_bf16(size_t n, float scale, uint32_t seed) {
+  std::vector<uint16_t> v(n);
+  const auto f = random_floats(n, scale, seed);
+  for (size_t i = 0; i < n; ++i) v[i] = float_to_bf16(f[i]);
+  return v;
+}
+
+bool same_bits(float a, float b) { return std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b); }
+
+TEST(Ops, ExpPolynomialIsWithinTwoUlpsOfExp) {
+  // Every float in [−87, 88] at a stride, plus the overflow and underflow ends.
+  for (float x = -87.0f; x <= 88.0f; x += 0.000731f) {
+    const double want = std::exp(static_cast<double>(x));
+    const float got = exp_polynomial(x);
+    const double ulp = std::ldexp(1.0, std::ilogb(want) - 23);
+    ASSERT_LE(std::fabs(got - want), 2 * ulp) << "x = " << x;
+  }
+  EXPECT_EQ(exp_polynomial(0.0f), 1.0f);
+  EXPECT_EQ(exp_polynomial(-200.0f), 0.0f);
+  EXPECT_EQ(exp_polynomial(200.0f), INFINITY);
+  EXPECT_EQ(exp_polynomial(-INFINITY), 0.0f);
+}
+
+TEST(Ops, Avx2SwigluMatchesPortableBitForBit) {
+  if (!avx2::available()) GTEST_SKIP() << "no AVX2/FMA on this CPU";
+  // Ordinary activations, the polynomial's large-exponent branches (|x| > 126·ln 2 and > 192·ln 2),
+  // infinities and NaN, and a length that leaves a scalar tail.
+  std::vector<float> gate = random_floats(4099, 4.0f, 1);
+  const float specials[] = {0.0f, -0.0f, 87.5f, -87.5f, 90.0f, -90.0f, 104.0f, -104.0f, 140.0f, -140.0f,
+                            INFINITY, -INFINITY, NAN, 1e-40f, -1e-40f, 88.72f, -103.97f};
+  for (size_t i = 0; i < std::size(specials); ++i) gate[i * 13] = specials[i];
+  const std::vector<float> up = random_floats(gate.size(), 1.0f, 2);
+  std::vector<float> portable_out = gate, avx2_out = gate;
+  portable::swiglu(portable_out.data(), up.data(), gate.size());
+  avx2::swiglu(avx2_out.data(), up.data(), gate.size());
+  for (size_t i = 0; i < gate.size(); ++i) {
+    ASSERT_TRUE(same_bits(portable_out[i], avx2_out[i]) || (std::isnan(portable_out[i]) && std::isnan(avx2_out[i])))
+        << "gate " << gate[i] << ": " << portable_out[i] << " vs " << avx2_out[i];
+  }
+}
+
+TEST(Ops, SwigluIsSiluTimesUp) {
+  std::vector<float> gate = random_floats(1000, 3.0f, 3);
+  const std::vector<float> up = random_floats(gate.size(), 1.0f, 4);
+  std::vector<float> out = gate;
+  swiglu(out.data(), up.data(), out.size());
+  for (size_t i = 0; i < gate.size(); ++i) {
+    const double want = gate[i] / (1.0 + std::exp(-static_cast<double>(gate[i]))) * up[i];
+    ASSERT_NEAR(out[i], want, 1e-6 * (1.0 + std::fabs(want))) << i;
+  }
+}
+
+TEST(Ops, GegluFollowsTheFp16TableAndItsCutoffs) {
+  const std::vector<float> gate = {-11.0f, -10.0f, -2.0f, -0.5f, 0.0f, 0.5f, 1.0f, 3.0f, 10.0f, 12.0f};
+  const std::vector<float> up(gate.size(), 2.0f);
+  std::vector<float> out = gate;
+  geglu(out.data(), up.data(), out.size());
+  EXPECT_EQ(out[0], 0.0f);   // x ≤ −10: 0
+  EXPECT_EQ(out[1], 0.0f);
+  EXPECT_EQ(out[8], 20.0f);  // x ≥ 10: x·up
+  EXPECT_EQ(out[9], 24.0f);
+  EXPECT_EQ(out[4], 0.0f);
+  for (size_t i = 2; i < 8; ++i) {
+    const double x = gate[i];
+    const double want = 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x))) * 2.0;
+    EXPECT_NEAR(out[i], want, 2e-3 * std::fabs(want)) << "x = " << x;  // fp16 table: ~11 significant bits
+  }
+}
+
+TEST(Ops, RmsNormScalesToUnitMeanSquare) {
+  const std::vector<float> x = random_floats(640, 7.0f, 5);
+  const std::vector<float> w(x.size(), 1.0f);
+  std::vector<float> y(x.size());
+  rms_norm(x.data(), w.data(), static_cast<int>(x.size()), 1e-6f, y.data());
+  double sum = 0;
+  for (float v : y) sum += static_cast<double>(v) * v;
+  EXPECT_NEAR(sum / static_cast<double>(y.size()), 1.0, 1e-5);
+  // In place gives the same result.
+  std::vector<float> z = x;
+  rms_norm(z.data(), w.data(), static_cast<int>(z.size()), 1e-6f, z.data());
+  EXPECT_EQ(z, y);
+}
+
+TEST(Ops, RopeRotatesPairsByPositionAngles) {
+  for (const bool neox : {false, true}) {
+    const std::vector<float> x = random_floats(64, 1.0f, 6);
+    std::vector<float> y = x;
+    rope(y.data(), 64, 5, 10000.0f, neox);
+    for (int i = 0; i < 32; ++i) {
+      const int a = neox ? i : 2 * i, b = neox ? i + 32 : 2 * i + 1;
+      const double theta = 5.0 * std::pow(10000.0, -2.0 * i / 64.0);
+      EXPECT_NEAR(y[a], x[a] * std::cos(theta) - x[b] * std::sin(theta), 1e-4) << i;
+      EXPECT_NEAR(y[b], x[a] * std::sin(theta) + x[b] * std::cos(theta), 1e-4) << i;
+    }
+    std::vector<float> z = x;
+    rope(z.data(), 64, 0, 10000.0f, neox);
+    EXPECT_EQ(z, x) << "position 0 is the identity";
+  }
+}
+
+struct AttentionCase {
+  int head_dim, positions, first;
+  size_t stride;
+  float key_scale;
+};
+
+/// softmax(scale·q·K)·V in double with q rounded to BF16, for comparison.
+std::vector<double> attention_in_double(const AttentionQuery& query) {
+  std::vector<double> scores;
+  double top = -INFINITY;
+  for (int p = query.first; p <= query.last; ++p) {
+    double s = 0;
+    for (int i = 0; i < query.head_dim; ++i) {
+      s += static_cast<double>(bf16_to_float(float_to_bf16(query.q[i]))) *
+           bf16_to_float(query.keys[static_cast<size_t>(p) * query.stride + static_cast<size_t>(i)]);
+    }
+    scores.push_back(s * query.scale);
+    top = std::max(top, scores.back());
+  }
+  std::vector<double> out(static_cast<size_t>(query.head_dim), 0.0);
+  double total = 0;
+  for (double& s : scores) total += (s = std::exp(s - top));
+  for (int p = query.first; p <= query.last; ++p) {
+    const double w = scores[static_cast<size_t>(p - query.first)] / total;
+    for (int i = 0; i < query.head_dim; ++i) {
+      out[static_cast<size_t>(i)] += w * bf16_to_float(query.values[static_cast<size_t>(p) * query.stride + static_cast<size_t>(i)]);
+    }
+  }
+  return out;
+}
+
+TEST(Ops, AttentionMatchesSoftmaxAndAvx2MatchesPortable) {
+  const AttentionCase cases[] = {{64, 1, 0, 192, 1.0f},  {64, 300, 0, 192, 1.0f},  {256, 700, 180, 256, 1.0f},
+                                 {128, 50, 10, 128, 8.0f}, {40, 33, 0, 40, 1.0f}, {256, 64, 0, 512, 30.0f}};
+  for (const AttentionCase& c : cases) {
+    const auto keys = random_bf16(c.stride * static_cast<size_t>(c.positions), c.key_scale, 7);
+    const auto values = random_bf16(c.stride * static_cast<size_t>(c.positions), 1.0f, 8);
+    const auto q = random_floats(static_cast<size_t>(c.head_dim), 1.0f, 9);
+    AttentionQuery query{q.data(), keys.data(), values.data(), c.stride, c.head_dim, c.first, c.positions - 1,
+                         1.0f / std::sqrt(static_cast<float>(c.head_dim))};
+    std::vector<float> scratch(2 * static_cast<size_t>(c.head_dim));
+    std::vector<float> portable_out(static_cast<size_t>(c.head_dim)), avx2_out(portable_out.size());
+    portable::attend(query, portable_out.data(), scratch.data());
+    const std::vector<double> want = attention_in_double(query);
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_NEAR(portable_out[i], want[i], 1e-5 * (1.0 + std::fabs(want[i]))) << "head_dim " << c.head_dim << " i " << i;
+    }
+    if (!avx2::available()) continue;
+    avx2::attend(query, avx2_out.data(), scratch.data());
+    for (size_t i = 0; i < want.size(); ++i) {
+      ASSERT_TRUE(same_bits(portable_out[i], avx2_out[i])) << "head_dim " << c.head_dim << " i " << i;
+    }
+  }
+}
+
+TEST(Ops, AttentionOverOnePositionReturnsItsValue) {
+  const auto keys = random_bf16(64, 1.0f, 10);
+  const auto values = random_bf16(64, 1.0f, 11);
+  const auto q = random_floats(64, 1.0f, 12);
+  AttentionQuery query{q.data(), keys.data(), values.data(), 64, 64, 0, 0, 0.125f};
+  std::vector<float> scratch(128), out(64);
+  attend(query, out.data(), scratch.data());
+  for (int i = 0; i < 64; ++i) EXPECT_EQ(out[static_cast<size_t>(i)], bf16_to_float(values[static_cast<size_t>(i)]));
+}
+
+}  // namespace
+}  // namespace gaac::model::ops

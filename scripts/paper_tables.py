@@ -5,6 +5,8 @@
       exponent entropy, ratio and mode split for K, V and the total (and sliding vs global layers)
   paper_tables.py table3 NAME CROSS.json ORACLE.json
       calibration transfer: mode split and ratio with windows from another text vs from the text itself
+  paper_tables.py capacity MODEL STATS.json
+      the escape-slot capacities calibration chose (range over layers, K and V) and the resident figures
 """
 import json
 import sys
@@ -51,6 +53,16 @@ def table3(name, cross, oracle):
           f"{100 * cm['raw']:.2f} | {100 * om['raw']:.2f} | {c['ratio']:.3f} | {o['ratio']:.3f} |")
 
 
+def capacity(model, path):
+    s = json.load(open(path))
+    for k in ("k", "v"):
+        caps = [layer[k]["escape_capacity_bytes"] for layer in s["layers"]]
+        fallback = sum(layer[k]["fallback_tiles"] for layer in s["layers"]) / max(1, sum(layer[k]["tiles"] for layer in s["layers"]))
+        print(f"| {model} | {k.upper()} | {min(caps)}–{max(caps)} | {100 * fallback:.2f}% | "
+              f"{16 / s[k]['resident_ratio']:.3f} | {s[k]['resident_ratio']:.3f} |")
+    print(f"| {model} | total | | | {16 / s['resident_ratio']:.3f} | {s['resident_ratio']:.3f} |")
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "table1":
         gl = set()
@@ -59,5 +71,7 @@ if __name__ == "__main__":
         table1(sys.argv[2], sys.argv[3], gl)
     elif sys.argv[1] == "table3":
         table3(sys.argv[2], sys.argv[3], sys.argv[4])
+    elif sys.argv[1] == "capacity":
+        capacity(sys.argv[2], sys.argv[3])
     else:
         sys.exit(__doc__)

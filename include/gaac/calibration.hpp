@@ -109,6 +109,10 @@ class Calibrator {
 /// Both passes over the given dumps: the usual way to calibrate in memory.
 CalibrationTable calibrate(std::span<const KvDump* const> dumps, const Progress& progress = {});
 
+/// The lowest base of the `width`-long window of exponents holding the most of `counts` (256
+/// per-exponent counts; the window stays inside 0..255). Throws gaac::Error on a bad width or size.
+uint8_t best_exponent_window(std::span<const uint32_t> counts, int width);
+
 /// Chooses the capacity (multiple of 16) minimising expected resident bytes for one tile shape,
 /// given counts[n] = tiles needing n escape bytes.
 size_t best_escape_capacity(TileShape shape, std::span<const uint64_t> counts);

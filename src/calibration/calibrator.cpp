@@ -14,13 +14,16 @@ constexpr int kExponents = 256;
 size_t kind_index(TensorKind kind) { return kind == TensorKind::key ? 0 : 1; }
 const KvTensor& tensor_of(const KvLayer& layer, TensorKind kind) { return kind == TensorKind::key ? layer.k : layer.v; }
 
-/// The lowest base of the `width`-long exponent window holding the most counts, no higher than
-/// `max_base`.
-uint8_t best_window(std::span<const uint32_t> counts, int width, int max_base) {
+}  // namespace
+
+uint8_t best_exponent_window(std::span<const uint32_t> counts, int width) {
+  if (counts.size() != kExponents || width < 1 || width > kExponents) {
+    throw Error("best_exponent_window: need 256 counts and a width in 1..256");
+  }
   uint64_t covered = std::accumulate(counts.begin(), counts.begin() + width, uint64_t{0});
   uint64_t best = covered;
   int best_base = 0;
-  for (int base = 1; base <= max_base; ++base) {
+  for (int base = 1; base + width <= kExponents; ++base) {
     covered += counts[static_cast<size_t>(base + width - 1)];
     covered -= counts[static_cast<size_t>(base - 1)];
     if (covered > best) {
@@ -30,8 +33,6 @@ uint8_t best_window(std::span<const uint32_t> counts, int width, int max_base) {
   }
   return static_cast<uint8_t>(best_base);
 }
-
-}  // namespace
 
 Calibrator::Calibrator(int layers, int kv_heads, int head_dim)
     : layers_(layers), kv_heads_(kv_heads), head_dim_(head_dim) {
@@ -86,8 +87,8 @@ CalibrationTable Calibrator::choose_windows() const {
         auto b4 = table.b4(kind, l, h);
         for (int c = 0; c < head_dim_; ++c) {
           const auto counts = histogram(kind, l, h, c);
-          b3[static_cast<size_t>(c)] = best_window(counts, 8, kMaxBase3);
-          b4[static_cast<size_t>(c)] = best_window(counts, 16, kMaxBase4);
+          b3[static_cast<size_t>(c)] = best_exponent_window(counts, 8);
+          b4[static_cast<size_t>(c)] = best_exponent_window(counts, 16);
         }
       }
       table.set_escape_capacity(kind, l, shape.max_slot_capacity());

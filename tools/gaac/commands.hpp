@@ -24,5 +24,6 @@ void add_inspect(CLI::App& app);
 void add_generate(CLI::App& app);
 void add_capture(CLI::App& app);
 void add_validate(CLI::App& app);
+void add_study(CLI::App& app);
 
 }  // namespace gaac::cli

@@ -21,6 +21,7 @@ int main(int argc, char** argv) {
   gaac::cli::add_generate(app);
   gaac::cli::add_capture(app);
   gaac::cli::add_validate(app);
+  gaac::cli::add_study(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -1,0 +1,186 @@
+#include "gaac/studies.hpp"
+
+#include <algorithm>
+
+#include "gaac/codec.hpp"
+#include "gaac/error.hpp"
+#include "gaac/format.hpp"
+#include "gaac/tiling.hpp"
+
+namespace gaac {
+namespace {
+
+constexpr int kExponents = 256;
+constexpr TensorKind kKinds[] = {TensorKind::key, TensorKind::value};
+
+const KvTensor& tensor_of(const KvLayer& layer, TensorKind kind) { return kind == TensorKind::key ? layer.k : layer.v; }
+
+void check_same_geometry(const KvDump& a, const KvDump& b) {
+  if (a.layers.size() != b.layers.size() || a.kv_heads() != b.kv_heads() || a.head_dim() != b.head_dim()) {
+    throw Error("the KV dumps have different geometries (layers, KV heads or head width)");
+  }
+}
+
+/// Per-channel bases of one window width for every (kind, layer, head): [kind][(layer·heads + head)·head_dim + channel].
+using Bases = std::array<std::vector<uint8_t>, 2>;
+
+std::vector<Bases> choose_bases(std::span<const KvDump* const> dumps, std::span<const int> window_bits) {
+  const KvDump& first = *dumps.front();
+  const size_t channels = first.layers.size() * static_cast<size_t>(first.kv_heads()) * static_cast<size_t>(first.head_dim());
+  std::array<std::vector<uint32_t>, 2> histograms;
+  for (auto& h : histograms) h.assign(channels * kExponents, 0);
+  for (const KvDump* dump : dumps) {
+    check_same_geometry(first, *dump);
+    for (size_t k = 0; k < 2; ++k) {
+      for (size_t l = 0; l < dump->layers.size(); ++l) {
+        const KvTensor& t = tensor_of(dump->layers[l], kKinds[k]);
+        const size_t row = static_cast<size_t>(t.kv_heads) * static_cast<size_t>(t.head_dim);
+        for (size_t i = 0; i < t.data.size(); ++i) {
+          ++histograms[k][(l * row + i % row) * kExponents + bf16_exponent(t.data[i])];
+        }
+      }
+    }
+  }
+  std::vector<Bases> bases(window_bits.size());
+  for (size_t w = 0; w < window_bits.size(); ++w) {
+    for (size_t k = 0; k < 2; ++k) {
+      bases[w][k].resize(channels);
+      for (size_t c = 0; c < channels; ++c) {
+        const std::span<const uint32_t> counts(&histograms[k][c * kExponents], kExponents);
+        bases[w][k][c] = best_exponent_window(counts, 1 << window_bits[w]);
+      }
+    }
+  }
+  return bases;
+}
+
+}  // namespace
+
+std::vector<ModeScheme> paper_mode_schemes() {
+  return {{"2+3+4+raw", {2, 3, 4}}, {"3+4+raw", {3, 4}}, {"4+raw", {4}}};
+}
+
+std::vector<ModeSchemeResult> compare_mode_schemes(std::span<const KvDump* const> calibration, const KvDump& evaluated,
+                                                   std::span<const ModeScheme> schemes) {
+  if (calibration.empty()) throw Error("comparing mode schemes needs at least one calibration dump");
+  check_same_geometry(*calibration.front(), evaluated);
+  std::vector<int> all_bits;
+  for (const ModeScheme& s : schemes) {
+    if (s.widths.empty() || !std::is_sorted(s.widths.begin(), s.widths.end()) || s.widths.front() < 1 || s.widths.back() > 7) {
+      throw Error("mode scheme " + s.name + ": widths must be ascending, between 1 and 7 bits");
+    }
+    all_bits.insert(all_bits.end(), s.widths.begin(), s.widths.end());
+  }
+  std::sort(all_bits.begin(), all_bits.end());
+  all_bits.erase(std::unique(all_bits.begin(), all_bits.end()), all_bits.end());
+  const std::vector<Bases> bases = choose_bases(calibration, all_bits);
+  const auto window_index = [&](int bits) { return static_cast<size_t>(std::find(all_bits.begin(), all_bits.end(), bits) - all_bits.begin()); };
+
+  // counts[s][i]: groups of scheme s coded with its i-th width (i == widths.size(): raw).
+  std::vector<std::vector<uint64_t>> counts(schemes.size());
+  for (size_t s = 0; s < schemes.size(); ++s) counts[s].assign(schemes[s].widths.size() + 1, 0);
+  uint64_t groups = 0;
+  const int head_dim = evaluated.head_dim(), heads = evaluated.kv_heads();
+  for (size_t k = 0; k < 2; ++k) {
+    const TileShape shape = tile_shape_for(kKinds[k], head_dim);
+    for (size_t l = 0; l < evaluated.layers.size(); ++l) {
+      const KvTensor& t = tensor_of(evaluated.layers[l], kKinds[k]);
+      for (size_t tile = 0; tile < tile_count(t); ++tile) {
+        const TilePosition p = tile_position(t, tile);
+        const uint16_t* origin = t.data.data() + tile_origin(t, p);
+        const size_t channel0 = (l * static_cast<size_t>(heads) + static_cast<size_t>(p.head)) * static_cast<size_t>(head_dim) +
+                                static_cast<size_t>(p.half) * kMaxTileChannels;
+        for (int lane = 0; lane < kWarpLanes; ++lane) {
+          for (int g = 0; g < shape.groups_per_lane(); ++g) {
+            uint8_t exponents[kGroupSize];
+            size_t channels[kGroupSize];
+            for (int e = 0; e < kGroupSize; ++e) {
+              const ElementSlot slot = element_slot(shape, lane, 2 * g + e / kQuadSize, e % kQuadSize);
+              exponents[e] = bf16_exponent(origin[static_cast<size_t>(slot.token) * token_stride(t) + slot.channel]);
+              channels[e] = channel0 + slot.channel;
+            }
+            const auto fits = [&](int bits) {
+              const std::vector<uint8_t>& b = bases[window_index(bits)][k];
+              for (int e = 0; e < kGroupSize; ++e) {
+                if (exponents[e] < b[channels[e]] || exponents[e] - b[channels[e]] >= (1 << bits)) return false;
+              }
+              return true;
+            };
+            for (size_t s = 0; s < schemes.size(); ++s) {
+              const auto& widths = schemes[s].widths;
+              size_t choice = widths.size();
+              for (size_t i = 0; i < widths.size() && choice == widths.size(); ++i) {
+                if (fits(widths[i])) choice = i;
+              }
+              ++counts[s][choice];
+            }
+            ++groups;
+          }
+        }
+      }
+    }
+  }
+
+  std::vector<ModeSchemeResult> results;
+  for (size_t s = 0; s < schemes.size(); ++s) {
+    ModeSchemeResult r{schemes[s], {}, 0, 0};
+    double exponent_bits = 0;
+    for (size_t i = 0; i < counts[s].size(); ++i) {
+      const double fraction = groups == 0 ? 0.0 : static_cast<double>(counts[s][i]) / static_cast<double>(groups);
+      r.fractions.push_back(fraction);
+      exponent_bits += fraction * (i < schemes[s].widths.size() ? schemes[s].widths[i] : 8);
+    }
+    r.bits_per_element = 8.0 + 2.0 / kGroupSize + exponent_bits;
+    r.ratio = 16.0 / r.bits_per_element;
+    results.push_back(std::move(r));
+  }
+  return results;
+}
+
+std::vector<SegmentEscapes> escape_bytes_by_segment(const KvDump& dump, const CalibrationTable& table, int segment_tokens) {
+  if (segment_tokens <= 0 || segment_tokens % kTileTokens != 0) {
+    throw Error("the segment length must be a positive multiple of " + std::to_string(kTileTokens) + " tokens");
+  }
+  table.check_matches(dump);
+  const int heads = dump.kv_heads(), tokens = dump.layers.empty() ? 0 : dump.layers[0].k.tokens;
+  const int blocks_per_segment = segment_tokens / kTileTokens;
+  const int segments = (full_blocks(tokens) + blocks_per_segment - 1) / blocks_per_segment;
+  const size_t series = dump.layers.size() * static_cast<size_t>(heads);
+  std::vector<SegmentEscapes> out(static_cast<size_t>(segments));
+  std::vector<std::array<std::vector<uint64_t>, 2>> tiles(out.size());
+  for (int s = 0; s < segments; ++s) {
+    out[static_cast<size_t>(s)].first_token = s * segment_tokens;
+    out[static_cast<size_t>(s)].end_token = std::min((s + 1) * segment_tokens, full_blocks(tokens) * kTileTokens);
+    for (size_t k = 0; k < 2; ++k) {
+      out[static_cast<size_t>(s)].mean_escape_bytes[k].assign(series, 0.0);
+      tiles[static_cast<size_t>(s)][k].assign(series, 0);
+    }
+  }
+  for (size_t k = 0; k < 2; ++k) {
+    const TileShape shape = tile_shape_for(kKinds[k], dump.head_dim());
+    std::vector<uint8_t> slot(shape.slot_bytes(shape.max_slot_capacity()));
+    for (size_t l = 0; l < dump.layers.size(); ++l) {
+      const KvTensor& t = tensor_of(dump.layers[l], kKinds[k]);
+      for (size_t tile = 0; tile < tile_count(t); ++tile) {
+        const TilePosition p = tile_position(t, tile);
+        const TileEncoding e = encode_tile(shape, t.data.data() + tile_origin(t, p), token_stride(t),
+                                           table.tile_bases(kKinds[k], static_cast<int>(l), p.head, p.half),
+                                           shape.max_slot_capacity(), slot);  // escape_bytes is exact whatever the fit
+        const auto segment = static_cast<size_t>(p.block / blocks_per_segment);
+        const size_t index = l * static_cast<size_t>(heads) + static_cast<size_t>(p.head);
+        out[segment].mean_escape_bytes[k][index] += e.escape_bytes;
+        ++tiles[segment][k][index];
+      }
+    }
+  }
+  for (size_t s = 0; s < out.size(); ++s) {
+    for (size_t k = 0; k < 2; ++k) {
+      for (size_t i = 0; i < series; ++i) {
+        if (tiles[s][k][i] != 0) out[s].mean_escape_bytes[k][i] /= static_cast<double>(tiles[s][k][i]);
+      }
+    }
+  }
+  return out;
+}
+
+}  // namespace gaac

@@ -1,0 +1,97 @@
+// gaac study: the measurements behind the paper's design choices, on any KV dump.
+//   gaac study schemes EVAL --calib-kv KV...   what each mode scheme stores (paper Table 4)
+//   gaac study drift EVAL --calib TABLE        escape bytes by token position (paper Table 8)
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <memory>
+
+#include "commands.hpp"
+#include "common.hpp"
+#include "gaac/error.hpp"
+#include "gaac/studies.hpp"
+
+namespace gaac::cli {
+namespace {
+
+void run_schemes(const std::string& input, const std::vector<std::string>& calib_paths) {
+  const KvDump evaluated = load_dump(input);
+  std::vector<KvDump> calibration;
+  for (const auto& p : calib_paths) calibration.push_back(load_dump(p));
+  std::vector<const KvDump*> dumps;
+  for (const auto& d : calibration) dumps.push_back(&d);
+  if (dumps.empty()) dumps.push_back(&evaluated);
+  const auto schemes = paper_mode_schemes();
+  const auto results = compare_mode_schemes(dumps, evaluated, schemes);
+  fmt::print("| scheme | ratio | bits/elem | groups per mode |\n|---|---|---|---|\n");
+  for (const auto& r : results) {
+    std::string split;
+    for (size_t i = 0; i < r.fractions.size(); ++i) {
+      const std::string mode = i < r.scheme.widths.size() ? fmt::format("{}-bit", r.scheme.widths[i]) : "raw";
+      split += fmt::format("{}{} {:.2f}%", i ? ", " : "", mode, 100 * r.fractions[i]);
+    }
+    fmt::print("| {} | {:.3f} | {:.3f} | {} |\n", r.scheme.name, r.ratio, r.bits_per_element, split);
+  }
+}
+
+void run_drift(const std::string& input, const std::string& calib, int segment, int layer) {
+  const KvDump dump = load_dump(input);
+  const CalibrationTable table = calibration_for(dump, calib);
+  if (layer >= static_cast<int>(dump.layers.size())) {
+    throw Error(fmt::format("--layer {}: the dump has {} layers", layer, dump.layers.size()));
+  }
+  const auto segments = escape_bytes_by_segment(dump, table, segment);
+  const auto heads = static_cast<size_t>(dump.kv_heads());
+  // Per segment: the largest mean over the heads of the chosen layer (as the paper reports), and the
+  // mean over every layer and head.
+  fmt::print("| tokens | K, layer {} (max over heads) | V, layer {} (max over heads) | K, all layers | V, all layers |\n",
+             layer, layer);
+  fmt::print("|---|---|---|---|---|\n");
+  for (const auto& s : segments) {
+    double layer_max[2] = {0, 0}, all[2] = {0, 0};
+    for (size_t k = 0; k < 2; ++k) {
+      const auto& m = s.mean_escape_bytes[k];
+      for (size_t h = 0; h < heads; ++h) layer_max[k] = std::max(layer_max[k], m[static_cast<size_t>(layer) * heads + h]);
+      for (double v : m) all[k] += v;
+      all[k] /= static_cast<double>(m.size());
+    }
+    fmt::print("| {}–{} | {:.1f} | {:.1f} | {:.1f} | {:.1f} |\n", s.first_token, s.end_token, layer_max[0], layer_max[1],
+               all[0], all[1]);
+  }
+}
+
+}  // namespace
+
+void add_study(CLI::App& app) {
+  auto* cmd = app.add_subcommand("study", "Measurements behind the format's design (the paper's Tables 4 and 8)");
+  cmd->require_subcommand(1);
+
+  auto* schemes = cmd->add_subcommand(
+      "schemes", "Bits per element under the mode schemes 2+3+4+raw, 3+4+raw (GAAC) and 4+raw (paper Table 4)");
+  auto input = std::make_shared<std::string>();
+  auto calib_kv = std::make_shared<std::vector<std::string>>();
+  schemes->add_option("input", *input, "KV dump to evaluate (.safetensors)")->required()->check(CLI::ExistingFile);
+  schemes->add_option("--calib-kv", *calib_kv, "KV dumps the windows are calibrated on (default: the input)")
+      ->check(CLI::ExistingFile);
+  schemes->footer(
+      "Windows of 4, 8 and 16 exponents are chosen per channel as calibration chooses GAAC's; each group takes the\n"
+      "narrowest mode of the scheme holding its eight exponents. Sizes are the exact bits of such a stream\n"
+      "(8 sign+mantissa bits, 2/8 tag bits and the exponent width per element), without slots or bases.");
+  schemes->callback([input, calib_kv] { run_schemes(*input, *calib_kv); });
+
+  auto* drift = cmd->add_subcommand("drift", "Mean escape bytes per tile by token-position segment (paper Table 8)");
+  auto drift_input = std::make_shared<std::string>();
+  auto calib = std::make_shared<std::string>();
+  auto segment = std::make_shared<int>(1024);
+  auto layer = std::make_shared<int>(5);
+  drift->add_option("input", *drift_input, "KV dump (.safetensors)")->required()->check(CLI::ExistingFile);
+  drift->add_option("--calib", *calib, "Calibration table (default: calibrate on the input itself)")
+      ->check(CLI::ExistingFile);
+  drift->add_option("--segment", *segment, "Tokens per segment, a multiple of 16")->capture_default_str();
+  drift->add_option("--layer", *layer, "Layer whose heads the first two columns report")
+      ->capture_default_str()
+      ->check(CLI::NonNegativeNumber);
+  drift->callback([drift_input, calib, segment, layer] { run_drift(*drift_input, *calib, *segment, *layer); });
+}
+
+}  // namespace gaac::cli

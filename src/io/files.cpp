@@ -1,11 +1,14 @@
 #include "io/files.hpp"
 
 #include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
 #include <cerrno>
 #include <cstring>
+#include <utility>
 
 #include "gaac/error.hpp"
 
@@ -38,7 +41,69 @@ int create_temporary(const std::string& destination, std::string& path) {
   fail(destination, "cannot create a temporary file beside it", errno);
 }
 
+/// Reads exactly `size` bytes from `fd`.
+std::vector<uint8_t> read_exactly(int fd, size_t size, const std::string& path) {
+  std::vector<uint8_t> bytes(size);
+  size_t done = 0;
+  while (done < size) {
+    const ssize_t n = ::read(fd, bytes.data() + done, size - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail(path, "cannot read", errno);
+    if (n == 0) throw Error(ErrorCode::io, path + ": file shrank while being read");
+    done += static_cast<size_t>(n);
+  }
+  return bytes;
+}
+
 }  // namespace
+
+FileBytes FileBytes::open(const std::string& path) {
+  Descriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) fail(path, "cannot open", errno);
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) fail(path, "cannot stat", errno);
+  if (!S_ISREG(st.st_mode)) throw Error(ErrorCode::io, path + ": not a regular file");
+  FileBytes file;
+  const auto size = static_cast<size_t>(st.st_size);
+  void* mapping = size == 0 ? MAP_FAILED : ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd.get(), 0);
+  if (mapping != MAP_FAILED) {
+    file.mapping_ = mapping;
+    file.mapped_size_ = size;
+  } else {
+    file.owned_ = read_exactly(fd.get(), size, path);  // e.g. a file system without mmap
+  }
+  return file;
+}
+
+FileBytes FileBytes::copy_of(std::span<const uint8_t> image) {
+  FileBytes file;
+  file.owned_.assign(image.begin(), image.end());
+  return file;
+}
+
+FileBytes::FileBytes(FileBytes&& other) noexcept
+    : mapping_(std::exchange(other.mapping_, nullptr)),
+      mapped_size_(std::exchange(other.mapped_size_, 0)),
+      owned_(std::move(other.owned_)) {}
+
+FileBytes& FileBytes::operator=(FileBytes&& other) noexcept {
+  if (this != &other) {
+    if (mapping_ != nullptr) ::munmap(mapping_, mapped_size_);
+    mapping_ = std::exchange(other.mapping_, nullptr);
+    mapped_size_ = std::exchange(other.mapped_size_, 0);
+    owned_ = std::move(other.owned_);
+  }
+  return *this;
+}
+
+FileBytes::~FileBytes() {
+  if (mapping_ != nullptr) ::munmap(mapping_, mapped_size_);
+}
+
+std::span<const uint8_t> FileBytes::bytes() const {
+  if (mapping_ != nullptr) return {static_cast<const uint8_t*>(mapping_), mapped_size_};
+  return owned_;
+}
 
 Descriptor::~Descriptor() {
   if (fd_ >= 0) ::close(fd_);

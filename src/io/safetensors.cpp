@@ -2,18 +2,11 @@
 // shape and type is checked before any tensor byte is exposed, and every failure is a gaac::Error.
 #include "io/safetensors.hpp"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
 #include <set>
-#include <system_error>
 #include <tuple>
 #include <unordered_map>
 #include <utility>
@@ -58,8 +51,6 @@ const DtypeInfo* find_dtype(Dtype dtype) {
   return nullptr;
 }
 
-std::string errno_text(int err) { return std::generic_category().message(err); }
-
 std::string in_quotes(const std::string& s) { return "'" + s + "'"; }
 
 /// Throws an error about the file as a whole: "<label>: <message>".
@@ -72,13 +63,6 @@ std::string in_quotes(const std::string& s) { return "'" + s + "'"; }
 [[noreturn]] void fail_tensor(const std::string& label, const std::string& name, const std::string& message,
                               SourceLocation loc = SourceLocation()) {
   throw Error(label + ": tensor " + in_quotes(name) + ": " + message, loc);
-}
-
-/// Throws an I/O error for a failed system call: "<label>: <action>: <reason from err>". Callers
-/// save errno first, since building the message may allocate and allocation may change errno.
-[[noreturn]] void fail_system(const std::string& label, const std::string& action, int err,
-                              SourceLocation loc = SourceLocation()) {
-  throw Error(ErrorCode::io, label + ": " + action + ": " + errno_text(err), loc);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -259,21 +243,6 @@ ParsedImage parse_image(std::span<const uint8_t> image, const std::string& label
   return parsed;
 }
 
-/// Reads exactly `size` bytes from `fd`; used when mmap is unavailable.
-std::vector<uint8_t> read_whole(int fd, size_t size, const std::string& path) {
-  std::vector<uint8_t> bytes(size);
-  size_t done = 0;
-  while (done < size) {
-    const ssize_t n = ::read(fd, bytes.data() + done, size - done);
-    const int err = errno;
-    if (n < 0 && err == EINTR) continue;
-    if (n < 0) fail_system(path, "cannot read", err);
-    if (n == 0) throw Error(ErrorCode::io, path + ": file shrank while being read");
-    done += static_cast<size_t>(n);
-  }
-  return bytes;
-}
-
 // ---------------------------------------------------------------------------------------------
 // Writing
 
@@ -383,22 +352,10 @@ int64_t TensorView::elements() const {
 
 /// The bytes of an open file (a private mapping, or a copy) and the name index over its tensors.
 struct SafetensorsFile::Storage {
-  void* mapping = nullptr;
-  size_t mapped_size = 0;
-  std::vector<uint8_t> owned;
+  io::FileBytes file;
   std::unordered_map<std::string, size_t> index;
 
-  Storage() = default;
-  Storage(const Storage&) = delete;
-  Storage& operator=(const Storage&) = delete;
-  ~Storage() {
-    if (mapping != nullptr) ::munmap(mapping, mapped_size);
-  }
-
-  std::span<const uint8_t> bytes() const {
-    if (mapping != nullptr) return {static_cast<const uint8_t*>(mapping), mapped_size};
-    return owned;
-  }
+  std::span<const uint8_t> bytes() const { return file.bytes(); }
 
   /// Validates the stored image and wraps it as a file. (A member so that it may fill the file's
   /// private fields.)
@@ -415,32 +372,14 @@ struct SafetensorsFile::Storage {
 };
 
 SafetensorsFile SafetensorsFile::open(const std::string& path) {
-  Descriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) {
-    const int err = errno;
-    fail_system(path, "cannot open", err);
-  }
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) {
-    const int err = errno;
-    fail_system(path, "cannot stat", err);
-  }
-  if (!S_ISREG(st.st_mode)) throw Error(ErrorCode::io, path + ": not a regular file");
-  const auto size = static_cast<size_t>(st.st_size);
   auto storage = std::make_unique<Storage>();
-  void* mapping = size == 0 ? MAP_FAILED : ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd.get(), 0);
-  if (mapping != MAP_FAILED) {
-    storage->mapping = mapping;
-    storage->mapped_size = size;
-  } else {
-    storage->owned = read_whole(fd.get(), size, path);
-  }
+  storage->file = io::FileBytes::open(path);
   return Storage::into_file(std::move(storage), path);
 }
 
 SafetensorsFile SafetensorsFile::parse(std::span<const uint8_t> image, const std::string& label) {
   auto storage = std::make_unique<Storage>();
-  storage->owned.assign(image.begin(), image.end());
+  storage->file = io::FileBytes::copy_of(image);
   return Storage::into_file(std::move(storage), label);
 }
 

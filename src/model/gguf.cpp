@@ -4,19 +4,12 @@
 // gaac::Error naming the file and the key or tensor concerned.
 #include "model/gguf.hpp"
 
-#include <fcntl.h>
-#include <sys/mman.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <limits>
 #include <numeric>
 #include <optional>
-#include <system_error>
 #include <tuple>
 #include <unordered_map>
 #include <utility>
@@ -82,8 +75,6 @@ constexpr uint32_t kValueTypeCount = sizeof(kValueTypes) / sizeof(kValueTypes[0]
 
 std::string in_quotes(const std::string& s) { return "'" + s + "'"; }
 
-std::string errno_text(int err) { return std::generic_category().message(err); }
-
 /// "[576, 49152]" for messages.
 std::string shape_text(const std::vector<int64_t>& ne) {
   std::string text = "[";
@@ -107,12 +98,6 @@ std::string shape_text(const std::vector<int64_t>& ne) {
 [[noreturn]] void fail_tensor(const std::string& label, const std::string& name, const std::string& message,
                               SourceLocation loc = SourceLocation()) {
   throw Error(label + ": tensor " + in_quotes(name) + ": " + message, loc);
-}
-
-/// Throws an I/O error for a failed system call. Callers save errno first.
-[[noreturn]] void fail_system(const std::string& label, const std::string& action, int err,
-                              SourceLocation loc = SourceLocation()) {
-  throw Error(ErrorCode::io, label + ": " + action + ": " + errno_text(err), loc);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -472,21 +457,6 @@ ParsedImage parse_image(std::span<const uint8_t> image, const std::string& label
   return parsed;
 }
 
-/// Reads exactly `size` bytes from `fd`; used when mmap is unavailable.
-std::vector<uint8_t> read_whole(int fd, size_t size, const std::string& path) {
-  std::vector<uint8_t> bytes(size);
-  size_t done = 0;
-  while (done < size) {
-    const ssize_t n = ::read(fd, bytes.data() + done, size - done);
-    const int err = errno;
-    if (n < 0 && err == EINTR) continue;
-    if (n < 0) fail_system(path, "cannot read", err);
-    if (n == 0) throw Error(ErrorCode::io, path + ": file shrank while being read");
-    done += static_cast<size_t>(n);
-  }
-  return bytes;
-}
-
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
@@ -532,23 +502,11 @@ size_t GgufTensor::row_bytes() const {
 
 /// The bytes of an open file (a private read-only mapping, or a copy) and everything parsed from them.
 struct GgufFile::State {
-  void* mapping = nullptr;
-  size_t mapped_size = 0;
-  std::vector<uint8_t> owned;
+  io::FileBytes file;
   std::string label;
   ParsedImage parsed;
 
-  State() = default;
-  State(const State&) = delete;
-  State& operator=(const State&) = delete;
-  ~State() {
-    if (mapping != nullptr) ::munmap(mapping, mapped_size);
-  }
-
-  std::span<const uint8_t> bytes() const {
-    if (mapping != nullptr) return {static_cast<const uint8_t*>(mapping), mapped_size};
-    return owned;
-  }
+  std::span<const uint8_t> bytes() const { return file.bytes(); }
 
   /// Validates the stored image and wraps it as a file. (A member so that it may fill the file's
   /// private fields.)
@@ -584,32 +542,14 @@ struct GgufFile::State {
 };
 
 GgufFile GgufFile::open(const std::string& path) {
-  io::Descriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) {
-    const int err = errno;
-    fail_system(path, "cannot open", err);
-  }
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) {
-    const int err = errno;
-    fail_system(path, "cannot stat", err);
-  }
-  if (!S_ISREG(st.st_mode)) throw Error(ErrorCode::io, path + ": not a regular file");
-  const auto size = static_cast<size_t>(st.st_size);
   auto state = std::make_unique<State>();
-  void* mapping = size == 0 ? MAP_FAILED : ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd.get(), 0);
-  if (mapping != MAP_FAILED) {
-    state->mapping = mapping;
-    state->mapped_size = size;
-  } else {
-    state->owned = read_whole(fd.get(), size, path);
-  }
+  state->file = io::FileBytes::open(path);
   return State::into_file(std::move(state), path);
 }
 
 GgufFile GgufFile::parse(std::span<const uint8_t> image, const std::string& label) {
   auto state = std::make_unique<State>();
-  state->owned.assign(image.begin(), image.end());
+  state->file = io::FileBytes::copy_of(image);
   return State::into_file(std::move(state), label);
 }
 

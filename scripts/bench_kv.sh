@@ -11,6 +11,7 @@ gaac=$PWD/build/tools/gaac/gaac
 models=${GAAC_MODEL_DIR:-$HOME/.cache/gaac/models}
 out=${1:-${GAAC_KV_DIR:-$HOME/.cache/gaac/kv}}
 mkdir -p "$out"
+out=$(cd "$out" && pwd)
 [ -x "$gaac" ] || { echo "build gaac first: cmake -S . -B build && cmake --build build" >&2; exit 1; }
 for model in smollm2 gemma3; do
   case $model in
@@ -19,7 +20,7 @@ for model in smollm2 gemma3; do
   esac
   "$gaac" capture -m "$models/$file" --text /usr/share/common-licenses/GPL-3 --tokens 2048 -o "$out/$model-gpl3-2048.safetensors"
   "$gaac" capture -m "$models/$file" --text /usr/share/common-licenses/LGPL-2.1 --tokens 2048 -o "$out/$model-calib-text.safetensors"
-  "$gaac" calibrate "$out/$model-calib-text.safetensors" -o "$out/$model-calibration.safetensors"
-  rm "$out/$model-calib-text.safetensors"
+  # From inside the directory, so the table's provenance metadata (and its hash) does not name it.
+  (cd "$out" && "$gaac" calibrate $model-calib-text.safetensors -o $model-calibration.safetensors && rm $model-calib-text.safetensors)
 done
 (cd "$out" && sha256sum ./*-gpl3-2048.safetensors ./*-calibration.safetensors && du -ch ./*.safetensors | tail -1)

@@ -71,6 +71,7 @@ void run_generate(const GenerateOptions& o) {
   }
   const double decode_s = seconds_since(decode_start);
   fmt::print("\n");
+  std::fflush(stdout);  // the text ends before the timing line on stderr, even through one pipe
   if (!o.save_kv.empty()) {
     KvDump dump = session.kv_dump();
     dump.metadata.emplace_back("model", o.model);

@@ -1,6 +1,11 @@
-// Tile codec throughput (scalar reference and AVX2) against zstd and LZ4 on the same synthetic KV
-// layer. Every benchmark processes one whole layer (K and V, every head, every 16-token tile) per
-// iteration and counts the layer's BF16 bytes as processed; `ratio` is BF16 bytes / stored bytes.
+// Tile codec throughput (scalar reference and AVX2) against zstd and LZ4 on the same KV. Every
+// benchmark processes one whole corpus (K and V, every head, every 16-token tile) per iteration and
+// counts its BF16 bytes as processed; `ratio` is BF16 bytes / stored bytes. Corpora, ~4 MiB each:
+//   synthetic_hd128, synthetic_hd64   one synthetic layer of 8 KV heads, calibrated on itself
+//   smollm2, gemma3                   the real caches scripts/bench_kv.sh writes (2,048 tokens of GPL-3,
+//                                     every layer: 45 / 36 MiB) with their calibration tables, learnt on
+//                                     another text, when present in $GAAC_KV_DIR (default ~/.cache/gaac/kv)
+//   smollm2_early, gemma3_early       the first layers of the same caches (~4 MiB)
 //
 //   gaac_codec_bench --benchmark_min_time=0.2
 #include <benchmark/benchmark.h>
@@ -8,6 +13,10 @@
 #include <zstd.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <string>
 #include <cstdint>
 #include <cstring>
 #include <map>
@@ -16,6 +25,7 @@
 
 #include "gaac/calibration.hpp"
 #include "gaac/codec.hpp"
+#include "gaac/kv_dump.hpp"
 #include "gaac/synthetic.hpp"
 #include "gaac/tiling.hpp"
 
@@ -29,52 +39,78 @@ using gaac::TileShape;
 constexpr int kHeads = 8;
 constexpr int kLayerBf16Bytes = 4 << 20;  // K and V of one layer: 2 MiB each
 
-/// One tensor (K or V) of the layer, with the calibration of its kind.
+/// One tensor (K or V of one layer), with the calibration of its kind and layer.
 struct TiledTensor {
   const KvTensor* tensor;
   TensorKind kind;
+  int layer;
   TileShape shape;
   const gaac::CalibrationTable* table;
 
-  size_t capacity() const { return table->escape_capacity(kind, 0); }
+  size_t capacity() const { return table->escape_capacity(kind, layer); }
   size_t stride() const { return gaac::token_stride(*tensor); }
   int tiles() const { return static_cast<int>(gaac::tile_count(*tensor)); }
   size_t offset(int i) const { return gaac::tile_origin(*tensor, gaac::tile_position(*tensor, static_cast<size_t>(i))); }
   gaac::TileBases tile_bases(int i) const {
     const gaac::TilePosition p = gaac::tile_position(*tensor, static_cast<size_t>(i));
-    return table->tile_bases(kind, 0, p.head, p.half);
+    return table->tile_bases(kind, layer, p.head, p.half);
   }
 };
 
-/// One synthetic layer, calibrated on itself (windows and the escape capacity that stores it smallest).
+/// The KV a benchmark runs on: some layers of a dump and the calibration table it is coded with.
 struct Corpus {
   gaac::KvDump dump;
   gaac::CalibrationTable table;
   std::vector<TiledTensor> parts;
   size_t bf16_bytes = 0;
-};
+  size_t bases_bytes = 0;  ///< the bases of the layers used (counted as stored bytes)
 
-const Corpus& corpus(int head_dim) {
-  static std::map<int, std::unique_ptr<Corpus>> cache;
-  auto& entry = cache[head_dim];
-  if (!entry) {
-    entry = std::make_unique<Corpus>();
-    gaac::SyntheticKvSpec spec;
-    spec.layers = 1;
-    spec.kv_heads = kHeads;
-    spec.head_dim = head_dim;
-    spec.tokens = kLayerBf16Bytes / 2 / 2 / (kHeads * head_dim);
-    spec.seed = 7;
-    entry->dump = gaac::make_synthetic_kv(spec);
-    const gaac::KvDump* dumps[] = {&entry->dump};
-    entry->table = gaac::calibrate(dumps);
-    for (const auto& [tensor, kind] : {std::pair{&entry->dump.layers[0].k, TensorKind::key},
-                                       std::pair{&entry->dump.layers[0].v, TensorKind::value}}) {
-      entry->parts.push_back({tensor, kind, gaac::tile_shape_for(kind, head_dim), &entry->table});
-      entry->bf16_bytes += tensor->data.size() * sizeof(uint16_t);
+  /// Lists the K and V of every layer of `dump` as parts.
+  void index() {
+    bases_bytes = table.bases_bytes() / static_cast<size_t>(table.layers()) * dump.layers.size();
+    for (size_t l = 0; l < dump.layers.size(); ++l) {
+      for (const auto& [tensor, kind] : {std::pair{&dump.layers[l].k, TensorKind::key}, std::pair{&dump.layers[l].v, TensorKind::value}}) {
+        parts.push_back({tensor, kind, static_cast<int>(l), gaac::tile_shape_for(kind, tensor->head_dim), &table});
+        bf16_bytes += tensor->data.size() * sizeof(uint16_t);
+      }
     }
   }
-  return *entry;
+};
+
+/// One synthetic layer of 8 heads (4 MiB of BF16), calibrated on itself.
+std::unique_ptr<Corpus> synthetic_corpus(int head_dim) {
+  auto c = std::make_unique<Corpus>();
+  gaac::SyntheticKvSpec spec;
+  spec.layers = 1;
+  spec.kv_heads = kHeads;
+  spec.head_dim = head_dim;
+  spec.tokens = kLayerBf16Bytes / 2 / 2 / (kHeads * head_dim);
+  spec.seed = 7;
+  c->dump = gaac::make_synthetic_kv(spec);
+  const gaac::KvDump* dumps[] = {&c->dump};
+  c->table = gaac::calibrate(dumps);
+  c->index();
+  return c;
+}
+
+/// A real cache written by scripts/bench_kv.sh, its first layers up to `max_bytes` of BF16, with the
+/// calibration table learnt on another text; null when the files are absent.
+std::unique_ptr<Corpus> real_corpus(const std::string& model, size_t max_bytes) {
+  const char* env = std::getenv("GAAC_KV_DIR");
+  const char* home = std::getenv("HOME");
+  const std::filesystem::path dir = env ? env : std::string(home ? home : ".") + "/.cache/gaac/kv";
+  const auto kv = dir / (model + "-gpl3-2048.safetensors"), calib = dir / (model + "-calibration.safetensors");
+  if (!std::filesystem::exists(kv) || !std::filesystem::exists(calib)) return nullptr;
+  auto c = std::make_unique<Corpus>();
+  c->dump = gaac::load_kv_dump(kv.string());
+  c->table = gaac::load_calibration(calib.string());
+  size_t bytes = 0, layers = 0;
+  while (layers < c->dump.layers.size() && bytes < max_bytes) {
+    bytes += 2 * c->dump.layers[layers++].k.data.size() * sizeof(uint16_t);
+  }
+  c->dump.layers.resize(layers);  // the table keeps every layer; parts use the first ones by index
+  c->index();
+  return c;
 }
 
 /// A layer stored by the tile codec: one fixed-size slot per tile, raw rows for tiles that do not fit.
@@ -115,7 +151,7 @@ void encode_layer(const Corpus& c, Backend backend, Encoded& out) {
       out.stored_bytes += e.fits ? slot_bytes : part.shape.raw_bytes();
     }
   }
-  out.stored_bytes += c.table.bases_bytes();
+  out.stored_bytes += c.bases_bytes;
 }
 
 /// Decodes a layer into `dst` (one buffer per part, shaped like the source); false on a bad slot.
@@ -153,9 +189,8 @@ void set_counters(benchmark::State& state, const Corpus& c, size_t stored_bytes)
   state.counters["ratio"] = static_cast<double>(c.bf16_bytes) / static_cast<double>(stored_bytes);
 }
 
-void BM_GaacEncode(benchmark::State& state, Backend backend) {
+void BM_GaacEncode(benchmark::State& state, const Corpus& c, Backend backend) {
   if (skip_unavailable(state, backend)) return;
-  const Corpus& c = corpus(static_cast<int>(state.range(0)));
   Encoded encoded;
   for (auto _ : state) {
     encode_layer(c, backend, encoded);
@@ -171,9 +206,8 @@ void BM_GaacEncode(benchmark::State& state, Backend backend) {
   state.counters["fit"] = static_cast<double>(fitting) / static_cast<double>(tiles);
 }
 
-void BM_GaacDecode(benchmark::State& state, Backend backend) {
+void BM_GaacDecode(benchmark::State& state, const Corpus& c, Backend backend) {
   if (skip_unavailable(state, backend)) return;
-  const Corpus& c = corpus(static_cast<int>(state.range(0)));
   Encoded encoded;
   encode_layer(c, Backend::scalar, encoded);
   std::vector<std::vector<uint16_t>> decoded;
@@ -210,8 +244,7 @@ void general_decompress(General codec, const std::vector<char>& src, size_t comp
   }
 }
 
-void BM_GeneralCompress(benchmark::State& state, General codec) {
-  const Corpus& c = corpus(static_cast<int>(state.range(0)));
+void BM_GeneralCompress(benchmark::State& state, const Corpus& c, General codec) {
   std::unique_ptr<ZSTD_CCtx, decltype(&ZSTD_freeCCtx)> cctx(ZSTD_createCCtx(), ZSTD_freeCCtx);
   std::vector<std::vector<char>> out(c.parts.size());
   size_t stored = 0;
@@ -227,8 +260,7 @@ void BM_GeneralCompress(benchmark::State& state, General codec) {
   set_counters(state, c, stored);
 }
 
-void BM_GeneralDecompress(benchmark::State& state, General codec) {
-  const Corpus& c = corpus(static_cast<int>(state.range(0)));
+void BM_GeneralDecompress(benchmark::State& state, const Corpus& c, General codec) {
   std::unique_ptr<ZSTD_CCtx, decltype(&ZSTD_freeCCtx)> cctx(ZSTD_createCCtx(), ZSTD_freeCCtx);
   std::unique_ptr<ZSTD_DCtx, decltype(&ZSTD_freeDCtx)> dctx(ZSTD_createDCtx(), ZSTD_freeDCtx);
   std::vector<std::vector<char>> compressed(c.parts.size());
@@ -254,19 +286,35 @@ void BM_GeneralDecompress(benchmark::State& state, General codec) {
   set_counters(state, c, stored);
 }
 
-void head_dims(benchmark::internal::Benchmark* b) { b->ArgName("head_dim")->Arg(128)->Arg(64)->Unit(benchmark::kMicrosecond); }
-
-BENCHMARK_CAPTURE(BM_GaacEncode, scalar, Backend::scalar)->Apply(head_dims);
-BENCHMARK_CAPTURE(BM_GaacEncode, avx2, Backend::avx2)->Apply(head_dims);
-BENCHMARK_CAPTURE(BM_GaacDecode, scalar, Backend::scalar)->Apply(head_dims);
-BENCHMARK_CAPTURE(BM_GaacDecode, avx2, Backend::avx2)->Apply(head_dims);
-BENCHMARK_CAPTURE(BM_GeneralCompress, zstd1, General::zstd1)->Apply(head_dims);
-BENCHMARK_CAPTURE(BM_GeneralCompress, zstd3, General::zstd3)->Apply(head_dims);
-BENCHMARK_CAPTURE(BM_GeneralCompress, lz4, General::lz4)->Apply(head_dims);
-BENCHMARK_CAPTURE(BM_GeneralDecompress, zstd1, General::zstd1)->Apply(head_dims);
-BENCHMARK_CAPTURE(BM_GeneralDecompress, zstd3, General::zstd3)->Apply(head_dims);
-BENCHMARK_CAPTURE(BM_GeneralDecompress, lz4, General::lz4)->Apply(head_dims);
-
 }  // namespace
 
-BENCHMARK_MAIN();
+int main(int argc, char** argv) {
+  benchmark::Initialize(&argc, argv);
+  // Corpora live until the end of main; benchmarks are registered per corpus, named after it.
+  std::vector<std::pair<std::string, std::unique_ptr<Corpus>>> corpora;
+  corpora.emplace_back("synthetic_hd128", synthetic_corpus(128));
+  corpora.emplace_back("synthetic_hd64", synthetic_corpus(64));
+  for (const std::string model : {"smollm2", "gemma3"}) {
+    if (auto c = real_corpus(model, SIZE_MAX)) corpora.emplace_back(model, std::move(c));
+    if (auto c = real_corpus(model, kLayerBf16Bytes)) corpora.emplace_back(model + "_early", std::move(c));
+  }
+  const std::pair<const char*, Backend> backends[] = {{"scalar", Backend::scalar}, {"avx2", Backend::avx2}};
+  const std::pair<const char*, General> generals[] = {{"zstd1", General::zstd1}, {"zstd3", General::zstd3}, {"lz4", General::lz4}};
+  const auto add = [](const std::string& name, auto fn) {
+    benchmark::RegisterBenchmark(name.c_str(), fn)->Unit(benchmark::kMicrosecond);
+  };
+  for (const auto& [name, corpus] : corpora) {
+    const Corpus& c = *corpus;
+    for (const auto& [backend_name, backend] : backends) {
+      add("encode/gaac_" + std::string(backend_name) + "/" + name, [&c, backend](benchmark::State& s) { BM_GaacEncode(s, c, backend); });
+      add("decode/gaac_" + std::string(backend_name) + "/" + name, [&c, backend](benchmark::State& s) { BM_GaacDecode(s, c, backend); });
+    }
+    for (const auto& [codec_name, codec] : generals) {
+      add("encode/" + std::string(codec_name) + "/" + name, [&c, codec](benchmark::State& s) { BM_GeneralCompress(s, c, codec); });
+      add("decode/" + std::string(codec_name) + "/" + name, [&c, codec](benchmark::State& s) { BM_GeneralDecompress(s, c, codec); });
+    }
+  }
+  benchmark::RunSpecifiedBenchmarks();
+  benchmark::Shutdown();
+  return 0;
+}

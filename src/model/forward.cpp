@@ -89,7 +89,7 @@ std::vector<float> Session::forward(std::span<const Token> tokens, bool all_logi
 
     // Causal attention over the cache (sliding layers see the last `sliding_window` positions).
     pool_.parallel_for(T * c.heads, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> scratch(2 * static_cast<size_t>(hd));
+      std::vector<float> scratch;
       for (int64_t job = begin; job < end; ++job) {
         const int64_t t = job / c.heads;
         const int head = static_cast<int>(job % c.heads), kv = head / group;
@@ -103,7 +103,7 @@ std::vector<float> Session::forward(std::span<const Token> tokens, bool all_logi
         query.first = sliding ? std::max(0, pos - c.sliding_window + 1) : 0;
         query.last = pos;
         query.scale = scale;
-        ops::attend(query, &attn[rows(t, q_width) + static_cast<size_t>(head) * hd], scratch.data());
+        ops::attend(query, &attn[rows(t, q_width) + static_cast<size_t>(head) * hd], scratch);
       }
     });
 

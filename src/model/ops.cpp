@@ -103,7 +103,7 @@ void swiglu(float* gate, const float* up, size_t n) {
   portable::swiglu(gate, up, n);
 }
 
-void attend(const AttentionQuery& query, float* out, float* scratch) {
+void attend(const AttentionQuery& query, float* out, std::vector<float>& scratch) {
   if (use_avx2()) return avx2::attend(query, out, scratch);
   portable::attend(query, out, scratch);
 }
@@ -135,10 +135,11 @@ float dot_bf16(const uint16_t* k, const float* q, int n) {
 
 }  // namespace
 
-void attend(const AttentionQuery& query, float* out, float* scratch) {
+void attend(const AttentionQuery& query, float* out, std::vector<float>& scratch) {
   const int hd = query.head_dim;
-  float* q = scratch;
-  float* acc = scratch + hd;
+  scratch.resize(2 * static_cast<size_t>(hd));
+  float* q = scratch.data();
+  float* acc = q + hd;
   for (int i = 0; i < hd; ++i) {
     q[i] = bf16_to_float(float_to_bf16(query.q[i]));
     acc[i] = 0.0f;

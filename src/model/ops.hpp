@@ -22,11 +22,14 @@
 // Validated end to end: the engine's logits equal llama.cpp's bit for bit on 512 positions of both
 // models (docs/results.md).
 // Every function has a portable scalar version and an AVX2+FMA version that returns the same bits;
-// the fast one is used when the CPU has it.
+// the fast one is used when the CPU has it. The AVX2 attention computes all scores first, then the
+// exponentials eight at a time (the C library's expf algorithm, reproduced bit for bit and checked
+// against the library at start-up), then folds the V rows with the accumulators in registers.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <vector>
 
 namespace gaac::model::ops {
 
@@ -58,13 +61,13 @@ struct AttentionQuery {
 };
 
 /// out[0..head_dim) = softmax(scale · Q·Kᵀ) · V over positions first..last (an empty range gives
-/// zeros). `scratch` must hold 2·head_dim elements; it is overwritten.
-void attend(const AttentionQuery& query, float* out, float* scratch);
+/// zeros). `scratch` is working memory, resized as needed (reuse it across calls).
+void attend(const AttentionQuery& query, float* out, std::vector<float>& scratch);
 
 /// The scalar versions, always available: same results bit for bit (tests compare them).
 namespace portable {
 void swiglu(float* gate, const float* up, size_t n);
-void attend(const AttentionQuery& query, float* out, float* scratch);
+void attend(const AttentionQuery& query, float* out, std::vector<float>& scratch);
 }  // namespace portable
 
 }  // namespace gaac::model::ops

@@ -2,7 +2,9 @@
 // lanes at a time. Built with -ffp-contract=off so that only the fused multiply-adds written here fuse.
 #include "model/ops_avx2.hpp"
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
 
 #include "gaac/bf16.hpp"
 
@@ -54,6 +56,87 @@ float hsum(__m256 v) {
   return _mm_cvtss_f32(s);
 }
 
+// expf as the C library computes it (glibc ≥ 2.28 on x86-64 with FMA, the variant it selects on
+// such CPUs; the same code as Arm optimized-routines): e^x = 2^(k/32) · p(r) in double, with a 32-entry
+// table of 2^(i/32), then rounded to float once. Exact agreement with the library's expf was checked on
+// every float in [−103.97, 0] (1.12·10⁹ inputs); at run time a sample check decides whether this
+// library is the same, else the library's expf is called instead (exp_matches_library).
+struct ExpTable {
+  alignas(32) uint64_t bits[32];
+  ExpTable() {
+    for (int i = 0; i < 32; ++i) {
+      bits[i] = std::bit_cast<uint64_t>(std::exp2(static_cast<double>(i) / 32)) - (static_cast<uint64_t>(i) << 52) / 32;
+    }
+  }
+};
+const ExpTable kExpTable;
+
+/// Eight expf results; lanes with |x| ≥ 88 or NaN (the library's special cases) call the library.
+__m256 exp_like_library(__m256 x) {
+  const __m256d inv_ln2_n = _mm256_set1_pd(0x1.71547652b82fep0 * 32), shift = _mm256_set1_pd(0x1.8p+52);
+  const __m256d c0 = _mm256_set1_pd(0x1.c6af84b912394p-5 / 32 / 32 / 32), c1 = _mm256_set1_pd(0x1.ebfce50fac4f3p-3 / 32 / 32);
+  const __m256d c2 = _mm256_set1_pd(0x1.62e42ff0c52d6p-1 / 32), one = _mm256_set1_pd(1.0);
+  const auto half = [&](__m128 xf) {
+    const __m256d xd = _mm256_cvtps_pd(xf);
+    __m256d kd = _mm256_fmadd_pd(inv_ln2_n, xd, shift);
+    const __m256i ki = _mm256_castpd_si256(kd);
+    kd = _mm256_sub_pd(kd, shift);
+    const __m256d r = _mm256_fmsub_pd(inv_ln2_n, xd, kd);
+    const __m256i t = _mm256_add_epi64(
+        _mm256_i64gather_epi64(reinterpret_cast<const long long*>(kExpTable.bits), _mm256_and_si256(ki, _mm256_set1_epi64x(31)), 8),
+        _mm256_slli_epi64(ki, 47));
+    const __m256d z = _mm256_fmadd_pd(c0, r, c1);
+    const __m256d r2 = _mm256_mul_pd(r, r);
+    __m256d y = _mm256_fmadd_pd(c2, r, one);
+    y = _mm256_fmadd_pd(z, r2, y);
+    return _mm256_cvtpd_ps(_mm256_mul_pd(y, _mm256_castsi256_pd(t)));
+  };
+  __m256 result = _mm256_set_m128(half(_mm256_extractf128_ps(x, 1)), half(_mm256_castps256_ps128(x)));
+  // |x| ≥ 88 (or NaN, infinity): the library's own path.
+  const __m256 special = _mm256_cmp_ps(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), x), _mm256_set1_ps(88.0f), _CMP_NLT_UQ);
+  if (const int mask = _mm256_movemask_ps(special)) {
+    alignas(32) float in[8], out[8];
+    _mm256_store_ps(in, x);
+    _mm256_store_ps(out, result);
+    for (int i = 0; i < 8; ++i) {
+      if (mask & (1 << i)) out[i] = std::exp(in[i]);
+    }
+    result = _mm256_load_ps(out);
+  }
+  return result;
+}
+
+/// Whether exp_like_library returns the C library's expf bits, on a sample across its range.
+bool exp_matches_library() {
+  alignas(32) float in[8], out[8];
+  for (uint32_t bits = 0x80000000u; bits < 0xC2D00000u; bits += 0x8000u * 8 + 12345) {
+    for (int i = 0; i < 8; ++i) in[i] = std::bit_cast<float>(bits + static_cast<uint32_t>(i) * 0x8000u);
+    _mm256_store_ps(out, exp_like_library(_mm256_load_ps(in)));
+    for (int i = 0; i < 8; ++i) {
+      if (std::bit_cast<uint32_t>(out[i]) != std::bit_cast<uint32_t>(std::exp(in[i]))) return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+bool exp_vectorised() {
+  static const bool vector = exp_matches_library();
+  return vector;
+}
+
+void exp_in_place(float* x, size_t n) {
+  size_t i = 0;
+  if (exp_vectorised()) {
+    for (; i + 8 <= n; i += 8) _mm256_storeu_ps(x + i, exp_like_library(_mm256_loadu_ps(x + i)));
+  }
+  for (; i < n; ++i) x[i] = std::exp(x[i]);
+}
+
+namespace {
+
+
 /// K·Q with Q already rounded to BF16 and widened: four 8-lane accumulators, multiply then add.
 float dot_bf16(const uint16_t* k, const float* q, int n) {
   __m256 c1 = _mm256_setzero_ps(), c2 = c1, c3 = c1, c4 = c1;
@@ -67,6 +150,23 @@ float dot_bf16(const uint16_t* k, const float* q, int n) {
   double sum = hsum(_mm256_add_ps(_mm256_add_ps(c1, c3), _mm256_add_ps(c2, c4)));
   for (; i < n; ++i) sum += static_cast<double>(bf16_to_float(k[i]) * q[i]);
   return static_cast<float>(sum);
+}
+
+/// Folds `n` V rows into kVectors·8 accumulators held in registers: for each position j, acc·ms[j]
+/// (skipped when ms[j] is 1, which changes no bit), then fma(v, vs[j], acc).
+template <int kVectors>
+void fold_chunk(const uint16_t* v, size_t stride, size_t n, const float* ms, const float* vs, float* acc) {
+  __m256 a[kVectors];
+  for (int k = 0; k < kVectors; ++k) a[k] = _mm256_loadu_ps(acc + 8 * k);
+  for (size_t j = 0; j < n; ++j, v += stride) {
+    if (ms[j] != 1.0f) {
+      const __m256 r = _mm256_set1_ps(ms[j]);
+      for (int k = 0; k < kVectors; ++k) a[k] = _mm256_mul_ps(a[k], r);
+    }
+    const __m256 w = _mm256_set1_ps(vs[j]);
+    for (int k = 0; k < kVectors; ++k) a[k] = _mm256_fmadd_ps(load_bf16(v + 8 * k), w, a[k]);
+  }
+  for (int k = 0; k < kVectors; ++k) _mm256_storeu_ps(acc + 8 * k, a[k]);
 }
 
 bool cpu_ok() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
@@ -88,49 +188,85 @@ void swiglu(float* gate, const float* up, size_t n) {
   if (i < n) portable::swiglu(gate + i, up + i, n - i);
 }
 
-void attend(const AttentionQuery& query, float* out, float* scratch) {
+void attend(const AttentionQuery& query, float* out, std::vector<float>& scratch) {
+  // The portable version's arithmetic in four passes: every score; the running maximum and with it
+  // each exponential's argument; the exponentials, eight at a time; then the fold of the V rows in
+  // position order. Every value is computed by the same operations on the same operands.
   const int hd = query.head_dim;
-  float* q = scratch;
-  float* acc = scratch + hd;
+  const size_t n = query.last >= query.first ? static_cast<size_t>(query.last - query.first + 1) : 0;
+  scratch.resize(2 * static_cast<size_t>(hd) + 2 * n);
+  float* q = scratch.data();
+  float* acc = q + hd;
+  float* scores = acc + hd;
+  float* e = scores + n;
   for (int i = 0; i < hd; ++i) {
     q[i] = bf16_to_float(float_to_bf16(query.q[i]));
     acc[i] = 0.0f;
   }
-  const int vector_end = hd / 8 * 8;
-  float max = -INFINITY, sum = 0.0f;
-  for (int p = query.first; p <= query.last; ++p) {
-    const size_t at = static_cast<size_t>(p) * query.stride;
-    const float s = dot_bf16(query.keys + at, q, hd) * query.scale;
-    float rescale = 1.0f, weight = 1.0f;
+  const uint16_t* keys = query.keys + static_cast<size_t>(query.first) * query.stride;
+  const uint16_t* values = query.values + static_cast<size_t>(query.first) * query.stride;
+  for (size_t j = 0; j < n; ++j) scores[j] = dot_bf16(keys + j * query.stride, q, hd) * query.scale;
+
+  // A score above the running maximum rescales what came before by e^(max − s) and weighs its own V
+  // row by 1; any other score weighs its row by e^(s − max).
+  float max = -INFINITY;
+  for (size_t j = 0; j < n; ++j) {
+    const float s = scores[j];
     if (s > max) {
-      rescale = std::exp(max - s);
+      e[j] = max - s;
       max = s;
-      const __m256 r = _mm256_set1_ps(rescale);
-      int i = 0;
-      for (; i < vector_end; i += 8) _mm256_storeu_ps(acc + i, _mm256_mul_ps(_mm256_loadu_ps(acc + i), r));
-      for (; i < hd; ++i) acc[i] *= rescale;
     } else {
-      weight = std::exp(s - max);
+      e[j] = s - max;
     }
-    const uint16_t* v = query.values + at;
-    const __m256 w = _mm256_set1_ps(weight);
-    int i = 0;
-    for (; i < vector_end; i += 8) _mm256_storeu_ps(acc + i, _mm256_fmadd_ps(load_bf16(v + i), w, _mm256_loadu_ps(acc + i)));
-    for (; i < hd; ++i) acc[i] = std::fma(bf16_to_float(v[i]), weight, acc[i]);
-    sum = std::fma(sum, rescale, weight);  // S·ms + vs, contracted in ggml's build
   }
+  exp_in_place(e, n);
+
+  // Per position: the factor ms applied to the accumulator first (1 unless the maximum rose) and the
+  // weight vs of its V row; then the sum S = S·ms + vs, contracted in ggml's build.
+  float* weights = scores;  // the scores are no longer needed once read below; reuse them for vs
+  float sum = 0.0f;
+  max = -INFINITY;
+  for (size_t j = 0; j < n; ++j) {
+    float rescale = 1.0f, weight = 1.0f;
+    if (scores[j] > max) {
+      max = scores[j];
+      rescale = e[j];
+    } else {
+      weight = e[j];
+    }
+    e[j] = rescale;
+    weights[j] = weight;
+    sum = std::fma(sum, rescale, weight);
+  }
+
+  // The fold acc = acc·ms + v·vs (the multiply-add fused, as ggml's), 64 channels at a time kept in
+  // registers across all positions.
+  int i = 0;
+  for (; i + 64 <= hd; i += 64) fold_chunk<8>(values + i, query.stride, n, e, weights, acc + i);
+  for (; i + 8 <= hd; i += 8) fold_chunk<1>(values + i, query.stride, n, e, weights, acc + i);
+  for (; i < hd; ++i) {
+    for (size_t j = 0; j < n; ++j) {
+      acc[i] *= e[j];
+      acc[i] = std::fma(bf16_to_float(values[j * query.stride + static_cast<size_t>(i)]), weights[j], acc[i]);
+    }
+  }
+
   const float inverse = sum == 0.0f ? 0.0f : 1.0f / sum;
   const __m256 inv = _mm256_set1_ps(inverse);
-  int i = 0;
-  for (; i < vector_end; i += 8) _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_loadu_ps(acc + i), inv));
+  i = 0;
+  for (; i + 8 <= hd; i += 8) _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_loadu_ps(acc + i), inv));
   for (; i < hd; ++i) out[i] = acc[i] * inverse;
 }
 
 #else  // no AVX2 code in this build
 
 bool available() { return false; }
+bool exp_vectorised() { return false; }
+void exp_in_place(float* x, size_t n) {
+  for (size_t i = 0; i < n; ++i) x[i] = std::exp(x[i]);
+}
 void swiglu(float* gate, const float* up, size_t n) { portable::swiglu(gate, up, n); }
-void attend(const AttentionQuery& query, float* out, float* scratch) { portable::attend(query, out, scratch); }
+void attend(const AttentionQuery& query, float* out, std::vector<float>& scratch) { portable::attend(query, out, scratch); }
 
 #endif
 

@@ -46,6 +46,28 @@ TEST(Ops, ExpPolynomialIsWithinTwoUlpsOfExp) {
   EXPECT_EQ(exp_polynomial(-INFINITY), 0.0f);
 }
 
+TEST(Ops, VectorExpMatchesTheCLibraryBitForBit) {
+  // Every 1,031st float from −0 down to below the underflow threshold, then the special values.
+  std::vector<float> x;
+  for (uint32_t bits = 0x80000000u; bits < 0xC2E00000u; bits += 1031) x.push_back(std::bit_cast<float>(bits));
+  for (float v : {0.0f, -0.0f, -INFINITY, INFINITY, NAN, -87.99f, -88.0f, -88.5f, -103.5f, -104.0f, -150.0f, 1e-30f,
+                  -1e-30f, -1e-45f, 0.5f, 1.0f, 10.0f, 88.5f}) {
+    x.push_back(v);
+  }
+#if defined(__GLIBC__) && defined(__x86_64__)
+  // glibc's expf is the algorithm the vector version reproduces: the start-up check must accept it.
+  if (avx2::available()) {
+    EXPECT_TRUE(avx2::exp_vectorised());
+  }
+#endif
+  std::vector<float> got = x;
+  avx2::exp_in_place(got.data(), got.size());
+  for (size_t i = 0; i < x.size(); ++i) {
+    const float want = std::exp(x[i]);
+    ASSERT_TRUE(same_bits(got[i], want) || (std::isnan(got[i]) && std::isnan(want))) << "x = " << x[i];
+  }
+}
+
 TEST(Ops, Avx2SwigluMatchesPortableBitForBit) {
   if (!avx2::available()) GTEST_SKIP() << "no AVX2/FMA on this CPU";
   // Ordinary activations, the polynomial's large-exponent branches (|x| > 126·ln 2 and > 192·ln 2),
@@ -163,15 +185,15 @@ TEST(Ops, AttentionMatchesSoftmaxAndAvx2MatchesPortable) {
     const auto q = random_floats(static_cast<size_t>(c.head_dim), 1.0f, 9);
     AttentionQuery query{q.data(), keys.data(), values.data(), c.stride, c.head_dim, c.first, c.positions - 1,
                          1.0f / std::sqrt(static_cast<float>(c.head_dim))};
-    std::vector<float> scratch(2 * static_cast<size_t>(c.head_dim));
+    std::vector<float> scratch;
     std::vector<float> portable_out(static_cast<size_t>(c.head_dim)), avx2_out(portable_out.size());
-    portable::attend(query, portable_out.data(), scratch.data());
+    portable::attend(query, portable_out.data(), scratch);
     const std::vector<double> want = attention_in_double(query);
     for (size_t i = 0; i < want.size(); ++i) {
       ASSERT_NEAR(portable_out[i], want[i], 1e-5 * (1.0 + std::fabs(want[i]))) << "head_dim " << c.head_dim << " i " << i;
     }
     if (!avx2::available()) continue;
-    avx2::attend(query, avx2_out.data(), scratch.data());
+    avx2::attend(query, avx2_out.data(), scratch);
     for (size_t i = 0; i < want.size(); ++i) {
       ASSERT_TRUE(same_bits(portable_out[i], avx2_out[i])) << "head_dim " << c.head_dim << " i " << i;
     }
@@ -183,8 +205,8 @@ TEST(Ops, AttentionOverOnePositionReturnsItsValue) {
   const auto values = random_bf16(64, 1.0f, 11);
   const auto q = random_floats(64, 1.0f, 12);
   AttentionQuery query{q.data(), keys.data(), values.data(), 64, 64, 0, 0, 0.125f};
-  std::vector<float> scratch(128), out(64);
-  attend(query, out.data(), scratch.data());
+  std::vector<float> scratch, out(64);
+  attend(query, out.data(), scratch);
   for (int i = 0; i < 64; ++i) EXPECT_EQ(out[static_cast<size_t>(i)], bf16_to_float(values[static_cast<size_t>(i)]));
 }
 

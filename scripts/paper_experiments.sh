@@ -39,6 +39,8 @@ for model in smollm2 gemma3; do
   echo "### $name"
   echo "Table 1 (prose B, windows from prose A):"
   $tables table1 "$name" $model-prose2-cross.json $global
+  echo "Table 1, per layer (K: entropy, ratio, 3/4/raw %; V: the same):"
+  $tables layers "$name" $model-prose2-cross.json
   echo "Table 3:"
   $tables table3 "$name, prose A" $model-gpl-cross.json $model-gpl-oracle.json
   $tables table3 "$name, prose B" $model-prose2-cross.json $model-prose2-oracle.json

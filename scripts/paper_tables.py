@@ -5,6 +5,8 @@
       exponent entropy, ratio and mode split for K, V and the total (and sliding vs global layers)
   paper_tables.py table3 NAME CROSS.json ORACLE.json
       calibration transfer: mode split and ratio with windows from another text vs from the text itself
+  paper_tables.py layers MODEL STATS.json
+      Table 1 per layer: K and V entropy, ratio and mode split of every layer
   paper_tables.py capacity MODEL STATS.json
       the escape-slot capacities calibration chose (range over layers, K and V) and the resident figures
 """
@@ -53,6 +55,17 @@ def table3(name, cross, oracle):
           f"{100 * cm['raw']:.2f} | {100 * om['raw']:.2f} | {c['ratio']:.3f} | {o['ratio']:.3f} |")
 
 
+def layers(model, path):
+    s = json.load(open(path))
+    for layer in s["layers"]:
+        cells = []
+        for k in ("k", "v"):
+            t = layer[k]
+            m = t["modes"]
+            cells.append(f"{t['exponent_entropy_bits']:.2f} | {t['ratio']:.3f} | {100 * m['3bit']:.1f} / {100 * m['4bit']:.1f} / {100 * m['raw']:.2f}")
+        print(f"| {model} | {layer['layer']} | {cells[0]} | {cells[1]} |")
+
+
 def capacity(model, path):
     s = json.load(open(path))
     for k in ("k", "v"):
@@ -71,6 +84,8 @@ if __name__ == "__main__":
         table1(sys.argv[2], sys.argv[3], gl)
     elif sys.argv[1] == "table3":
         table3(sys.argv[2], sys.argv[3], sys.argv[4])
+    elif sys.argv[1] == "layers":
+        layers(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "capacity":
         capacity(sys.argv[2], sys.argv[3])
     else:

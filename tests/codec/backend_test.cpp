@@ -15,15 +15,10 @@ namespace {
 
 using test::bf16_bits;
 using test::TileCase;
+using test::uniform_bases_tile;
 
 std::string describe(TileShape shape) {
   return std::string(shape.kind == TensorKind::key ? "key" : "value") + " " + std::to_string(shape.channels);
-}
-
-TileCase uniform_bases_tile(TileShape shape, int b3, int b4) {
-  return {shape, std::vector<uint16_t>(static_cast<size_t>(shape.elements())),
-          std::vector<uint8_t>(static_cast<size_t>(shape.channels), static_cast<uint8_t>(b3)),
-          std::vector<uint8_t>(static_cast<size_t>(shape.channels), static_cast<uint8_t>(b4))};
 }
 
 /// Every capacity a slot may have, from 0 to the largest.
@@ -93,15 +88,8 @@ TEST_F(Avx2Backend, EveryBf16PatternInEveryShape) {
   for (const TileShape shape : test::all_shapes()) {
     for (const auto& bp : base_pairs) {
       TileCase tile = uniform_bases_tile(shape, bp[0], bp[1]);
-      const int per_tile = shape.groups() / 2;
       for (uint32_t next = 0; next < 65536;) {
-        for (size_t i = 0; i < tile.elements.size(); ++i) tile.elements[i] = bf16_bits(int(i & 1), bp[0] + int(i % 8), int(i));
-        for (int k = 0; k < per_tile; ++k, ++next) {
-          const int lane = (2 * k) / shape.groups_per_lane();
-          const int pair = (2 * k) % shape.groups_per_lane();
-          const ElementSlot at = element_slot(shape, lane, 2 * pair + k % 2, k % 4);
-          tile.elements[static_cast<size_t>(at.token) * shape.channels + at.channel] = static_cast<uint16_t>(next);
-        }
+        next = test::fill_pattern_tile(tile, next);
         check(tile, shape.max_slot_capacity(), static_cast<size_t>(shape.channels));
         if (HasFatalFailure() || HasNonfatalFailure()) return;
       }

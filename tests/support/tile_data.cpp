@@ -12,6 +12,26 @@ uint16_t bf16_bits(int sign, int exponent, int mantissa) {
   return static_cast<uint16_t>((sign & 1) << 15 | (exponent & 0xFF) << 7 | (mantissa & 0x7F));
 }
 
+TileCase uniform_bases_tile(TileShape shape, int b3, int b4) {
+  return {shape, std::vector<uint16_t>(static_cast<size_t>(shape.elements())),
+          std::vector<uint8_t>(static_cast<size_t>(shape.channels), static_cast<uint8_t>(b3)),
+          std::vector<uint8_t>(static_cast<size_t>(shape.channels), static_cast<uint8_t>(b4))};
+}
+
+uint32_t fill_pattern_tile(TileCase& tile, uint32_t first) {
+  const TileShape shape = tile.shape;
+  const int b3 = tile.b3.front();
+  for (size_t i = 0; i < tile.elements.size(); ++i) tile.elements[i] = bf16_bits(int(i & 1), b3 + int(i % 8), int(i));
+  uint32_t next = first;
+  for (int k = 0; k < shape.groups() / 2; ++k, ++next) {
+    const int lane = (2 * k) / shape.groups_per_lane();
+    const int pair = (2 * k) % shape.groups_per_lane();
+    const ElementSlot at = element_slot(shape, lane, 2 * pair + k % 2, k % 4);
+    tile.elements[static_cast<size_t>(at.token) * shape.channels + at.channel] = static_cast<uint16_t>(next);
+  }
+  return next;
+}
+
 TileCase random_tile(TileShape shape, std::mt19937_64& rng, double p3, double p4) {
   TileCase tile{shape, std::vector<uint16_t>(static_cast<size_t>(shape.elements())),
                 std::vector<uint8_t>(static_cast<size_t>(shape.channels)),

@@ -25,6 +25,15 @@ std::vector<TileShape> all_shapes();
 /// Builds a BF16 value with the given sign, exponent and mantissa.
 uint16_t bf16_bits(int sign, int exponent, int mantissa);
 
+/// A tile of zeros whose every channel has bases b3 and b4.
+TileCase uniform_bases_tile(TileShape shape, int b3, int b4);
+
+/// Fills `tile` with BF16 patterns `first`, `first` + 1, ... (as many as it has groups / 2), one in
+/// every other group so that the escapes of the raw groups they force still fit the largest slot; the
+/// other elements lie inside the 3-bit window of the tile's b3 (channel 0's). Returns the next pattern:
+/// from 0 until 65,536, successive tiles cover ±0, subnormals, ±Inf and every NaN payload.
+uint32_t fill_pattern_tile(TileCase& tile, uint32_t first);
+
 /// Random tile whose exponents fall in the 3-bit window with probability p3, else in the 4-bit
 /// window with probability p4, else anywhere; signs and mantissas uniform.
 TileCase random_tile(TileShape shape, std::mt19937_64& rng, double p3, double p4);

@@ -85,6 +85,9 @@ class Calibrator {
   /// Bases from the histograms so far: per channel, the length-8 and length-16 exponent windows
   /// covering the most values (lowest base on ties). Capacities are left at each shape's maximum.
   CalibrationTable choose_windows() const;
+  /// The base of the `width`-long window of one channel from the histograms so far, as
+  /// choose_windows picks them (best_exponent_window); any width, for studies of other mode widths.
+  uint8_t window_base(TensorKind kind, int layer, int head, int channel, int width) const;
 
   /// Pass 2: records the escape bytes every complete tile of `dump` needs under `table`'s bases.
   void add_escape_sizes(const KvDump& dump, const CalibrationTable& table, const Progress& progress = {});

@@ -98,6 +98,13 @@ CalibrationTable Calibrator::choose_windows() const {
   return table;
 }
 
+uint8_t Calibrator::window_base(TensorKind kind, int layer, int head, int channel, int width) const {
+  if (layer < 0 || layer >= layers_ || head < 0 || head >= kv_heads_ || channel < 0 || channel >= head_dim_) {
+    throw Error("window_base: layer, head or channel outside the calibration's geometry");
+  }
+  return best_exponent_window(histogram(kind, layer, head, channel), width);
+}
+
 void Calibrator::add_escape_sizes(const KvDump& dump, const CalibrationTable& table, const Progress& progress) {
   table.check_matches(dump);
   validate_dump(dump);

@@ -10,7 +10,6 @@
 namespace gaac {
 namespace {
 
-constexpr int kExponents = 256;
 constexpr TensorKind kKinds[] = {TensorKind::key, TensorKind::value};
 
 const KvTensor& tensor_of(const KvLayer& layer, TensorKind kind) { return kind == TensorKind::key ? layer.k : layer.v; }
@@ -26,28 +25,18 @@ using Bases = std::array<std::vector<uint8_t>, 2>;
 
 std::vector<Bases> choose_bases(std::span<const KvDump* const> dumps, std::span<const int> window_bits) {
   const KvDump& first = *dumps.front();
-  const size_t channels = first.layers.size() * static_cast<size_t>(first.kv_heads()) * static_cast<size_t>(first.head_dim());
-  std::array<std::vector<uint32_t>, 2> histograms;
-  for (auto& h : histograms) h.assign(channels * kExponents, 0);
-  for (const KvDump* dump : dumps) {
-    check_same_geometry(first, *dump);
-    for (size_t k = 0; k < 2; ++k) {
-      for (size_t l = 0; l < dump->layers.size(); ++l) {
-        const KvTensor& t = tensor_of(dump->layers[l], kKinds[k]);
-        const size_t row = static_cast<size_t>(t.kv_heads) * static_cast<size_t>(t.head_dim);
-        for (size_t i = 0; i < t.data.size(); ++i) {
-          ++histograms[k][(l * row + i % row) * kExponents + bf16_exponent(t.data[i])];
-        }
-      }
-    }
-  }
+  const auto layers = static_cast<int>(first.layers.size());
+  const int heads = first.kv_heads(), head_dim = first.head_dim();
+  Calibrator calibrator(layers, heads, head_dim);
+  for (const KvDump* dump : dumps) calibrator.add_exponents(*dump);
   std::vector<Bases> bases(window_bits.size());
   for (size_t w = 0; w < window_bits.size(); ++w) {
     for (size_t k = 0; k < 2; ++k) {
-      bases[w][k].resize(channels);
-      for (size_t c = 0; c < channels; ++c) {
-        const std::span<const uint32_t> counts(&histograms[k][c * kExponents], kExponents);
-        bases[w][k][c] = best_exponent_window(counts, 1 << window_bits[w]);
+      std::vector<uint8_t>& b = bases[w][k];
+      for (int l = 0; l < layers; ++l) {
+        for (int h = 0; h < heads; ++h) {
+          for (int c = 0; c < head_dim; ++c) b.push_back(calibrator.window_base(kKinds[k], l, h, c, 1 << window_bits[w]));
+        }
       }
     }
   }

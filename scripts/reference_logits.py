@@ -11,9 +11,13 @@ llama-cpp-python==0.3.36 numpy`) with a BF16 KV cache. Nothing of llama.cpp is p
       n_tokens × vocab, for `gaac validate --reference OUT.f32`.
   reference_logits.py greedy MODEL.gguf TOKENS.txt N
       prints the first N greedy (arg-max) continuation token ids of the token ids in TOKENS.txt.
+  reference_logits.py prefill MODEL.gguf TOKENS.txt
+      times llama.cpp's prefill of the token ids with its own defaults (micro-batches of 512, weights
+      repacked where it does so), as the peer of `gaac capture` in docs/performance.md.
 """
 
 import sys
+import time
 
 import numpy as np
 import llama_cpp.llama_cpp as llama_cpp  # the bindings module the Llama class reads its defaults from
@@ -35,12 +39,17 @@ def _plain_weight_params(default_params=llama_cpp.llama_model_default_params):
     return params
 
 
-llama_cpp.llama_model_default_params = _plain_weight_params
-
-
-def load(model, n_ctx):
-    return Llama(model_path=model, n_ctx=n_ctx, n_batch=MICRO_BATCH, n_ubatch=MICRO_BATCH, logits_all=True, n_threads=2, verbose=False,
-                 type_k=GGML_TYPE_BF16, type_v=GGML_TYPE_BF16, flash_attn=True)
+def load(model, n_ctx, exact=True):
+    """llama.cpp with a BF16 KV cache and flash attention; `exact`: on ggml's plain kernels (see above)."""
+    default_params = llama_cpp.llama_model_default_params
+    if exact:
+        llama_cpp.llama_model_default_params = lambda: _plain_weight_params(default_params)
+    try:
+        batch = MICRO_BATCH if exact else 512
+        return Llama(model_path=model, n_ctx=n_ctx, n_batch=batch, n_ubatch=batch, logits_all=exact, n_threads=2,
+                     verbose=False, type_k=GGML_TYPE_BF16, type_v=GGML_TYPE_BF16, flash_attn=True)
+    finally:
+        llama_cpp.llama_model_default_params = default_params
 
 
 def read_tokens(path):
@@ -67,6 +76,12 @@ def main():
             out.append(nxt)
             llm.eval([nxt])
         print(" ".join(map(str, out)))
+    elif mode == "prefill":
+        llm = load(model, len(tokens) + 8, exact=False)
+        start = time.time()
+        llm.eval(tokens)
+        seconds = time.time() - start
+        print(f"llama.cpp prefill: {len(tokens)} tokens in {seconds:.1f} s ({len(tokens) / seconds:.0f} tokens/s)")
     else:
         sys.exit(__doc__)
 

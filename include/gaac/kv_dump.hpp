@@ -6,6 +6,8 @@
 #include <string>
 #include <vector>
 
+#include "gaac/format.hpp"
+
 namespace gaac {
 
 /// One cached tensor: `[tokens, kv_heads, head_dim]` BF16 bit patterns, row-major (head_dim fastest).
@@ -27,6 +29,10 @@ struct KvTensor {
 struct KvLayer {
   KvTensor k;
   KvTensor v;
+
+  /// K or V.
+  const KvTensor& of(TensorKind kind) const { return kind == TensorKind::key ? k : v; }
+  KvTensor& of(TensorKind kind) { return kind == TensorKind::key ? k : v; }
 };
 
 /// A whole KV dump (the `k.<layer>` / `v.<layer>` tensors of a safetensors file, docs/format.md).

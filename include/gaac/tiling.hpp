@@ -6,7 +6,7 @@
 #include <cstdint>
 
 #include "gaac/format.hpp"
-#include "gaac/kv_dump.hpp"
+#include "gaac/tensor_view.hpp"
 
 namespace gaac {
 
@@ -22,11 +22,12 @@ constexpr int tiles_per_head(int head_dim) { return head_dim > kMaxTileChannels 
 constexpr int full_blocks(int tokens) { return tokens / kTileTokens; }
 
 /// Tiles in the complete blocks of a tensor, in storage order (block, then head, then half).
-constexpr size_t tile_count(const KvTensor& t) {
-  return static_cast<size_t>(full_blocks(t.tokens)) * t.kv_heads * tiles_per_head(t.head_dim);
+template <class E>
+constexpr size_t tile_count(const BasicKvView<E>& t) {
+  return static_cast<size_t>(full_blocks(t.tokens)) * t.heads * tiles_per_head(t.head_dim);
 }
 
-/// Position of tile `index` (storage order) of a tensor.
+/// Position of one tile in a tensor.
 struct TilePosition {
   int block;
   int head;
@@ -34,20 +35,18 @@ struct TilePosition {
 };
 
 /// Inverse of the storage order: which block, head and half tile `index` covers.
-constexpr TilePosition tile_position(const KvTensor& t, size_t index) {
+template <class E>
+constexpr TilePosition tile_position(const BasicKvView<E>& t, size_t index) {
   const auto per_head = static_cast<size_t>(tiles_per_head(t.head_dim));
-  const auto per_block = per_head * static_cast<size_t>(t.kv_heads);
+  const auto per_block = per_head * static_cast<size_t>(t.heads);
   return {static_cast<int>(index / per_block), static_cast<int>(index % per_block / per_head),
           static_cast<int>(index % per_head)};
 }
 
-/// Distance in elements between consecutive tokens of a tensor.
-constexpr size_t token_stride(const KvTensor& t) { return static_cast<size_t>(t.kv_heads) * t.head_dim; }
-
-/// Offset (in elements) of a tile's token 0, channel 0 inside the tensor's data.
-constexpr size_t tile_origin(const KvTensor& t, TilePosition p) {
-  return static_cast<size_t>(p.block) * kTileTokens * token_stride(t) + static_cast<size_t>(p.head) * t.head_dim +
-         static_cast<size_t>(p.half) * kMaxTileChannels;
+/// Token 0, channel 0 of a tile; its rows are `t.token_stride` elements apart.
+template <class E>
+constexpr E* tile_origin(const BasicKvView<E>& t, TilePosition p) {
+  return t.at(p.block * kTileTokens, p.head) + static_cast<size_t>(p.half) * kMaxTileChannels;
 }
 
 }  // namespace gaac

@@ -4,7 +4,7 @@
 
 #include "gaac/calibration.hpp"
 #include "gaac/error.hpp"
-#include "gaac/tiling.hpp"
+#include "gaac/codec_plan.hpp"
 
 namespace gaac {
 namespace {
@@ -12,7 +12,6 @@ namespace {
 constexpr int kExponents = 256;
 
 size_t kind_index(TensorKind kind) { return kind == TensorKind::key ? 0 : 1; }
-const KvTensor& tensor_of(const KvLayer& layer, TensorKind kind) { return kind == TensorKind::key ? layer.k : layer.v; }
 
 }  // namespace
 
@@ -63,10 +62,10 @@ void Calibrator::add_exponents(const KvDump& dump, const Progress& progress) {
   validate_dump(dump);
   for (int l = 0; l < layers_; ++l) {
     for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
-      const KvTensor& t = tensor_of(dump.layers[static_cast<size_t>(l)], kind);
+      const KvTensor& t = dump.layers[static_cast<size_t>(l)].of(kind);
       // Histograms of one layer are contiguous: [head][channel][256], indexed by token-row position.
       uint32_t* counts = histogram(kind, l, 0, 0).data();
-      const size_t row = token_stride(t);
+      const size_t row = view_of(t).token_stride;
       for (int token = 0; token < t.tokens; ++token) {
         const uint16_t* x = t.data.data() + static_cast<size_t>(token) * row;
         for (size_t i = 0; i < row; ++i) ++counts[i * kExponents + bf16_exponent(x[i])];
@@ -108,19 +107,13 @@ uint8_t Calibrator::window_base(TensorKind kind, int layer, int head, int channe
 void Calibrator::add_escape_sizes(const KvDump& dump, const CalibrationTable& table, const Progress& progress) {
   table.check_matches(dump);
   validate_dump(dump);
-  std::vector<uint8_t> slot;
+  // The largest capacity makes every tile's escape size exact.
+  const CodecPlans measuring(table, tile_shape_for(TensorKind::key, head_dim_).max_slot_capacity());
   for (int l = 0; l < layers_; ++l) {
     for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
-      const KvTensor& t = tensor_of(dump.layers[static_cast<size_t>(l)], kind);
-      const TileShape shape = tile_shape_for(kind, head_dim_);
-      slot.resize(shape.slot_bytes(shape.max_slot_capacity()));
       auto counts = escape_histogram(kind, l);
-      for (size_t i = 0; i < tile_count(t); ++i) {
-        const TilePosition p = tile_position(t, i);
-        const TileEncoding enc = encode_tile(shape, t.data.data() + tile_origin(t, p), token_stride(t),
-                                             table.tile_bases(kind, l, p.head, p.half), shape.max_slot_capacity(), slot);
-        ++counts[enc.escape_bytes];
-      }
+      encode_each_tile(view_of(dump.layers[static_cast<size_t>(l)].of(kind)), measuring.tensor_plans(kind, l),
+                       [&](size_t, TilePosition, const TileEncoding& enc, auto) { ++counts[enc.escape_bytes]; });
     }
     if (progress) progress(static_cast<size_t>(l) + 1, static_cast<size_t>(layers_));
   }

@@ -2,34 +2,33 @@
 
 #include <cmath>
 
-#include "gaac/tiling.hpp"
+#include "gaac/codec_plan.hpp"
 
 namespace gaac {
 namespace {
 
 double safe_div(double a, double b) { return b == 0 ? 0.0 : a / b; }
 
-TensorStats measure_tensor(const KvTensor& t, TensorKind kind, int layer, const CalibrationTable& table) {
+/// `measuring`: plans with the largest capacity, so every escape size is exact; the fit is then
+/// judged against the table's capacity.
+TensorStats measure_tensor(const KvTensor& t, TensorKind kind, int layer, const CalibrationTable& table,
+                           const CodecPlans& measuring) {
   TensorStats s;
   const TileShape shape = tile_shape_for(kind, t.head_dim);
   const size_t capacity = table.escape_capacity(kind, layer);
   s.elements = t.elements();
   for (const uint16_t x : t.data) ++s.exponents[bf16_exponent(x)];
-  s.tiles = tile_count(t);
+  const KvView view = view_of(t);
+  s.tiles = tile_count(view);
   s.tail_elements = s.elements - s.tiles * static_cast<uint64_t>(shape.elements());
-  std::vector<uint8_t> slot(shape.slot_bytes(shape.max_slot_capacity()));
-  for (size_t i = 0; i < s.tiles; ++i) {
-    const TilePosition p = tile_position(t, i);
-    // Encode against the largest capacity so the exact escape size is known, then judge the fit.
-    const TileEncoding enc = encode_tile(shape, t.data.data() + tile_origin(t, p), token_stride(t),
-                                         table.tile_bases(kind, layer, p.head, p.half), shape.max_slot_capacity(), slot);
+  encode_each_tile(view, measuring.tensor_plans(kind, layer), [&](size_t, TilePosition, const TileEncoding& enc, auto) {
     for (size_t m = 0; m < 3; ++m) s.groups[m] += enc.groups_by_mode[m];
     s.escape_bytes += enc.escape_bytes;
     s.codec_bytes += shape.fixed_bytes() + enc.escape_bytes;
     const bool fits = enc.escape_bytes <= capacity;
     if (!fits) ++s.fallback_tiles;
     s.resident_bytes += (fits ? shape.slot_bytes(capacity) : shape.raw_bytes()) + kBlockTableEntryBytes;
-  }
+  });
   s.codec_bytes += 2 * s.tail_elements;
   s.resident_bytes += 2 * s.tail_elements;
   return s;
@@ -80,10 +79,11 @@ DumpStats measure(const KvDump& dump, const CalibrationTable& table, const Progr
   table.check_matches(dump);
   validate_dump(dump);
   DumpStats stats;
+  const CodecPlans measuring(table, tile_shape_for(TensorKind::key, table.head_dim()).max_slot_capacity());
   for (size_t l = 0; l < dump.layers.size(); ++l) {
     LayerStats ls;
-    ls.k = measure_tensor(dump.layers[l].k, TensorKind::key, static_cast<int>(l), table);
-    ls.v = measure_tensor(dump.layers[l].v, TensorKind::value, static_cast<int>(l), table);
+    ls.k = measure_tensor(dump.layers[l].k, TensorKind::key, static_cast<int>(l), table, measuring);
+    ls.v = measure_tensor(dump.layers[l].v, TensorKind::value, static_cast<int>(l), table, measuring);
     stats.k_total.add(ls.k);
     stats.v_total.add(ls.v);
     stats.layers.push_back(ls);

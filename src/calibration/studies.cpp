@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "gaac/codec.hpp"
+#include "gaac/codec_plan.hpp"
 #include "gaac/error.hpp"
 #include "gaac/format.hpp"
 #include "gaac/tiling.hpp"
@@ -12,7 +12,6 @@ namespace {
 
 constexpr TensorKind kKinds[] = {TensorKind::key, TensorKind::value};
 
-const KvTensor& tensor_of(const KvLayer& layer, TensorKind kind) { return kind == TensorKind::key ? layer.k : layer.v; }
 
 void check_same_geometry(const KvDump& a, const KvDump& b) {
   if (a.layers.size() != b.layers.size() || a.kv_heads() != b.kv_heads() || a.head_dim() != b.head_dim()) {
@@ -73,10 +72,10 @@ std::vector<ModeSchemeResult> compare_mode_schemes(std::span<const KvDump* const
   for (size_t k = 0; k < 2; ++k) {
     const TileShape shape = tile_shape_for(kKinds[k], head_dim);
     for (size_t l = 0; l < evaluated.layers.size(); ++l) {
-      const KvTensor& t = tensor_of(evaluated.layers[l], kKinds[k]);
+      const KvView t = view_of(evaluated.layers[l].of(kKinds[k]));
       for (size_t tile = 0; tile < tile_count(t); ++tile) {
         const TilePosition p = tile_position(t, tile);
-        const uint16_t* origin = t.data.data() + tile_origin(t, p);
+        const uint16_t* origin = tile_origin(t, p);
         const size_t channel0 = (l * static_cast<size_t>(heads) + static_cast<size_t>(p.head)) * static_cast<size_t>(head_dim) +
                                 static_cast<size_t>(p.half) * kMaxTileChannels;
         for (int lane = 0; lane < kWarpLanes; ++lane) {
@@ -85,7 +84,7 @@ std::vector<ModeSchemeResult> compare_mode_schemes(std::span<const KvDump* const
             size_t channels[kGroupSize];
             for (int e = 0; e < kGroupSize; ++e) {
               const ElementSlot slot = element_slot(shape, lane, 2 * g + e / kQuadSize, e % kQuadSize);
-              exponents[e] = bf16_exponent(origin[static_cast<size_t>(slot.token) * token_stride(t) + slot.channel]);
+              exponents[e] = bf16_exponent(origin[static_cast<size_t>(slot.token) * t.token_stride + slot.channel]);
               channels[e] = channel0 + slot.channel;
             }
             const auto fits = [&](int bits) {
@@ -145,21 +144,18 @@ std::vector<SegmentEscapes> escape_bytes_by_segment(const KvDump& dump, const Ca
       tiles[static_cast<size_t>(s)][k].assign(series, 0);
     }
   }
+  // The largest capacity makes every tile's escape size exact, whatever the table's capacity.
+  const CodecPlans measuring(table, tile_shape_for(TensorKind::key, table.head_dim()).max_slot_capacity());
   for (size_t k = 0; k < 2; ++k) {
-    const TileShape shape = tile_shape_for(kKinds[k], dump.head_dim());
-    std::vector<uint8_t> slot(shape.slot_bytes(shape.max_slot_capacity()));
     for (size_t l = 0; l < dump.layers.size(); ++l) {
-      const KvTensor& t = tensor_of(dump.layers[l], kKinds[k]);
-      for (size_t tile = 0; tile < tile_count(t); ++tile) {
-        const TilePosition p = tile_position(t, tile);
-        const TileEncoding e = encode_tile(shape, t.data.data() + tile_origin(t, p), token_stride(t),
-                                           table.tile_bases(kKinds[k], static_cast<int>(l), p.head, p.half),
-                                           shape.max_slot_capacity(), slot);  // escape_bytes is exact whatever the fit
-        const auto segment = static_cast<size_t>(p.block / blocks_per_segment);
-        const size_t index = l * static_cast<size_t>(heads) + static_cast<size_t>(p.head);
-        out[segment].mean_escape_bytes[k][index] += e.escape_bytes;
-        ++tiles[segment][k][index];
-      }
+      const auto layer = static_cast<int>(l);
+      encode_each_tile(view_of(dump.layers[l].of(kKinds[k])), measuring.tensor_plans(kKinds[k], layer),
+                       [&](size_t, TilePosition p, const TileEncoding& e, auto) {
+                         const auto segment = static_cast<size_t>(p.block / blocks_per_segment);
+                         const size_t index = l * static_cast<size_t>(heads) + static_cast<size_t>(p.head);
+                         out[segment].mean_escape_bytes[k][index] += e.escape_bytes;
+                         ++tiles[segment][k][index];
+                       });
     }
   }
   for (size_t s = 0; s < out.size(); ++s) {

@@ -1,9 +1,10 @@
-// Argument checking and backend selection for the public tile codec entry points.
+// Backend selection, and the single-tile entry points (a plan of one tile).
 #include <algorithm>
 #include <string>
 
+#include "codec/kernels.hpp"
+#include "gaac/codec_plan.hpp"
 #include "gaac/error.hpp"
-#include "kernels.hpp"
 
 namespace gaac {
 namespace {
@@ -14,25 +15,6 @@ bool cpu_has_avx2_and_bmi2() {
 #else
   return false;
 #endif
-}
-
-Backend resolve(Backend backend) {
-  if (backend == Backend::automatic) return best_backend();
-  if (!backend_available(backend)) throw Error(std::string("backend not available on this machine: ") + to_string(backend));
-  return backend;
-}
-
-void check_arguments(TileShape shape, const TileBases& bases, size_t escape_capacity, size_t slot_size) {
-  if (!shape.valid()) throw Error("tile width must be 64 or 128 channels, got " + std::to_string(shape.channels));
-  if (escape_capacity % kSlotAlignment != 0 || escape_capacity > shape.max_slot_capacity()) {
-    throw Error("escape capacity " + std::to_string(escape_capacity) + " is not a multiple of 16 in [0, " +
-                std::to_string(shape.max_slot_capacity()) + "]");
-  }
-  if (slot_size < shape.slot_bytes(escape_capacity)) {
-    throw Error("slot of " + std::to_string(slot_size) + " bytes is smaller than " +
-                std::to_string(shape.slot_bytes(escape_capacity)));
-  }
-  if (!validate_bases(shape, bases)) throw Error("exponent bases missing or outside their valid range");
 }
 
 }  // namespace
@@ -84,18 +66,24 @@ Backend best_backend() {
 
 TileEncoding encode_tile(TileShape shape, const uint16_t* src, size_t row_stride, const TileBases& bases,
                          size_t escape_capacity, std::span<uint8_t> slot, Backend backend) {
-  check_arguments(shape, bases, escape_capacity, slot.size());
+  const TilePlan plan(shape, bases, escape_capacity, backend);
+  if (slot.size() < plan.slot_bytes()) {
+    throw Error("slot of " + std::to_string(slot.size()) + " bytes is smaller than " + std::to_string(plan.slot_bytes()));
+  }
   if (row_stride < static_cast<size_t>(shape.channels)) throw Error("row stride shorter than the tile width");
-  if (resolve(backend) == Backend::avx2) return avx2::encode_tile(shape, src, row_stride, bases, escape_capacity, slot.data());
-  return reference::encode_tile(shape, src, row_stride, bases, escape_capacity, slot.data());
+  TileEncoding result;
+  plan.encode_blocks(src, row_stride, 0, 1, slot.data(), 0, &result);
+  return result;
 }
 
 DecodeStatus decode_tile(TileShape shape, std::span<const uint8_t> slot, size_t escape_capacity, const TileBases& bases,
                          uint16_t* dst, size_t row_stride, Backend backend) {
-  check_arguments(shape, bases, escape_capacity, slot.size());
+  const TilePlan plan(shape, bases, escape_capacity, backend);
+  if (slot.size() < plan.slot_bytes()) {
+    throw Error("slot of " + std::to_string(slot.size()) + " bytes is smaller than " + std::to_string(plan.slot_bytes()));
+  }
   if (row_stride < static_cast<size_t>(shape.channels)) throw Error("row stride shorter than the tile width");
-  if (resolve(backend) == Backend::avx2) return avx2::decode_tile(shape, slot.data(), escape_capacity, bases, dst, row_stride);
-  return reference::decode_tile(shape, slot.data(), escape_capacity, bases, dst, row_stride);
+  return plan.decode_blocks(slot.data(), 0, 1, dst, row_stride, 0).status;
 }
 
 }  // namespace gaac

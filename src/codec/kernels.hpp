@@ -1,25 +1,34 @@
-// Backend entry points behind the dispatching encode_tile / decode_tile. Arguments are already
-// validated by the dispatcher; each backend must produce exactly the reference's bytes and values.
+// The backends behind TilePlan. Each offers, per tile shape, a way to prepare the bases in its own
+// order and to encode and decode one tile with them. Arguments are validated by TilePlan; every
+// backend must produce exactly the reference's bytes, values and statuses.
 #pragma once
 
 #include "gaac/codec.hpp"
 
+namespace gaac::detail {
+
+/// One backend's kernels for one tile shape.
+struct ShapeKernels {
+  /// Writes the bases in the backend's order into `prepared` (TilePlan::kPreparedBytes, 64-aligned).
+  void (*prepare)(const TileBases& bases, uint8_t* prepared);
+  /// Encodes the tile at `src` (rows `row_stride` apart) into `slot`.
+  TileEncoding (*encode)(const uint8_t* prepared, const uint16_t* src, size_t row_stride, size_t capacity,
+                         uint8_t* slot);
+  /// Decodes `slot` into the tile at `dst`.
+  DecodeStatus (*decode)(const uint8_t* prepared, const uint8_t* slot, size_t capacity, uint16_t* dst,
+                         size_t row_stride);
+};
+
+}  // namespace gaac::detail
+
 namespace gaac::reference {
-/// Scalar reference encoder: follows docs/format.md element by element.
-TileEncoding encode_tile(TileShape shape, const uint16_t* src, size_t row_stride, const TileBases& bases,
-                         size_t escape_capacity, uint8_t* slot);
-/// Scalar reference decoder.
-DecodeStatus decode_tile(TileShape shape, const uint8_t* slot, size_t escape_capacity, const TileBases& bases,
-                         uint16_t* dst, size_t row_stride);
+/// The scalar reference's kernels: follows docs/format.md element by element.
+detail::ShapeKernels kernels(TileShape shape);
 }  // namespace gaac::reference
 
 namespace gaac::avx2 {
 /// True when this binary was built with the AVX2 path (x86-64 with a compiler that supports it).
 bool compiled();
-/// AVX2 encoder; only call when the CPU supports AVX2.
-TileEncoding encode_tile(TileShape shape, const uint16_t* src, size_t row_stride, const TileBases& bases,
-                         size_t escape_capacity, uint8_t* slot);
-/// AVX2 decoder; only call when the CPU supports AVX2.
-DecodeStatus decode_tile(TileShape shape, const uint8_t* slot, size_t escape_capacity, const TileBases& bases,
-                         uint16_t* dst, size_t row_stride);
+/// The AVX2 kernels; only call them when the CPU supports AVX2 and BMI2.
+detail::ShapeKernels kernels(TileShape shape);
 }  // namespace gaac::avx2

@@ -4,7 +4,8 @@
 #include <cstring>
 #include <vector>
 
-#include "kernels.hpp"
+#include "codec/kernels.hpp"
+#include "codec/shape_dispatch.hpp"
 
 namespace gaac::reference {
 namespace {
@@ -56,8 +57,6 @@ uint32_t get_code(TileShape shape, const uint32_t* words, int quad, int byte) {
   if (where.high_word >= 0) code |= ((words[where.high_word] >> (8 * byte + where.high_shift)) & 1u) << 2;
   return code;
 }
-
-}  // namespace
 
 TileEncoding encode_tile(TileShape shape, const uint16_t* src, size_t row_stride, const TileBases& bases,
                          size_t escape_capacity, uint8_t* slot) {
@@ -151,6 +150,30 @@ DecodeStatus decode_tile(TileShape shape, const uint8_t* slot, size_t escape_cap
     if (escapes[i] != 0) return DecodeStatus::nonzero_padding;
   }
   return DecodeStatus::ok;
+}
+
+/// Prepared bases of the reference: b3 of every channel, then b4.
+template <int Channels>
+TileBases unprepare(const uint8_t* prepared) {
+  return {{prepared, Channels}, {prepared + Channels, Channels}};
+}
+
+}  // namespace
+
+detail::ShapeKernels kernels(TileShape shape) {
+  return detail::dispatch_shape(shape, []<TensorKind Kind, int Channels>() {
+    return detail::ShapeKernels{
+        [](const TileBases& bases, uint8_t* prepared) {
+          std::memcpy(prepared, bases.b3.data(), Channels);
+          std::memcpy(prepared + Channels, bases.b4.data(), Channels);
+        },
+        [](const uint8_t* prepared, const uint16_t* src, size_t row_stride, size_t capacity, uint8_t* slot) {
+          return encode_tile(TileShape{Kind, Channels}, src, row_stride, unprepare<Channels>(prepared), capacity, slot);
+        },
+        [](const uint8_t* prepared, const uint8_t* slot, size_t capacity, uint16_t* dst, size_t row_stride) {
+          return decode_tile(TileShape{Kind, Channels}, slot, capacity, unprepare<Channels>(prepared), dst, row_stride);
+        }};
+  });
 }
 
 }  // namespace gaac::reference

@@ -16,7 +16,9 @@
 // The permutation is a fixed network of shuffles per tensor kind. Each intermediate state is a
 // Layout (which bit of an element's fragment index sits at which bit of its byte position), and the
 // shuffle controls are derived from those layouts at compile time.
-#include "kernels.hpp"
+#include "codec/kernels.hpp"
+#include "codec/shape_dispatch.hpp"
+#include "gaac/codec_plan.hpp"
 
 #if defined(__AVX2__)
 
@@ -25,6 +27,8 @@
 #include <algorithm>
 #include <array>
 #include <cstring>
+#include <new>
+#include <type_traits>
 
 namespace gaac::avx2 {
 namespace {
@@ -936,16 +940,14 @@ void patch_escaped_groups(const uint8_t* slot, const DecodeBases<G>& bases, cons
 template <class G>
 constexpr EscapeRows<G> kNoEscapes{};
 
-template <TensorKind Kind, int Channels>
-DecodeStatus decode(const uint8_t* slot, size_t capacity, const TileBases& bases, uint16_t* dst, size_t stride) {
-  using G = Geometry<Kind, Channels>;
+template <class G>
+DecodeStatus decode(const uint8_t* slot, size_t capacity, const DecodeBases<G>& decode_bases, uint16_t* dst, size_t stride) {
   const uint8_t* tags = slot + G::kShape.tag_offset();
   const uint8_t* escapes = slot + G::kShape.escape_offset();
   TagRows<G> rows;
   const DecodeStatus status = scan_tags(tags, escapes, capacity, rows);
   if (status != DecodeStatus::ok) return status;
 
-  const DecodeBases<G> decode_bases(bases);
   EscapeRows<G> escape_rows;
   if (rows.used != 0) find_escape_rows(tags, escapes, rows, escape_rows);
   const Exponents<G> exponents(slot + G::kShape.code_offset(), decode_bases, rows.used != 0 ? escape_rows : kNoEscapes<G>);
@@ -1050,10 +1052,8 @@ TileEncoding write_tags_and_escapes(const uint8_t* offsets, const uint8_t* modes
   return result;
 }
 
-template <TensorKind Kind, int Channels>
-TileEncoding encode(const uint16_t* src, size_t stride, const TileBases& bases, size_t capacity, uint8_t* slot) {
-  using G = Geometry<Kind, Channels>;
-  const FragmentBases<G> fragment_bases(bases);
+template <class G>
+TileEncoding encode(const uint16_t* src, size_t stride, const FragmentBases<G>& fragment_bases, size_t capacity, uint8_t* slot) {
   alignas(32) uint8_t offsets[G::kElements];
   alignas(8) uint8_t modes[G::kGroups];
   read_rows(src, stride, fragment_bases, slot, offsets, modes);
@@ -1062,28 +1062,33 @@ TileEncoding encode(const uint16_t* src, size_t stride, const TileBases& bases, 
                                    slot + G::kShape.escape_offset());
 }
 
+/// The prepared bases of a tile shape: the decoder's and the encoder's forms, side by side.
+template <class G>
+struct PreparedBases {
+  DecodeBases<G> decode;
+  FragmentBases<G> encode;
+  explicit PreparedBases(const TileBases& bases) : decode(bases), encode(bases) {}
+};
+
 }  // namespace
 
 bool compiled() { return true; }
 
-TileEncoding encode_tile(TileShape shape, const uint16_t* src, size_t row_stride, const TileBases& bases,
-                         size_t escape_capacity, uint8_t* slot) {
-  if (shape.kind == TensorKind::key) {
-    return shape.channels == 64 ? encode<TensorKind::key, 64>(src, row_stride, bases, escape_capacity, slot)
-                                : encode<TensorKind::key, 128>(src, row_stride, bases, escape_capacity, slot);
-  }
-  return shape.channels == 64 ? encode<TensorKind::value, 64>(src, row_stride, bases, escape_capacity, slot)
-                              : encode<TensorKind::value, 128>(src, row_stride, bases, escape_capacity, slot);
-}
-
-DecodeStatus decode_tile(TileShape shape, const uint8_t* slot, size_t escape_capacity, const TileBases& bases,
-                         uint16_t* dst, size_t row_stride) {
-  if (shape.kind == TensorKind::key) {
-    return shape.channels == 64 ? decode<TensorKind::key, 64>(slot, escape_capacity, bases, dst, row_stride)
-                                : decode<TensorKind::key, 128>(slot, escape_capacity, bases, dst, row_stride);
-  }
-  return shape.channels == 64 ? decode<TensorKind::value, 64>(slot, escape_capacity, bases, dst, row_stride)
-                              : decode<TensorKind::value, 128>(slot, escape_capacity, bases, dst, row_stride);
+detail::ShapeKernels kernels(TileShape shape) {
+  return detail::dispatch_shape(shape, []<TensorKind Kind, int Channels>() {
+    using G = Geometry<Kind, Channels>;
+    using Prepared = PreparedBases<G>;
+    static_assert(sizeof(Prepared) <= TilePlan::kPreparedBytes && alignof(Prepared) <= 64);
+    static_assert(std::is_trivially_copyable_v<Prepared> && std::is_trivially_destructible_v<Prepared>);
+    return detail::ShapeKernels{
+        [](const TileBases& bases, uint8_t* prepared) { new (prepared) Prepared(bases); },
+        [](const uint8_t* prepared, const uint16_t* src, size_t row_stride, size_t capacity, uint8_t* slot) {
+          return encode<G>(src, row_stride, std::launder(reinterpret_cast<const Prepared*>(prepared))->encode, capacity, slot);
+        },
+        [](const uint8_t* prepared, const uint8_t* slot, size_t capacity, uint16_t* dst, size_t row_stride) {
+          return decode<G>(slot, capacity, std::launder(reinterpret_cast<const Prepared*>(prepared))->decode, dst, row_stride);
+        }};
+  });
 }
 
 }  // namespace gaac::avx2
@@ -1092,14 +1097,7 @@ DecodeStatus decode_tile(TileShape shape, const uint8_t* slot, size_t escape_cap
 
 namespace gaac::avx2 {
 bool compiled() { return false; }
-TileEncoding encode_tile(TileShape shape, const uint16_t* src, size_t row_stride, const TileBases& bases,
-                         size_t escape_capacity, uint8_t* slot) {
-  return reference::encode_tile(shape, src, row_stride, bases, escape_capacity, slot);
-}
-DecodeStatus decode_tile(TileShape shape, const uint8_t* slot, size_t escape_capacity, const TileBases& bases,
-                         uint16_t* dst, size_t row_stride) {
-  return reference::decode_tile(shape, slot, escape_capacity, bases, dst, row_stride);
-}
+detail::ShapeKernels kernels(TileShape shape) { return reference::kernels(shape); }
 }  // namespace gaac::avx2
 
 #endif

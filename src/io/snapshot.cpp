@@ -12,7 +12,7 @@
 #include <string>
 
 #include "gaac/error.hpp"
-#include "gaac/tiling.hpp"
+#include "gaac/codec_plan.hpp"
 #include "io/files.hpp"
 
 namespace gaac {
@@ -33,8 +33,6 @@ constexpr int64_t kMaxKvHeads = 4096;
 constexpr int64_t kMaxTokens = int64_t{1} << 31;
 
 const char* kind_name(TensorKind kind) { return kind == TensorKind::key ? "K" : "V"; }
-const KvTensor& tensor_of(const KvLayer& l, TensorKind kind) { return kind == TensorKind::key ? l.k : l.v; }
-KvTensor& tensor_of(KvLayer& l, TensorKind kind) { return kind == TensorKind::key ? l.k : l.v; }
 
 void put_u16(std::vector<uint8_t>& out, uint16_t v) {
   for (int i = 0; i < 2; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
@@ -101,28 +99,22 @@ std::vector<uint8_t> calibration_section(const CalibrationTable& c) {
   return out;
 }
 
-std::vector<uint8_t> tensor_section(const KvTensor& t, TensorKind kind, int layer, const CalibrationTable& c) {
-  const TileShape shape = tile_shape_for(kind, t.head_dim);
-  const size_t capacity = c.escape_capacity(kind, layer);
-  const size_t tiles = tile_count(t);
-  std::vector<uint8_t> out(storage_map_bytes(tiles), 0);
-  std::vector<uint8_t> slot(shape.slot_bytes(capacity));
-  for (size_t i = 0; i < tiles; ++i) {
-    const TilePosition p = tile_position(t, i);
-    const uint16_t* origin = t.data.data() + tile_origin(t, p);
-    const TileEncoding enc =
-        encode_tile(shape, origin, token_stride(t), c.tile_bases(kind, layer, p.head, p.half), capacity, slot);
+std::vector<uint8_t> tensor_section(const KvTensor& tensor, std::span<const TilePlan> plans) {
+  const KvView t = view_of(tensor);
+  std::vector<uint8_t> out(storage_map_bytes(tile_count(t)), 0);
+  encode_each_tile(t, plans, [&](size_t i, TilePosition p, const TileEncoding& enc, std::span<const uint8_t> slot) {
     if (enc.fits) {
       out.insert(out.end(), slot.begin(), slot.end());
     } else {
       out[i] = kStoredRaw;
+      const uint16_t* origin = tile_origin(t, p);
       for (int row = 0; row < kTileTokens; ++row) {
-        put_bf16(out, origin + static_cast<size_t>(row) * token_stride(t), static_cast<size_t>(shape.channels));
+        put_bf16(out, origin + static_cast<size_t>(row) * t.token_stride, static_cast<size_t>(plans[0].shape().channels));
       }
     }
-  }
-  const size_t tail_from = static_cast<size_t>(full_blocks(t.tokens)) * kTileTokens * token_stride(t);
-  put_bf16(out, t.data.data() + tail_from, t.data.size() - tail_from);
+  });
+  const size_t tail_from = static_cast<size_t>(full_blocks(t.tokens)) * kTileTokens * t.token_stride;
+  put_bf16(out, tensor.data.data() + tail_from, tensor.data.size() - tail_from);
   return out;
 }
 
@@ -133,10 +125,11 @@ std::vector<Section> build_sections(const KvDump& dump, const CalibrationTable& 
   std::vector<Section> sections;
   sections.push_back({kMetadataSection, 0, metadata_section(dump, calibration)});
   sections.push_back({kCalibrationSection, 0, calibration_section(calibration)});
+  const CodecPlans plans(calibration);
   for (size_t l = 0; l < dump.layers.size(); ++l) {
     for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
       sections.push_back({kTensorSection, static_cast<uint32_t>(2 * l + (kind == TensorKind::key ? 0 : 1)),
-                          tensor_section(tensor_of(dump.layers[l], kind), kind, static_cast<int>(l), calibration)});
+                          tensor_section(dump.layers[l].of(kind), plans.tensor_plans(kind, static_cast<int>(l)))});
     }
     if (progress) progress(l + 1, dump.layers.size());
   }
@@ -323,11 +316,12 @@ CalibrationTable read_calibration(const Reader& r, std::span<const uint8_t> byte
 }
 
 void read_tensor(const Reader& r, std::span<const uint8_t> bytes, KvTensor& t, TensorKind kind, int layer,
-                 const CalibrationTable& c) {
+                 const CodecPlans& plans) {
   const std::string where = "layer " + std::to_string(layer) + " " + kind_name(kind);
   const TileShape shape = tile_shape_for(kind, t.head_dim);
-  const size_t capacity = c.escape_capacity(kind, layer);
-  const size_t tiles = tile_count(t);
+  const std::span<const TilePlan> tensor_plans = plans.tensor_plans(kind, layer);
+  const size_t capacity = tensor_plans.front().escape_capacity();
+  const size_t tiles = tile_count(view_of(t));
   const size_t map_bytes = storage_map_bytes(tiles);
   if (bytes.size() < map_bytes) r.fail(where + ": section shorter than its storage map");
   size_t raw_tiles = 0;
@@ -345,14 +339,17 @@ void read_tensor(const Reader& r, std::span<const uint8_t> bytes, KvTensor& t, T
     r.fail(where + ": section is " + std::to_string(bytes.size()) + " bytes, its tiles need " + std::to_string(expected));
   }
   t.data.assign(t.elements(), 0);  // only now: the size check bounds the allocation by the file size
+  const MutableKvView view = mutable_view_of(t);
+  const int halves = tiles_per_head(t.head_dim);
   size_t at = map_bytes;
   for (size_t i = 0; i < tiles; ++i) {
-    const TilePosition p = tile_position(t, i);
-    uint16_t* origin = t.data.data() + tile_origin(t, p);
+    const TilePosition p = tile_position(view, i);
+    uint16_t* origin = tile_origin(view, p);
     if (bytes[i] == kStoredSlot) {
       const auto slot = bytes.subspan(at, shape.slot_bytes(capacity));
-      const DecodeStatus status =
-          decode_tile(shape, slot, capacity, c.tile_bases(kind, layer, p.head, p.half), origin, token_stride(t));
+      const DecodeStatus status = tensor_plans[static_cast<size_t>(p.head * halves + p.half)]
+                                      .decode_blocks(slot.data(), 0, 1, origin, view.token_stride, 0)
+                                      .status;
       if (status != DecodeStatus::ok) {
         r.fail(where + ": tile " + std::to_string(i) + " (block " + std::to_string(p.block) + ", head " +
                std::to_string(p.head) + "): " + to_string(status));
@@ -361,7 +358,7 @@ void read_tensor(const Reader& r, std::span<const uint8_t> bytes, KvTensor& t, T
     } else {
       for (int row = 0; row < kTileTokens; ++row) {
         for (int ch = 0; ch < shape.channels; ++ch, at += 2) {
-          origin[static_cast<size_t>(row) * token_stride(t) + ch] = static_cast<uint16_t>(get_le(&bytes[at], 2));
+          origin[static_cast<size_t>(row) * view.token_stride + ch] = static_cast<uint16_t>(get_le(&bytes[at], 2));
         }
       }
     }
@@ -402,13 +399,13 @@ Snapshot parse_snapshot(std::span<const uint8_t> image, const std::string& label
   snapshot.calibration.metadata() = std::move(metadata.calibration_metadata);
   const size_t layers = snapshot.dump.layers.size();
   if (sections.size() != 2 + 2 * layers) reader.fail("expected one section per layer and K/V");
+  const CodecPlans plans(snapshot.calibration);
   for (size_t l = 0; l < layers; ++l) {
     for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
       const size_t index = 2 * l + (kind == TensorKind::key ? 0 : 1);
       const SectionRef& s = sections[2 + index];
       if (s.type != kTensorSection || s.index != index) reader.fail("tensor sections out of order");
-      read_tensor(reader, s.bytes, tensor_of(snapshot.dump.layers[l], kind), kind, static_cast<int>(l),
-                  snapshot.calibration);
+      read_tensor(reader, s.bytes, snapshot.dump.layers[l].of(kind), kind, static_cast<int>(l), plans);
     }
     if (progress) progress(l + 1, layers);
   }

@@ -1,0 +1,150 @@
+// TilePlan and CodecPlans: validation at construction, batched coding equal to tile-by-tile coding
+// with the scalar reference, and decode_blocks stopping at the first bad slot.
+#include <gtest/gtest.h>
+
+#include <random>
+#include <vector>
+
+#include "gaac/codec_plan.hpp"
+#include "gaac/error.hpp"
+#include "gaac/synthetic.hpp"
+#include "support/tile_data.hpp"
+
+namespace gaac {
+namespace {
+
+std::vector<Backend> available_backends() {
+  std::vector<Backend> out{Backend::scalar};
+  if (backend_available(Backend::avx2)) out.push_back(Backend::avx2);
+  return out;
+}
+
+TEST(TilePlan, RejectsBadArguments) {
+  const test::TileCase ok = test::uniform_bases_tile({TensorKind::key, 128}, 120, 116);
+  EXPECT_THROW(TilePlan({TensorKind::key, 96}, ok.bases(), 0), Error);
+  EXPECT_THROW(TilePlan(ok.shape, ok.bases(), 8), Error);                                      // not a multiple of 16
+  EXPECT_THROW(TilePlan(ok.shape, ok.bases(), ok.shape.max_slot_capacity() + 16), Error);    // too large
+  test::TileCase bad = ok;
+  bad.b3[5] = kMaxBase3 + 1;
+  EXPECT_THROW(TilePlan(bad.shape, bad.bases(), 0), Error);
+  bad = ok;
+  bad.b4.resize(64);  // fewer bases than channels
+  EXPECT_THROW(TilePlan(bad.shape, bad.bases(), 0), Error);
+  const TilePlan plan(ok.shape, ok.bases(), 32);
+  EXPECT_EQ(plan.slot_bytes(), ok.shape.slot_bytes(32));
+  EXPECT_NE(plan.backend(), Backend::automatic);
+}
+
+/// Several random tiles with per-tile strides and slot strides: encode_blocks gives the bytes and
+/// encodings of one-tile reference calls, decode_blocks gives back every value, junk between tiles
+/// untouched.
+TEST(TilePlan, BatchedCodingEqualsReferenceTileByTile) {
+  std::mt19937_64 rng(11);
+  for (const TileShape shape : test::all_shapes()) {
+    const test::TileCase first = test::random_tile(shape, rng, 0.9, 0.09);
+    constexpr size_t kTiles = 7;
+    const size_t row_stride = static_cast<size_t>(shape.channels) + 24;
+    const size_t tile_stride = kTileTokens * row_stride + 40;
+    std::vector<uint16_t> src(kTiles * tile_stride, 0xBEEF);
+    for (size_t i = 0; i < kTiles; ++i) {
+      const test::TileCase tile = test::random_tile(shape, rng, 0.88, 0.11);
+      for (int t = 0; t < kTileTokens; ++t) {
+        for (int c = 0; c < shape.channels; ++c) {
+          src[i * tile_stride + static_cast<size_t>(t) * row_stride + static_cast<size_t>(c)] =
+              tile.elements[static_cast<size_t>(t * shape.channels + c)];
+        }
+      }
+    }
+    const size_t capacity = 64;
+    for (const Backend backend : available_backends()) {
+      const TilePlan plan(shape, first.bases(), capacity, backend);
+      const size_t slot_stride = plan.slot_bytes() + 48;
+      std::vector<uint8_t> slots(kTiles * slot_stride, 0x77);
+      std::vector<TileEncoding> encodings(kTiles);
+      plan.encode_blocks(src.data(), row_stride, tile_stride, kTiles, slots.data(), slot_stride, encodings.data());
+      for (size_t i = 0; i < kTiles; ++i) {
+        std::vector<uint8_t> expected(plan.slot_bytes());
+        const TileEncoding want = encode_tile(shape, src.data() + i * tile_stride, row_stride, first.bases(), capacity,
+                                              expected, Backend::scalar);
+        EXPECT_EQ(encodings[i].escape_bytes, want.escape_bytes);
+        EXPECT_EQ(encodings[i].fits, want.fits);
+        EXPECT_EQ(encodings[i].groups_by_mode, want.groups_by_mode);
+        if (!want.fits) continue;
+        EXPECT_TRUE(std::equal(expected.begin(), expected.end(), slots.begin() + static_cast<std::ptrdiff_t>(i * slot_stride)));
+        for (size_t j = plan.slot_bytes(); j < slot_stride; ++j) EXPECT_EQ(slots[i * slot_stride + j], 0x77);
+      }
+      // Decode only the tiles that fit, packed into a batch of their own.
+      std::vector<uint8_t> fitting;
+      std::vector<size_t> which;
+      for (size_t i = 0; i < kTiles; ++i) {
+        if (!encodings[i].fits) continue;
+        fitting.insert(fitting.end(), slots.begin() + static_cast<std::ptrdiff_t>(i * slot_stride),
+                       slots.begin() + static_cast<std::ptrdiff_t>(i * slot_stride + slot_stride));
+        which.push_back(i);
+      }
+      std::vector<uint16_t> out(which.size() * tile_stride, 0xBEEF);
+      const BlockDecodeResult r = plan.decode_blocks(fitting.data(), slot_stride, which.size(), out.data(), row_stride, tile_stride);
+      ASSERT_EQ(r.status, DecodeStatus::ok);
+      ASSERT_EQ(r.index, which.size());
+      for (size_t k = 0; k < which.size(); ++k) {
+        for (size_t e = 0; e < tile_stride; ++e) {
+          const size_t t = e / row_stride, c = e % row_stride;
+          const bool element = t < kTileTokens && c < static_cast<size_t>(shape.channels);
+          ASSERT_EQ(out[k * tile_stride + e], element ? src[which[k] * tile_stride + e] : 0xBEEF) << "tile " << k << " at " << e;
+        }
+      }
+    }
+  }
+}
+
+TEST(TilePlan, DecodeBlocksStopsAtTheFirstBadSlot) {
+  const TileShape shape{TensorKind::value, 64};
+  const test::TileCase tile = test::uniform_bases_tile(shape, 0, 0);  // zeros: every group 3-bit
+  for (const Backend backend : available_backends()) {
+    const TilePlan plan(shape, tile.bases(), 16, backend);
+    std::vector<uint8_t> slots(3 * plan.slot_bytes());
+    plan.encode_blocks(tile.elements.data(), 64, 0, 3, slots.data(), plan.slot_bytes(), nullptr);
+    slots[2 * plan.slot_bytes() + shape.tag_offset()] = 0x03;  // tag 3 in the third slot
+    slots[plan.slot_bytes() + shape.escape_offset() + 5] = 1;  // nonzero padding in the second
+    std::vector<uint16_t> out(3 * tile.elements.size());
+    const BlockDecodeResult r = plan.decode_blocks(slots.data(), plan.slot_bytes(), 3, out.data(), 64, tile.elements.size());
+    EXPECT_EQ(r.index, 1u);
+    EXPECT_EQ(r.status, DecodeStatus::nonzero_padding);
+  }
+}
+
+TEST(CodecPlans, CoverEveryTileOfACalibration) {
+  SyntheticKvSpec spec;
+  spec.layers = 2;
+  spec.kv_heads = 2;
+  spec.head_dim = 256;
+  spec.tokens = 48;
+  const KvDump dump = make_synthetic_kv(spec);
+  const KvDump* dumps[] = {&dump};
+  const CalibrationTable table = calibrate(dumps);
+  const CodecPlans calibrated(table);
+  const CodecPlans widest(table, TileShape{TensorKind::key, 128}.max_slot_capacity());
+  for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
+    for (int l = 0; l < 2; ++l) {
+      EXPECT_EQ(calibrated.tensor_plans(kind, l).size(), 4u);  // 2 heads × 2 halves
+      EXPECT_EQ(calibrated.plan(kind, l, 1, 1).escape_capacity(), table.escape_capacity(kind, l));
+      EXPECT_EQ(widest.plan(kind, l, 0, 0).escape_capacity(), (TileShape{kind, 128}.max_slot_capacity()));
+      // Plan (head 1, half 1) encodes a tile exactly as the table's bases for it do.
+      const KvView v = view_of(dump.layers[static_cast<size_t>(l)].of(kind));
+      const TilePosition p{2, 1, 1};
+      std::vector<uint8_t> a(calibrated.plan(kind, l, 1, 1).slot_bytes()), b(a.size());
+      TileEncoding ea;
+      calibrated.plan(kind, l, 1, 1).encode_blocks(tile_origin(v, p), v.token_stride, 0, 1, a.data(), 0, &ea);
+      const TileEncoding eb = encode_tile(tile_shape_for(kind, 256), tile_origin(v, p), v.token_stride,
+                                          table.tile_bases(kind, l, 1, 1), table.escape_capacity(kind, l), b, Backend::scalar);
+      EXPECT_EQ(ea.escape_bytes, eb.escape_bytes);
+      if (eb.fits) {
+        EXPECT_EQ(a, b);
+      }
+    }
+  }
+  EXPECT_THROW(calibrated.tensor_plans(TensorKind::key, 2), Error);
+}
+
+}  // namespace
+}  // namespace gaac

@@ -1,7 +1,7 @@
 # Installation and the CMake package that lets consumers write find_package(gaac).
 include(CMakePackageConfigHelpers)
 
-install(TARGETS gaac EXPORT gaacTargets
+install(TARGETS gaac gaac_static EXPORT gaacTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}

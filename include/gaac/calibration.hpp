@@ -2,6 +2,8 @@
 // learnt from sample KV and stored as safetensors.
 #pragma once
 
+#include "gaac/export.h"
+
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -17,7 +19,7 @@
 namespace gaac {
 
 /// Bases and slot capacities for every (layer, K/V, KV head, channel) of one model's cache.
-class CalibrationTable {
+class GAAC_API CalibrationTable {
  public:
   CalibrationTable() = default;
   /// A table for the given geometry with every base 0 and every capacity 0.
@@ -64,9 +66,9 @@ class CalibrationTable {
 
 /// Reads a calibration table from safetensors (`k.b3`, `k.b4`, `v.b3`, `v.b4` as U8
 /// [layers, kv_heads, head_dim]; capacities in the metadata). Throws gaac::Error when malformed.
-CalibrationTable load_calibration(const std::string& path);
+GAAC_API CalibrationTable load_calibration(const std::string& path);
 /// Writes a calibration table as safetensors.
-void save_calibration(const CalibrationTable& table, const std::string& path);
+GAAC_API void save_calibration(const CalibrationTable& table, const std::string& path);
 
 /// Progress callback for long operations: units done out of total.
 using Progress = std::function<void(size_t done, size_t total)>;
@@ -75,7 +77,7 @@ using Progress = std::function<void(size_t done, size_t total)>;
 /// dumps; the windows follow from them. Pass 2 encodes the same (or other) dumps with those
 /// windows to learn the distribution of escape bytes per tile, which fixes each layer's slot
 /// capacity.
-class Calibrator {
+class GAAC_API Calibrator {
  public:
   /// Starts an empty calibration for dumps of this geometry.
   Calibrator(int layers, int kv_heads, int head_dim);
@@ -110,14 +112,14 @@ class Calibrator {
 };
 
 /// Both passes over the given dumps: the usual way to calibrate in memory.
-CalibrationTable calibrate(std::span<const KvDump* const> dumps, const Progress& progress = {});
+GAAC_API CalibrationTable calibrate(std::span<const KvDump* const> dumps, const Progress& progress = {});
 
 /// The lowest base of the `width`-long window of exponents holding the most of `counts` (256
 /// per-exponent counts; the window stays inside 0..255). Throws gaac::Error on a bad width or size.
-uint8_t best_exponent_window(std::span<const uint32_t> counts, int width);
+GAAC_API uint8_t best_exponent_window(std::span<const uint32_t> counts, int width);
 
 /// Chooses the capacity (multiple of 16) minimising expected resident bytes for one tile shape,
 /// given counts[n] = tiles needing n escape bytes.
-size_t best_escape_capacity(TileShape shape, std::span<const uint64_t> counts);
+GAAC_API size_t best_escape_capacity(TileShape shape, std::span<const uint64_t> counts);
 
 }  // namespace gaac

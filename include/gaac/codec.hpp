@@ -1,6 +1,8 @@
 // Tile encode/decode: 16 tokens × 64 or 128 channels of BF16 to and from one fixed-capacity slot.
 #pragma once
 
+#include "gaac/export.h"
+
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -12,17 +14,17 @@ namespace gaac {
 
 /// The calibrated exponent bases of one tile's channels: `b3[c]` and `b4[c]` for c < channels.
 /// Every `b3` must be ≤ kMaxBase3 and every `b4` ≤ kMaxBase4 (see validate_bases).
-struct TileBases {
+struct GAAC_API TileBases {
   std::span<const uint8_t> b3;
   std::span<const uint8_t> b4;
 };
 
 /// True when `bases` has `shape.channels` entries per window and every base keeps its window
 /// inside the exponent range.
-bool validate_bases(TileShape shape, const TileBases& bases);
+GAAC_API bool validate_bases(TileShape shape, const TileBases& bases);
 
 /// What encoding one tile produced.
-struct TileEncoding {
+struct GAAC_API TileEncoding {
   /// Groups per mode, indexed by GroupMode (3-bit, 4-bit, raw).
   std::array<uint32_t, 3> groups_by_mode{};
   /// Escape bytes the tile needs (may exceed the capacity).
@@ -40,7 +42,7 @@ enum class DecodeStatus : uint8_t {
 };
 
 /// A short English description of a decode status.
-const char* to_string(DecodeStatus status);
+GAAC_API const char* to_string(DecodeStatus status);
 
 /// Implementation used for tile encoding and decoding.
 enum class Backend : uint8_t {
@@ -50,11 +52,11 @@ enum class Backend : uint8_t {
 };
 
 /// Name of a backend ("scalar", "avx2", "automatic").
-const char* to_string(Backend backend);
+GAAC_API const char* to_string(Backend backend);
 /// True when this build and this CPU can run `backend`.
-bool backend_available(Backend backend);
+GAAC_API bool backend_available(Backend backend);
 /// The backend `Backend::automatic` resolves to on this machine.
-Backend best_backend();
+GAAC_API Backend best_backend();
 
 /// Encodes a 16 × shape.channels BF16 tile into `slot`.
 ///
@@ -62,13 +64,13 @@ Backend best_backend();
 /// `slot` must hold `shape.slot_bytes(escape_capacity)` bytes; `escape_capacity` must be a multiple
 /// of kSlotAlignment no larger than `shape.max_slot_capacity()`. When the escapes do not fit,
 /// `fits` is false and the slot contents are unspecified. Bases must pass validate_bases.
-TileEncoding encode_tile(TileShape shape, const uint16_t* src, size_t row_stride, const TileBases& bases,
+GAAC_API TileEncoding encode_tile(TileShape shape, const uint16_t* src, size_t row_stride, const TileBases& bases,
                          size_t escape_capacity, std::span<uint8_t> slot, Backend backend = Backend::automatic);
 
 /// Decodes a slot written by encode_tile back into BF16 bit patterns at `dst` (same addressing as
 /// encode_tile's `src`). Validates every tag and the escape accounting; on any status other than
 /// `ok` the contents of `dst` are unspecified.
-DecodeStatus decode_tile(TileShape shape, std::span<const uint8_t> slot, size_t escape_capacity, const TileBases& bases,
+GAAC_API DecodeStatus decode_tile(TileShape shape, std::span<const uint8_t> slot, size_t escape_capacity, const TileBases& bases,
                          uint16_t* dst, size_t row_stride, Backend backend = Backend::automatic);
 
 }  // namespace gaac

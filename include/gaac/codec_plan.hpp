@@ -7,6 +7,8 @@
 // itself. CodecPlans holds the plans of a whole calibration table.
 #pragma once
 
+#include "gaac/export.h"
+
 #include <array>
 #include <cstddef>
 #include <cstdint>
@@ -22,13 +24,13 @@ namespace gaac {
 
 /// Where decode_blocks stopped: the index of the first slot that did not decode and why, or
 /// {count, ok} when every slot decoded.
-struct BlockDecodeResult {
+struct GAAC_API BlockDecodeResult {
   size_t index = 0;
   DecodeStatus status = DecodeStatus::ok;
 };
 
 /// The coding of one kind of tile, validated once. Copyable; about 3 KB.
-class TilePlan {
+class GAAC_API TilePlan {
  public:
   /// Bytes of the bases in a backend's prepared form (the AVX2 backend's value tiles need the most).
   static constexpr size_t kPreparedBytes = 3072;
@@ -74,7 +76,7 @@ class TilePlan {
 };
 
 /// The plans for every tile of one calibration table: (kind, layer, head, half-head).
-class CodecPlans {
+class GAAC_API CodecPlans {
  public:
   /// Plans from `table`. Every plan uses `escape_capacity` when given (for example the shape's
   /// maximum, to learn exact escape sizes), else its (kind, layer)'s calibrated capacity.

@@ -1,6 +1,8 @@
 // The one exception type of the C++ API, carrying where it was raised and what was being done.
 #pragma once
 
+#include "gaac/export.h"
+
 #include <stdexcept>
 #include <string>
 
@@ -11,7 +13,7 @@ enum class ErrorCode { invalid_input = 0, io = 1 };
 
 /// Where an Error was raised. Defaults to the caller's file and line (through compiler builtins, which
 /// every supported compiler has, unlike std::source_location).
-struct SourceLocation {
+struct GAAC_API SourceLocation {
   constexpr SourceLocation(const char* file_name = __builtin_FILE(), unsigned line_number = __builtin_LINE())
       : file(file_name), line(line_number) {}
   const char* file;
@@ -20,7 +22,7 @@ struct SourceLocation {
 
 /// Failure of a gaac operation: bad input, a malformed file, an I/O error. `what()` reads
 /// "context: message" and `where()` gives the source file and line that raised it.
-class Error : public std::runtime_error {
+class GAAC_API Error : public std::runtime_error {
  public:
   /// Builds an error; `loc` defaults to the caller's location.
   explicit Error(const std::string& message, SourceLocation loc = SourceLocation());

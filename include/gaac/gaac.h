@@ -12,6 +12,8 @@
 #include <stddef.h>
 #include <stdint.h>
 
+#include "gaac/export.h"
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -29,9 +31,9 @@ extern "C" {
 #define GAAC_TILE_FORMAT_VERSION 1
 
 /** GAAC_VERSION_NUMBER of the library actually linked. */
-unsigned gaac_version_number(void);
+GAAC_API unsigned gaac_version_number(void);
 /** GAAC_VERSION_STRING of the library actually linked. */
-const char* gaac_version_string(void);
+GAAC_API const char* gaac_version_string(void);
 
 /* ---- status --------------------------------------------------------------------------------- */
 /** Result of every fallible call. */
@@ -49,9 +51,9 @@ typedef enum gaac_status {
 } gaac_status;
 
 /** A static English name of `status`. */
-const char* gaac_status_string(gaac_status status);
+GAAC_API const char* gaac_status_string(gaac_status status);
 /** Details of the last failure on this thread ("" if none); valid until the next call on it. */
-const char* gaac_last_error(void);
+GAAC_API const char* gaac_last_error(void);
 
 /* ---- tiles ---------------------------------------------------------------------------------- */
 /** Whether a tile holds keys or values (they use different element orders). */
@@ -62,11 +64,11 @@ typedef enum gaac_tensor_kind { GAAC_KEY = 0, GAAC_VALUE = 1 } gaac_tensor_kind;
 
 /** Bytes of a compressed slot for a tile of `channels` (64 or 128) channels and the given escape
  *  capacity (a multiple of 16); 0 if either is invalid. */
-size_t gaac_tile_slot_bytes(int channels, size_t escape_capacity);
+GAAC_API size_t gaac_tile_slot_bytes(int channels, size_t escape_capacity);
 /** Bytes of the same tile stored raw (16 × channels × 2); 0 if `channels` is invalid. */
-size_t gaac_tile_raw_bytes(int channels);
+GAAC_API size_t gaac_tile_raw_bytes(int channels);
 /** Largest useful escape capacity for a tile width (its slot stays smaller than the raw tile). */
-size_t gaac_tile_max_escape_capacity(int channels);
+GAAC_API size_t gaac_tile_max_escape_capacity(int channels);
 
 /** What encoding a tile produced. */
 typedef struct gaac_tile_info {
@@ -83,7 +85,7 @@ typedef struct gaac_tile_info {
  * Returns GAAC_ERROR_DOES_NOT_FIT when the escapes exceed the capacity (the caller keeps the tile
  * raw); `info` (may be NULL) is filled in either case.
  */
-gaac_status gaac_encode_tile(gaac_tensor_kind kind, int channels, const uint16_t* src, size_t row_stride,
+GAAC_API gaac_status gaac_encode_tile(gaac_tensor_kind kind, int channels, const uint16_t* src, size_t row_stride,
                              const uint8_t* b3, const uint8_t* b4, size_t escape_capacity, void* slot,
                              size_t slot_size, gaac_tile_info* info);
 
@@ -91,7 +93,7 @@ gaac_status gaac_encode_tile(gaac_tensor_kind kind, int channels, const uint16_t
  * Decodes a slot written by gaac_encode_tile into BF16 values at `dst` (same addressing as `src`
  * above). Validates the tags and escape accounting; on failure `dst` is unspecified.
  */
-gaac_status gaac_decode_tile(gaac_tensor_kind kind, int channels, const void* slot, size_t slot_size,
+GAAC_API gaac_status gaac_decode_tile(gaac_tensor_kind kind, int channels, const void* slot, size_t slot_size,
                              const uint8_t* b3, const uint8_t* b4, size_t escape_capacity, uint16_t* dst,
                              size_t row_stride);
 
@@ -101,31 +103,31 @@ typedef struct gaac_calibration gaac_calibration;
 
 /** Creates a table for `layers` × `kv_heads` × `head_dim` (64, 128 or 256), all bases 0 and all
  *  capacities 0. */
-gaac_status gaac_calibration_create(int layers, int kv_heads, int head_dim, gaac_calibration** out);
+GAAC_API gaac_status gaac_calibration_create(int layers, int kv_heads, int head_dim, gaac_calibration** out);
 /** Loads a table saved by gaac_calibration_save or `gaac calibrate` (safetensors). */
-gaac_status gaac_calibration_load(const char* path, gaac_calibration** out);
+GAAC_API gaac_status gaac_calibration_load(const char* path, gaac_calibration** out);
 /** Saves a table as safetensors. */
-gaac_status gaac_calibration_save(const gaac_calibration* table, const char* path);
+GAAC_API gaac_status gaac_calibration_save(const gaac_calibration* table, const char* path);
 /** Frees a table (NULL is allowed). */
-void gaac_calibration_free(gaac_calibration* table);
+GAAC_API void gaac_calibration_free(gaac_calibration* table);
 
 /** Geometry of a table (0 for NULL). */
-int gaac_calibration_layers(const gaac_calibration* table);
-int gaac_calibration_kv_heads(const gaac_calibration* table);
-int gaac_calibration_head_dim(const gaac_calibration* table);
+GAAC_API int gaac_calibration_layers(const gaac_calibration* table);
+GAAC_API int gaac_calibration_kv_heads(const gaac_calibration* table);
+GAAC_API int gaac_calibration_head_dim(const gaac_calibration* table);
 
 /** Points `*b3` and `*b4` at the bases of tile `half` (0, or 0..1 for head_dim 256) of a head:
  *  as many entries as the tile has channels, valid while the table lives and is not modified. */
-gaac_status gaac_calibration_tile_bases(const gaac_calibration* table, gaac_tensor_kind kind, int layer, int head,
+GAAC_API gaac_status gaac_calibration_tile_bases(const gaac_calibration* table, gaac_tensor_kind kind, int layer, int head,
                                         int half, const uint8_t** b3, const uint8_t** b4);
 /** Copies `head_dim` bases of each window into a head of the table (b3 ≤ 248, b4 ≤ 240). */
-gaac_status gaac_calibration_set_bases(gaac_calibration* table, gaac_tensor_kind kind, int layer, int head,
+GAAC_API gaac_status gaac_calibration_set_bases(gaac_calibration* table, gaac_tensor_kind kind, int layer, int head,
                                        const uint8_t* b3, const uint8_t* b4);
 /** Escape-slot capacity of (kind, layer) in `*bytes`. */
-gaac_status gaac_calibration_escape_capacity(const gaac_calibration* table, gaac_tensor_kind kind, int layer,
+GAAC_API gaac_status gaac_calibration_escape_capacity(const gaac_calibration* table, gaac_tensor_kind kind, int layer,
                                              size_t* bytes);
 /** Sets the escape-slot capacity of (kind, layer). */
-gaac_status gaac_calibration_set_escape_capacity(gaac_calibration* table, gaac_tensor_kind kind, int layer,
+GAAC_API gaac_status gaac_calibration_set_escape_capacity(gaac_calibration* table, gaac_tensor_kind kind, int layer,
                                                  size_t bytes);
 
 #ifdef __cplusplus

@@ -1,6 +1,8 @@
 // An in-memory KV dump: every layer's K and V as BF16 bit patterns, shaped like an engine's cache.
 #pragma once
 
+#include "gaac/export.h"
+
 #include <cstddef>
 #include <cstdint>
 #include <string>
@@ -11,7 +13,7 @@
 namespace gaac {
 
 /// One cached tensor: `[tokens, kv_heads, head_dim]` BF16 bit patterns, row-major (head_dim fastest).
-struct KvTensor {
+struct GAAC_API KvTensor {
   int tokens = 0;
   int kv_heads = 0;
   int head_dim = 0;
@@ -26,7 +28,7 @@ struct KvTensor {
 };
 
 /// One layer's cache. K is post-RoPE as an engine stores it. K and V share token count and shape.
-struct KvLayer {
+struct GAAC_API KvLayer {
   KvTensor k;
   KvTensor v;
 
@@ -36,7 +38,7 @@ struct KvLayer {
 };
 
 /// A whole KV dump (the `k.<layer>` / `v.<layer>` tensors of a safetensors file, docs/format.md).
-struct KvDump {
+struct GAAC_API KvDump {
   std::vector<KvLayer> layers;
   /// Free-form metadata carried through (the safetensors `__metadata__` map).
   std::vector<std::pair<std::string, std::string>> metadata;
@@ -51,14 +53,14 @@ struct KvDump {
 
 /// Throws gaac::Error unless every tensor has the same kv_heads and head_dim, K and V of a layer have
 /// the same token count, each tensor's data matches its shape, and head_dim is 64, 128 or 256.
-void validate_dump(const KvDump& dump);
+GAAC_API void validate_dump(const KvDump& dump);
 
 /// Reads a KV dump from a safetensors file (`k.<layer>`, `v.<layer>`, BF16, `[tokens, kv_heads,
 /// head_dim]`). Any other dtype, a missing or extra layer, or a malformed file throws gaac::Error
 /// naming the file and tensor.
-KvDump load_kv_dump(const std::string& path);
+GAAC_API KvDump load_kv_dump(const std::string& path);
 
 /// Writes a KV dump as safetensors.
-void save_kv_dump(const KvDump& dump, const std::string& path);
+GAAC_API void save_kv_dump(const KvDump& dump, const std::string& path);
 
 }  // namespace gaac

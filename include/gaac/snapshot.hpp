@@ -2,6 +2,8 @@
 // Layout in docs/format.md ("Snapshot container").
 #pragma once
 
+#include "gaac/export.h"
+
 #include <cstdint>
 #include <span>
 #include <string>
@@ -16,24 +18,24 @@ namespace gaac {
 inline constexpr uint16_t kSnapshotVersion = 1;
 
 /// What a snapshot holds.
-struct Snapshot {
+struct GAAC_API Snapshot {
   KvDump dump;
   CalibrationTable calibration;
 };
 
 /// Builds the complete .gaac image of `dump`, compressed with `calibration` (which must match it).
-std::vector<uint8_t> snapshot_image(const KvDump& dump, const CalibrationTable& calibration, const Progress& progress = {});
+GAAC_API std::vector<uint8_t> snapshot_image(const KvDump& dump, const CalibrationTable& calibration, const Progress& progress = {});
 
 /// Writes a .gaac file (to a temporary name, then renamed into place).
-void write_snapshot(const KvDump& dump, const CalibrationTable& calibration, const std::string& path,
+GAAC_API void write_snapshot(const KvDump& dump, const CalibrationTable& calibration, const std::string& path,
                     const Progress& progress = {});
 
 /// Parses and fully validates a .gaac image: sizes, offsets, checksums, calibration, every tile.
 /// A truncated, corrupted or hostile image throws gaac::Error saying what is wrong and where;
 /// nothing outside `image` is ever read.
-Snapshot parse_snapshot(std::span<const uint8_t> image, const std::string& label, const Progress& progress = {});
+GAAC_API Snapshot parse_snapshot(std::span<const uint8_t> image, const std::string& label, const Progress& progress = {});
 
 /// Reads and parses a .gaac file.
-Snapshot read_snapshot(const std::string& path, const Progress& progress = {});
+GAAC_API Snapshot read_snapshot(const std::string& path, const Progress& progress = {});
 
 }  // namespace gaac

@@ -1,6 +1,8 @@
 // Compression statistics of a KV dump under a calibration: what `gaac stats` reports.
 #pragma once
 
+#include "gaac/export.h"
+
 #include <array>
 #include <cstdint>
 #include <vector>
@@ -14,7 +16,7 @@ namespace gaac {
 inline constexpr uint64_t kBlockTableEntryBytes = 4;
 
 /// Counts for one tensor (or a sum of tensors).
-struct TensorStats {
+struct GAAC_API TensorStats {
   uint64_t elements = 0;        ///< BF16 elements
   uint64_t tiles = 0;           ///< complete tiles
   uint64_t fallback_tiles = 0;  ///< tiles whose escapes overflow the slot (stored raw)
@@ -42,13 +44,13 @@ struct TensorStats {
 };
 
 /// K and V of one layer.
-struct LayerStats {
+struct GAAC_API LayerStats {
   TensorStats k;
   TensorStats v;
 };
 
 /// Statistics of a whole dump.
-struct DumpStats {
+struct GAAC_API DumpStats {
   std::vector<LayerStats> layers;
   TensorStats k_total;  ///< all layers' K
   TensorStats v_total;  ///< all layers' V
@@ -56,6 +58,6 @@ struct DumpStats {
 };
 
 /// Encodes every complete tile of `dump` with `table` and gathers the statistics.
-DumpStats measure(const KvDump& dump, const CalibrationTable& table, const Progress& progress = {});
+GAAC_API DumpStats measure(const KvDump& dump, const CalibrationTable& table, const Progress& progress = {});
 
 }  // namespace gaac

@@ -2,6 +2,8 @@
 // modes would store (Table 4) and how escape bytes evolve with token position (Table 8).
 #pragma once
 
+#include "gaac/export.h"
+
 #include <array>
 #include <span>
 #include <string>
@@ -14,16 +16,16 @@ namespace gaac {
 
 /// One mode scheme: offsets of the given widths (bits, ascending) from calibrated per-channel bases,
 /// and raw 8-bit exponents for groups no window holds.
-struct ModeScheme {
+struct GAAC_API ModeScheme {
   std::string name;
   std::vector<int> widths;
 };
 
 /// The paper's three schemes: 2+3+4+raw, 3+4+raw (GAAC's), 4+raw.
-std::vector<ModeScheme> paper_mode_schemes();
+GAAC_API std::vector<ModeScheme> paper_mode_schemes();
 
 /// What a scheme stores for the complete tiles of a dump.
-struct ModeSchemeResult {
+struct GAAC_API ModeSchemeResult {
   ModeScheme scheme;
   std::vector<double> fractions;  ///< groups per width of `scheme.widths`, then raw
   double bits_per_element = 0;    ///< 8 (sign, mantissa) + 2/8 (tag) + the group's exponent width
@@ -36,11 +38,11 @@ struct ModeSchemeResult {
 /// window of its scheme holding all eight exponents. Groups are the format's (docs/format.md), and the
 /// sizes are exact bit counts of such a stream, without slots, block tables or bases. Throws
 /// gaac::Error if the dumps' geometries differ or no calibration dump is given.
-std::vector<ModeSchemeResult> compare_mode_schemes(std::span<const KvDump* const> calibration, const KvDump& evaluated,
+GAAC_API std::vector<ModeSchemeResult> compare_mode_schemes(std::span<const KvDump* const> calibration, const KvDump& evaluated,
                                                    std::span<const ModeScheme> schemes);
 
 /// Escape bytes of the tiles of one range of token positions.
-struct SegmentEscapes {
+struct GAAC_API SegmentEscapes {
   int first_token = 0;  ///< first position of the segment
   int end_token = 0;    ///< one past its last position
   /// Mean escape bytes per tile, by tensor kind (0 = K, 1 = V), indexed layer·kv_heads + head.
@@ -51,6 +53,6 @@ struct SegmentEscapes {
 /// (whatever the slot capacity) over consecutive segments of `segment_tokens` positions (a multiple
 /// of 16; the last segment may be shorter). Throws gaac::Error on a bad segment length or a table
 /// that does not match the dump.
-std::vector<SegmentEscapes> escape_bytes_by_segment(const KvDump& dump, const CalibrationTable& table, int segment_tokens);
+GAAC_API std::vector<SegmentEscapes> escape_bytes_by_segment(const KvDump& dump, const CalibrationTable& table, int segment_tokens);
 
 }  // namespace gaac

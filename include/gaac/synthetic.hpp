@@ -1,6 +1,8 @@
 // Seeded synthetic KV that resembles a model's cache: Gaussian values with per-channel scales.
 #pragma once
 
+#include "gaac/export.h"
+
 #include <cstdint>
 
 #include "gaac/kv_dump.hpp"
@@ -8,7 +10,7 @@
 namespace gaac {
 
 /// Shape and seed of a synthetic KV dump.
-struct SyntheticKvSpec {
+struct GAAC_API SyntheticKvSpec {
   int layers = 4;
   int kv_heads = 2;
   int head_dim = 128;
@@ -19,6 +21,6 @@ struct SyntheticKvSpec {
 /// Generates a dump whose every element is N(0, σ²) rounded to BF16, with σ drawn per
 /// (layer, K/V, head, channel) from a log-normal law and rare outliers. Same spec, same bits, on
 /// every platform (the generator uses no implementation-defined distribution).
-KvDump make_synthetic_kv(const SyntheticKvSpec& spec);
+GAAC_API KvDump make_synthetic_kv(const SyntheticKvSpec& spec);
 
 }  // namespace gaac

@@ -1,0 +1,175 @@
+// The paged KV cache: sequences of 16-token blocks kept compressed in fixed-size units of one pool,
+// filled through a BF16 tail and finalized once per block (fill-then-finalize), with a block table
+// that attention kernels walk in place. docs/format.md, section 13, gives the memory layout;
+// docs/design.md the lifecycle.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "gaac/calibration.hpp"
+#include "gaac/codec_plan.hpp"
+#include "gaac/export.h"
+#include "gaac/paged_layout.hpp"
+#include "gaac/tensor_view.hpp"
+
+namespace gaac {
+
+/// How a cache stores finalized blocks.
+enum class CacheFormat : uint8_t {
+  gaac,  ///< compressed slots, raw BF16 tiles where a tile's escapes do not fit
+  bf16,  ///< raw BF16 tiles only: the baseline of the same structure
+};
+
+/// Name of a format ("gaac", "bf16").
+GAAC_API const char* to_string(CacheFormat format);
+
+/// The model geometry a cache is laid out for.
+struct CacheGeometry {
+  int layers = 0;
+  int kv_heads = 0;
+  int head_dim = 0;                  ///< 64, 128 or 256
+  std::vector<int> sliding_window;   ///< per layer, in tokens; 0 (or an empty vector) for full attention
+};
+
+/// Runs body(begin, end) over chunks covering [0, n), possibly on several threads, and returns when
+/// all are done. The cache encodes with it; without one it works on the calling thread.
+using ParallelFor = std::function<void(size_t n, const std::function<void(size_t begin, size_t end)>& body)>;
+
+/// Everything a cache is made from.
+struct CacheConfig {
+  CacheGeometry geometry;
+  CacheFormat format = CacheFormat::gaac;
+  /// Bytes for the unit pool and the block table together; both are carved from it once.
+  size_t budget_bytes = 0;
+  /// Exponent windows and capacities (required for CacheFormat::gaac, ignored for bf16). The cache's
+  /// units hold slots of the table's largest escape capacity.
+  const CalibrationTable* calibration = nullptr;
+  Backend backend = Backend::automatic;
+  ParallelFor parallel;  ///< optional
+};
+
+/// Identifies a sequence of a cache.
+using SequenceId = uint32_t;
+
+/// Result of an operation that needs space.
+enum class CacheStatus : uint8_t {
+  ok = 0,
+  out_of_space,  ///< not enough free units (or block rows); the cache is unchanged
+};
+
+/// What an append needed when it failed, for a message that says how much more is needed.
+struct AppendOutcome {
+  CacheStatus status = CacheStatus::ok;
+  uint64_t bytes_needed = 0;  ///< bytes of units and table entries the operation would have taken
+  uint64_t bytes_free = 0;    ///< bytes that were free (and releasable by it) when it was tried
+};
+
+/// Where the cache's memory goes, and what it holds.
+struct CacheUsage {
+  uint64_t budget_bytes = 0;
+  uint64_t unit_bytes = 0;         ///< bytes per unit
+  uint64_t units = 0;              ///< units in the pool
+  uint64_t units_free = 0;
+  uint64_t rows = 0;               ///< block rows the table has room for
+  uint64_t rows_used = 0;
+  uint64_t table_bytes = 0;        ///< the whole block table (entries of every row)
+  uint64_t compressed_tiles = 0;   ///< finalized tiles held as slots
+  uint64_t raw_tiles = 0;          ///< finalized tiles held raw (escapes did not fit; every tile of a bf16 cache)
+  uint64_t tail_tiles = 0;         ///< tiles of open blocks
+  uint64_t unused_slot_bytes = 0;  ///< escape capacity that compressed tiles leave empty
+  uint64_t elements = 0;           ///< BF16 elements held, blocks shared by forks counted once
+  uint64_t sequences = 0;
+
+  /// Bytes of the units in use.
+  uint64_t unit_bytes_used() const { return (units - units_free) * unit_bytes; }
+  /// Bytes held for the elements: units in use plus the block-table entries of the rows in use.
+  uint64_t resident_bytes() const;
+  /// 2 bytes per element held: what a dense BF16 cache needs for the same values.
+  uint64_t bf16_bytes() const { return 2 * elements; }
+  /// Resident bits per element held (0 when empty).
+  double bits_per_element() const;
+};
+
+/// The blocks of a batch of sequences in CSR form, owned; view() gives the pointers kernels walk.
+struct SequenceTable {
+  std::vector<int32_t> indptr;
+  std::vector<uint32_t> rows;
+  std::vector<int32_t> lengths;
+
+  SequenceTableView view() const {
+    return {static_cast<int>(lengths.size()), indptr.data(), rows.data(), lengths.data()};
+  }
+};
+
+/// A paged KV cache for one model geometry. Not thread-safe: one caller at a time (reads — views,
+/// tables, read, attention — may run concurrently with each other, not with a change).
+class GAAC_API KvCache {
+ public:
+  /// Carves the pool and the table from the budget. Throws gaac::Error for a bad geometry, a
+  /// missing or mismatched calibration, or a budget too small for one block of every layer.
+  explicit KvCache(CacheConfig config);
+  ~KvCache();
+  KvCache(KvCache&&) noexcept;
+  KvCache& operator=(KvCache&&) noexcept;
+  KvCache(const KvCache&) = delete;
+  KvCache& operator=(const KvCache&) = delete;
+
+  /// A new, empty sequence (takes no memory until tokens arrive).
+  SequenceId add_sequence();
+  /// A new sequence holding the same tokens as `parent`: its complete blocks are shared (reference
+  /// counted), its open block copied. out_of_space (nothing changed) when the copy does not fit.
+  CacheStatus fork(SequenceId parent, SequenceId& child);
+  /// Frees a sequence and every block no other sequence shares.
+  void free_sequence(SequenceId sequence);
+  /// True while `sequence` names a sequence of this cache.
+  bool contains(SequenceId sequence) const;
+  /// Tokens held for a sequence.
+  int length(SequenceId sequence) const;
+
+  /// True when appending `tokens` tokens to `sequence` cannot fail whatever their values (counting
+  /// every block they complete as raw): the admission check of a scheduler. For one decoding token
+  /// it is exact.
+  bool can_append(SequenceId sequence, int tokens) const;
+  /// Bytes an append of `tokens` tokens could need at most (the bound can_append checks).
+  uint64_t worst_case_bytes(SequenceId sequence, int tokens) const;
+
+  /// Appends the same number of tokens to every layer: `k[l]` and `v[l]` are layer l's new K and V
+  /// rows, `[tokens, kv_heads, head_dim]`. Tokens join the open block's BF16 tail; each block they
+  /// complete is encoded once (or kept raw when its escapes do not fit); complete blocks that arrive
+  /// whole are encoded directly. Blocks that fall wholly out of a sliding window are released. On
+  /// out_of_space nothing changed (the pool, the table and every count are as before). Throws
+  /// gaac::Error for views of the wrong shape or an unknown sequence.
+  AppendOutcome append(SequenceId sequence, std::span<const KvView> k, std::span<const KvView> v);
+
+  /// Decodes positions first .. first+out.tokens-1 of (sequence, layer, kind) into `out`
+  /// (`[tokens, kv_heads, head_dim]`). Positions released by a sliding window are an error.
+  void read(SequenceId sequence, int layer, TensorKind kind, int first, const MutableKvView& out) const;
+  /// The whole sequence as a KV dump (every layer; a sliding layer must still hold every position).
+  KvDump dump(SequenceId sequence) const;
+
+  /// The layout numbers of this cache.
+  const PagedGeometry& geometry() const;
+  CacheFormat format() const;
+  /// The memory kernels walk: units, block table, bases, sliding windows.
+  PagedCacheView view() const;
+  /// The CSR table of the given sequences, in that order.
+  SequenceTable sequence_table(std::span<const SequenceId> sequences) const;
+  /// The codec plans the cache encodes with (null for a bf16 cache); fused kernels decode with them.
+  const CodecPlans* plans() const;
+  /// Memory and contents.
+  CacheUsage usage() const;
+  /// Checks every internal invariant (reference counts, free units, entries, accounting) and throws
+  /// gaac::Error naming the first one broken. For tests; costs a walk over the whole table.
+  void check_invariants() const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace gaac

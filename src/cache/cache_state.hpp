@@ -1,0 +1,98 @@
+// The inside of a KvCache, shared by the files that implement it: the pool, the block table, the
+// block rows with their reference counts, and the sequences.
+#pragma once
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "cache/unit_pool.hpp"
+#include "gaac/error.hpp"
+#include "gaac/kv_cache.hpp"
+
+namespace gaac {
+
+struct KvCache::State {
+  /// One sequence: its blocks' rows in order, its length, and per window class how many of its
+  /// leading blocks it no longer needs.
+  struct Sequence {
+    bool alive = false;
+    int length = 0;
+    std::vector<uint32_t> rows;
+    std::vector<int> dropped;
+  };
+
+  CacheConfig config;
+  PagedGeometry geo;
+  int channels = 0;          ///< per tile
+  int halves = 1;            ///< tiles per head
+  uint32_t raw_units = 1;    ///< units per raw tile: 2 in a compressed cache, 1 in a bf16 cache
+  std::optional<CodecPlans> plans;
+  std::vector<uint8_t> bases;     ///< the kernels' bases array (empty for bf16)
+  std::vector<int32_t> windows;   ///< per layer, 0 for full attention
+  std::vector<int> class_window;  ///< the distinct sliding windows ("window classes")
+  std::vector<int> layer_class;   ///< per layer: its window class, or -1
+  cache::UnitPool pool;
+  std::vector<uint32_t> entries;  ///< the block table
+  std::vector<uint32_t> free_rows;
+  std::vector<uint32_t> row_refs;         ///< sequences holding the row
+  std::vector<uint16_t> row_window_refs;  ///< [row][class]: sequences still needing its tiles of that class
+  std::vector<uint8_t> row_tokens;        ///< tokens written in the row (16 once finalized)
+  std::vector<Sequence> sequences;
+  std::vector<SequenceId> free_ids;
+
+  bool compressed() const { return config.format == CacheFormat::gaac; }
+  int classes() const { return static_cast<int>(class_window.size()); }
+
+  /// The live sequence `id`; throws gaac::Error otherwise.
+  Sequence& sequence(SequenceId id);
+  const Sequence& sequence(SequenceId id) const;
+
+  uint32_t& entry(int layer, uint32_t row, int head, TensorKind kind, int half) {
+    return entries[geo.entry_index(layer, row, head, kind, half)];
+  }
+  uint32_t entry(int layer, uint32_t row, int head, TensorKind kind, int half) const {
+    return entries[geo.entry_index(layer, row, head, kind, half)];
+  }
+
+  /// Units the tile of `entry` holds.
+  uint32_t units_of(uint32_t entry) const {
+    switch (entry_class(entry)) {
+      case TileClass::compressed: return 1;
+      case TileClass::raw: return raw_units;
+      default: return 0;
+    }
+  }
+  /// Second unit of a split raw tile whose first unit is `unit`.
+  uint32_t partner(uint32_t unit) const;
+  /// Token `token`'s row (C BF16 values) inside the raw tile of `entry`.
+  uint8_t* raw_row(uint32_t entry, int token);
+  const uint8_t* raw_row(uint32_t entry, int token) const;
+  /// Takes the units of a raw tile, zeroed (and linked); the caller has checked there are enough.
+  uint32_t take_raw_tile();
+  /// Gives the tile's units back and marks it absent.
+  void free_tile(uint32_t& entry);
+  /// Frees the tiles of `row` in the layers of window class `cls`.
+  void free_class_tiles(uint32_t row, int cls);
+  /// Window-class reference of (row, class).
+  uint16_t& window_refs(uint32_t row, int cls) { return row_window_refs[static_cast<size_t>(row) * classes() + cls]; }
+  uint16_t window_refs(uint32_t row, int cls) const { return row_window_refs[static_cast<size_t>(row) * classes() + cls]; }
+  /// Leading blocks a sequence of `length` tokens no longer needs in window class `cls`.
+  int needed_from(int length, int cls) const {
+    const int w = class_window[static_cast<size_t>(cls)];
+    return length > w ? (length - w) / kTileTokens : 0;
+  }
+  /// Calls f(layer, head, kind, half) for every tile of a block row.
+  template <class F>
+  void for_each_tile(F&& f) const {
+    for (int l = 0; l < geo.layers; ++l) {
+      for (int h = 0; h < geo.kv_heads; ++h) {
+        for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
+          for (int half = 0; half < halves; ++half) f(l, h, kind, half);
+        }
+      }
+    }
+  }
+};
+
+}  // namespace gaac

@@ -1,0 +1,504 @@
+// KvCache: construction from a budget, sequences (add, fork, free) and the fill-then-finalize append.
+#include "gaac/kv_cache.hpp"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "cache/cache_state.hpp"
+#include "gaac/tiling.hpp"
+
+namespace gaac {
+namespace {
+
+/// Distinct window classes the row bookkeeping has room for (models use one or two).
+constexpr int kMaxWindowClasses = 8;
+
+std::string str(uint64_t v) { return std::to_string(v); }
+
+/// The largest escape capacity of a calibration table, over K/V and layers.
+size_t largest_capacity(const CalibrationTable& table) {
+  size_t capacity = 0;
+  for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
+    for (int l = 0; l < table.layers(); ++l) capacity = std::max(capacity, table.escape_capacity(kind, l));
+  }
+  return capacity;
+}
+
+}  // namespace
+
+const char* to_string(CacheFormat format) { return format == CacheFormat::gaac ? "gaac" : "bf16"; }
+
+uint64_t CacheUsage::resident_bytes() const { return unit_bytes_used() + table_bytes / std::max<uint64_t>(rows, 1) * rows_used; }
+
+double CacheUsage::bits_per_element() const {
+  return elements == 0 ? 0.0 : 8.0 * static_cast<double>(resident_bytes()) / static_cast<double>(elements);
+}
+
+// ---------------------------------------------------------------------------------------------
+// State helpers
+
+KvCache::State::Sequence& KvCache::State::sequence(SequenceId id) {
+  if (id >= sequences.size() || !sequences[id].alive) throw Error("unknown sequence " + std::to_string(id) + " of a KV cache");
+  return sequences[id];
+}
+const KvCache::State::Sequence& KvCache::State::sequence(SequenceId id) const {
+  return const_cast<State*>(this)->sequence(id);
+}
+
+uint32_t KvCache::State::partner(uint32_t unit) const {
+  uint32_t b;
+  std::memcpy(&b, pool.unit(unit) + geo.partner_offset(), sizeof b);
+  return b;
+}
+
+uint8_t* KvCache::State::raw_row(uint32_t e, int token) {
+  const uint32_t a = entry_unit(e);
+  const size_t row_bytes = static_cast<size_t>(channels) * 2;
+  if (geo.raw_split() && token >= kTileTokens / 2) return pool.unit(partner(a)) + static_cast<size_t>(token - kTileTokens / 2) * row_bytes;
+  return pool.unit(a) + static_cast<size_t>(token) * row_bytes;
+}
+const uint8_t* KvCache::State::raw_row(uint32_t e, int token) const { return const_cast<State*>(this)->raw_row(e, token); }
+
+uint32_t KvCache::State::take_raw_tile() {
+  const uint32_t a = pool.take();
+  std::memset(pool.unit(a), 0, geo.unit_bytes);
+  if (geo.raw_split()) {
+    const uint32_t b = pool.take();
+    std::memset(pool.unit(b), 0, geo.unit_bytes);
+    std::memcpy(pool.unit(a) + geo.partner_offset(), &b, sizeof b);
+  }
+  return make_entry(TileClass::raw, a);
+}
+
+void KvCache::State::free_tile(uint32_t& e) {
+  if (entry_class(e) == TileClass::absent) return;
+  const uint32_t a = entry_unit(e);
+  if (entry_class(e) == TileClass::raw && geo.raw_split()) pool.give(partner(a));
+  pool.give(a);
+  e = kAbsentEntry;
+}
+
+void KvCache::State::free_class_tiles(uint32_t row, int cls) {
+  for_each_tile([&](int l, int h, TensorKind kind, int half) {
+    if (layer_class[static_cast<size_t>(l)] == cls) free_tile(entry(l, row, h, kind, half));
+  });
+}
+
+// ---------------------------------------------------------------------------------------------
+// Construction
+
+KvCache::KvCache(CacheConfig cache_config) : state_(std::make_unique<State>()) {
+  State& s = *state_;
+  s.config = std::move(cache_config);
+  const CacheConfig& config = s.config;
+  const CacheGeometry& g = config.geometry;
+  if (g.layers <= 0 || g.kv_heads <= 0) {
+    throw Error("KV cache geometry needs layers > 0 and kv_heads > 0, got " + std::to_string(g.layers) + " and " +
+                std::to_string(g.kv_heads));
+  }
+  if (g.head_dim != 64 && g.head_dim != 128 && g.head_dim != 256) {
+    throw Error("KV cache head_dim is " + std::to_string(g.head_dim) + "; gaac supports 64, 128 or 256");
+  }
+  if (!g.sliding_window.empty() && g.sliding_window.size() != static_cast<size_t>(g.layers)) {
+    throw Error("sliding_window has " + std::to_string(g.sliding_window.size()) + " entries for " +
+                std::to_string(g.layers) + " layers");
+  }
+  s.channels = g.head_dim < kMaxTileChannels ? g.head_dim : kMaxTileChannels;
+  s.halves = g.head_dim / s.channels;
+  s.windows.assign(static_cast<size_t>(g.layers), 0);
+  s.layer_class.assign(static_cast<size_t>(g.layers), -1);
+  for (int l = 0; l < g.layers; ++l) {
+    const int w = g.sliding_window.empty() ? 0 : g.sliding_window[static_cast<size_t>(l)];
+    if (w < 0) throw Error("layer " + std::to_string(l) + " has a negative sliding window (" + std::to_string(w) + ")");
+    s.windows[static_cast<size_t>(l)] = w;
+    if (w == 0) continue;
+    auto it = std::find(s.class_window.begin(), s.class_window.end(), w);
+    if (it == s.class_window.end()) {
+      if (s.class_window.size() == kMaxWindowClasses) throw Error("more than 8 distinct sliding windows");
+      s.class_window.push_back(w);
+      it = s.class_window.end() - 1;
+    }
+    s.layer_class[static_cast<size_t>(l)] = static_cast<int>(it - s.class_window.begin());
+  }
+
+  const TileShape shape{TensorKind::key, s.channels};
+  uint32_t unit_bytes = 0;
+  if (config.format == CacheFormat::gaac) {
+    if (config.calibration == nullptr) throw Error("a gaac KV cache needs a calibration table");
+    const CalibrationTable& table = *config.calibration;
+    if (table.layers() != g.layers || table.kv_heads() != g.kv_heads || table.head_dim() != g.head_dim) {
+      throw Error("the calibration table is for " + std::to_string(table.layers()) + " layers × " +
+                  std::to_string(table.kv_heads()) + " KV heads × head_dim " + std::to_string(table.head_dim()) +
+                  ", the cache for " + std::to_string(g.layers) + " × " + std::to_string(g.kv_heads) + " × " +
+                  std::to_string(g.head_dim));
+    }
+    const size_t capacity = largest_capacity(table);
+    s.plans.emplace(table, capacity, config.backend);
+    unit_bytes = static_cast<uint32_t>(shape.slot_bytes(capacity));
+    s.raw_units = 2;
+    s.bases.resize(static_cast<size_t>(g.layers) * 4 * g.kv_heads * g.head_dim);
+  } else {
+    unit_bytes = static_cast<uint32_t>(shape.raw_bytes());
+    s.raw_units = 1;
+  }
+  s.geo = PagedGeometry{g.layers, g.kv_heads, g.head_dim, unit_bytes, 0};
+
+  // Carve the budget: N units and R rows with R = N / (tiles a row keeps for good) + 1, so the table
+  // never runs out before the pool does (rows of sliding layers give their tiles back).
+  const size_t row_entries = s.geo.entries_per_row();
+  int resident_layers = 0;
+  for (int l = 0; l < g.layers; ++l) resident_layers += s.windows[static_cast<size_t>(l)] == 0 ? 1 : 0;
+  const size_t resident_entries = static_cast<size_t>(std::max(resident_layers, 1)) * s.geo.entries_per_layer_row();
+  const double per_unit = unit_bytes + 4.0 * static_cast<double>(row_entries) / static_cast<double>(resident_entries);
+  uint64_t units = static_cast<uint64_t>(static_cast<double>(config.budget_bytes) / per_unit);
+  const auto rows_for = [&](uint64_t n) { return n / resident_entries + 1; };
+  while (units > 0 && units * unit_bytes + rows_for(units) * row_entries * 4 > config.budget_bytes) --units;
+  units = std::min<uint64_t>(units, kMaxUnits);
+  const uint64_t block_units = row_entries * s.raw_units;
+  if (units < block_units) {
+    throw Error("a KV cache budget of " + str(config.budget_bytes) + " bytes holds less than one block of every layer (" +
+                str(block_units * unit_bytes + 2 * row_entries * 4) + " bytes for a " + to_string(config.format) +
+                " cache of this model)");
+  }
+  s.geo.row_capacity = static_cast<uint32_t>(rows_for(units));
+  s.pool = cache::UnitPool(static_cast<uint32_t>(units), unit_bytes, kPoolAlignment);
+  s.entries.assign(s.geo.table_entries(), kAbsentEntry);
+  s.free_rows.resize(s.geo.row_capacity);
+  for (uint32_t r = 0; r < s.geo.row_capacity; ++r) s.free_rows[r] = s.geo.row_capacity - 1 - r;
+  s.row_refs.assign(s.geo.row_capacity, 0);
+  s.row_window_refs.assign(static_cast<size_t>(s.geo.row_capacity) * s.class_window.size(), 0);
+  s.row_tokens.assign(s.geo.row_capacity, 0);
+  if (s.compressed()) {
+    const CalibrationTable& table = *config.calibration;
+    for (int l = 0; l < g.layers; ++l) {
+      for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
+        for (int which = 0; which < 2; ++which) {
+          for (int h = 0; h < g.kv_heads; ++h) {
+            const auto src = which == 0 ? table.b3(kind, l, h) : table.b4(kind, l, h);
+            std::copy(src.begin(), src.end(), s.bases.begin() + static_cast<std::ptrdiff_t>(s.geo.bases_index(l, kind, which, h)));
+          }
+        }
+      }
+    }
+  }
+}
+
+KvCache::~KvCache() = default;
+KvCache::KvCache(KvCache&&) noexcept = default;
+KvCache& KvCache::operator=(KvCache&&) noexcept = default;
+
+// ---------------------------------------------------------------------------------------------
+// Sequences
+
+SequenceId KvCache::add_sequence() {
+  State& s = *state_;
+  SequenceId id;
+  if (!s.free_ids.empty()) {
+    id = s.free_ids.back();
+    s.free_ids.pop_back();
+  } else {
+    id = static_cast<SequenceId>(s.sequences.size());
+    s.sequences.emplace_back();
+  }
+  State::Sequence& q = s.sequences[id];
+  q = State::Sequence{};
+  q.alive = true;
+  q.dropped.assign(static_cast<size_t>(s.classes()), 0);
+  return id;
+}
+
+bool KvCache::contains(SequenceId sequence) const {
+  return sequence < state_->sequences.size() && state_->sequences[sequence].alive;
+}
+
+int KvCache::length(SequenceId sequence) const { return state_->sequence(sequence).length; }
+
+CacheStatus KvCache::fork(SequenceId parent, SequenceId& child) {
+  State& s = *state_;
+  const State::Sequence& p = s.sequence(parent);
+  const bool open = p.length % kTileTokens != 0;
+  uint64_t units = 0;
+  if (open) {
+    s.for_each_tile([&](int l, int h, TensorKind kind, int half) { units += s.units_of(s.entry(l, p.rows.back(), h, kind, half)); });
+    if (units > s.pool.free_count() || s.free_rows.empty()) return CacheStatus::out_of_space;
+  }
+  const SequenceId id = add_sequence();
+  State::Sequence& c = s.sequences[id];
+  const State::Sequence& pp = s.sequences[parent];  // add_sequence may have moved the vector
+  c.length = pp.length;
+  c.dropped = pp.dropped;
+  c.rows = pp.rows;
+  const size_t shared = open ? c.rows.size() - 1 : c.rows.size();
+  for (size_t b = 0; b < shared; ++b) {
+    ++s.row_refs[c.rows[b]];
+    for (int cls = 0; cls < s.classes(); ++cls) {
+      if (static_cast<int>(b) >= c.dropped[static_cast<size_t>(cls)]) ++s.window_refs(c.rows[b], cls);
+    }
+  }
+  if (open) {
+    const uint32_t from = c.rows.back();
+    const uint32_t row = s.free_rows.back();
+    s.free_rows.pop_back();
+    s.row_refs[row] = 1;
+    s.row_tokens[row] = s.row_tokens[from];
+    for (int cls = 0; cls < s.classes(); ++cls) {
+      s.window_refs(row, cls) = static_cast<int>(shared) >= c.dropped[static_cast<size_t>(cls)] ? 1 : 0;
+    }
+    s.for_each_tile([&](int l, int h, TensorKind kind, int half) {
+      const uint32_t e = s.entry(l, from, h, kind, half);
+      uint32_t& to = s.entry(l, row, h, kind, half);
+      to = kAbsentEntry;
+      if (entry_class(e) == TileClass::absent) return;
+      to = s.take_raw_tile();
+      for (int t = 0; t < s.row_tokens[from]; ++t) std::memcpy(s.raw_row(to, t), s.raw_row(e, t), static_cast<size_t>(s.channels) * 2);
+    });
+    c.rows.back() = row;
+  }
+  child = id;
+  return CacheStatus::ok;
+}
+
+void KvCache::free_sequence(SequenceId sequence) {
+  State& s = *state_;
+  State::Sequence& q = s.sequence(sequence);
+  for (size_t b = 0; b < q.rows.size(); ++b) {
+    const uint32_t row = q.rows[b];
+    for (int cls = 0; cls < s.classes(); ++cls) {
+      if (static_cast<int>(b) >= q.dropped[static_cast<size_t>(cls)] && --s.window_refs(row, cls) == 0) s.free_class_tiles(row, cls);
+    }
+    if (--s.row_refs[row] == 0) {
+      s.for_each_tile([&](int l, int h, TensorKind kind, int half) { s.free_tile(s.entry(l, row, h, kind, half)); });
+      s.row_tokens[row] = 0;
+      s.free_rows.push_back(row);
+    }
+  }
+  q = State::Sequence{};
+  s.free_ids.push_back(sequence);
+}
+
+// ---------------------------------------------------------------------------------------------
+// Appending
+
+namespace {
+
+/// One tile to encode during an append: of the open block (block −1) or of new complete block j.
+struct EncodeJob {
+  int block;
+  int layer, head, half;
+  TensorKind kind;
+};
+
+}  // namespace
+
+namespace {
+
+/// Block rows an append of `tokens` tokens opens for a sequence of `length` tokens.
+int rows_opened(int length, int tokens) {
+  const int open_room = length % kTileTokens == 0 ? 0 : kTileTokens - length % kTileTokens;
+  const int rest = std::max(0, tokens - open_room);
+  return (rest + kTileTokens - 1) / kTileTokens;
+}
+
+}  // namespace
+
+uint64_t KvCache::worst_case_bytes(SequenceId sequence, int tokens) const {
+  const State& s = *state_;
+  if (tokens < 0) throw Error("cannot append a negative number of tokens (" + std::to_string(tokens) + ")");
+  const auto rows = static_cast<uint64_t>(rows_opened(s.sequence(sequence).length, tokens));
+  return rows * s.geo.entries_per_row() * (s.raw_units * uint64_t{s.geo.unit_bytes} + 4);
+}
+
+bool KvCache::can_append(SequenceId sequence, int tokens) const {
+  const State& s = *state_;
+  if (tokens < 0) throw Error("cannot append a negative number of tokens (" + std::to_string(tokens) + ")");
+  const auto rows = static_cast<uint64_t>(rows_opened(s.sequence(sequence).length, tokens));
+  return rows <= s.free_rows.size() && rows * s.geo.entries_per_row() * s.raw_units <= s.pool.free_count();
+}
+
+AppendOutcome KvCache::append(SequenceId sequence, std::span<const KvView> k, std::span<const KvView> v) {
+  State& s = *state_;
+  State::Sequence& q = s.sequence(sequence);
+  const PagedGeometry& g = s.geo;
+  if (k.size() != static_cast<size_t>(g.layers) || v.size() != k.size()) {
+    throw Error("append needs K and V rows for each of the " + std::to_string(g.layers) + " layers, got " +
+                std::to_string(k.size()) + " and " + std::to_string(v.size()));
+  }
+  const int n = k[0].tokens;
+  for (int l = 0; l < g.layers; ++l) {
+    for (const KvView* view : {&k[static_cast<size_t>(l)], &v[static_cast<size_t>(l)]}) {
+      if (view->tokens != n || view->heads != g.kv_heads || view->head_dim != g.head_dim || view->data == nullptr) {
+        throw Error("append: layer " + std::to_string(l) + " rows are [" + std::to_string(view->tokens) + ", " +
+                    std::to_string(view->heads) + ", " + std::to_string(view->head_dim) + "], expected [" +
+                    std::to_string(n) + ", " + std::to_string(g.kv_heads) + ", " + std::to_string(g.head_dim) + "]");
+      }
+    }
+  }
+  if (n == 0) return {};
+  if (static_cast<int64_t>(q.length) + n > (int64_t{1} << 30)) throw Error("a sequence of more than 2^30 tokens");
+
+  const int r0 = q.length % kTileTokens;
+  const bool open = r0 != 0;
+  const int fill = open ? std::min(n, kTileTokens - r0) : 0;
+  const bool completes = open && r0 + fill == kTileTokens;
+  const int rest = n - fill;
+  const int new_full = rest / kTileTokens;
+  const int new_tail = rest % kTileTokens;
+  const int new_rows = new_full + (new_tail > 0 ? 1 : 0);
+  const int old_blocks = static_cast<int>(q.rows.size());
+  const int length = q.length + n;
+  std::vector<int> target(static_cast<size_t>(s.classes()));
+  for (int c = 0; c < s.classes(); ++c) target[static_cast<size_t>(c)] = std::max(q.dropped[static_cast<size_t>(c)], s.needed_from(length, c));
+  // Whether block b (of the sequence after the append) is no longer needed by the layers of `layer`.
+  const auto dropped_for = [&](int b, int layer) {
+    const int c = s.layer_class[static_cast<size_t>(layer)];
+    return c >= 0 && b < target[static_cast<size_t>(c)];
+  };
+  // Row of token `t` of the append: (tokens of the append live at positions q.length + t).
+  const auto input_row = [&](const KvView& view, int t, int head, int half) {
+    return view.at(t, head) + static_cast<size_t>(half) * kMaxTileChannels;
+  };
+
+  // Phase 1: encode every tile that this append completes, so the units it needs are known exactly.
+  std::vector<EncodeJob> jobs;
+  if (s.compressed()) {
+    const auto add_block = [&](int job_block, int sequence_block) {
+      s.for_each_tile([&](int l, int h, TensorKind kind, int half) {
+        if (!dropped_for(sequence_block, l) && !(job_block < 0 && entry_class(s.entry(l, q.rows.back(), h, kind, half)) == TileClass::absent)) {
+          jobs.push_back({job_block, l, h, half, kind});
+        }
+      });
+    };
+    if (completes) add_block(-1, old_blocks - 1);
+    for (int j = 0; j < new_full; ++j) add_block(j, old_blocks + j);
+  }
+  const size_t unit_bytes = g.unit_bytes;
+  std::vector<uint8_t> slots(jobs.size() * unit_bytes);
+  std::vector<TileEncoding> encodings(jobs.size());
+  const auto encode = [&](size_t begin, size_t end) {
+    std::vector<uint16_t> tile(static_cast<size_t>(kTileTokens) * s.channels);
+    for (size_t i = begin; i < end; ++i) {
+      const EncodeJob& job = jobs[i];
+      const TilePlan& plan = s.plans->plan(job.kind, job.layer, job.head, job.half);
+      const KvView& view = (job.kind == TensorKind::key ? k : v)[static_cast<size_t>(job.layer)];
+      if (job.block >= 0) {
+        const uint16_t* src = input_row(view, fill + job.block * kTileTokens, job.head, job.half);
+        plan.encode_blocks(src, view.token_stride, 0, 1, slots.data() + i * unit_bytes, 0, &encodings[i]);
+        continue;
+      }
+      // The open block: its tail rows, then the rows that complete it.
+      const uint32_t e = s.entry(job.layer, q.rows.back(), job.head, job.kind, job.half);
+      const size_t row_bytes = static_cast<size_t>(s.channels) * 2;
+      for (int t = 0; t < kTileTokens; ++t) {
+        const void* from = t < r0 ? static_cast<const void*>(s.raw_row(e, t)) : input_row(view, t - r0, job.head, job.half);
+        std::memcpy(tile.data() + static_cast<size_t>(t) * s.channels, from, row_bytes);
+      }
+      plan.encode_blocks(tile.data(), static_cast<size_t>(s.channels), 0, 1, slots.data() + i * unit_bytes, 0, &encodings[i]);
+    }
+  };
+  if (s.config.parallel && jobs.size() > 1) {
+    s.config.parallel(jobs.size(), encode);
+  } else {
+    encode(0, jobs.size());
+  }
+
+  // Units: what the append frees first (blocks leaving a window, open-block tiles that compress),
+  // then what it takes.
+  uint64_t frees = 0, takes = 0;
+  for (int c = 0; c < s.classes(); ++c) {
+    for (int b = q.dropped[static_cast<size_t>(c)]; b < std::min(target[static_cast<size_t>(c)], old_blocks); ++b) {
+      const uint32_t row = q.rows[static_cast<size_t>(b)];
+      if (s.window_refs(row, c) != 1) continue;
+      s.for_each_tile([&](int l, int h, TensorKind kind, int half) {
+        if (s.layer_class[static_cast<size_t>(l)] == c) frees += s.units_of(s.entry(l, row, h, kind, half));
+      });
+    }
+  }
+  size_t next = 0;
+  if (completes && s.compressed()) {
+    for (; next < jobs.size() && jobs[next].block < 0; ++next) {
+      if (encodings[next].fits) {
+        frees += s.raw_units;
+        takes += 1;
+      }
+    }
+  }
+  for (size_t i = next; i < jobs.size(); ++i) takes += encodings[i].fits ? 1 : s.raw_units;
+  if (!s.compressed()) {
+    for (int j = 0; j < new_full; ++j) {
+      for (int l = 0; l < g.layers; ++l) {
+        if (!dropped_for(old_blocks + j, l)) takes += static_cast<uint64_t>(g.entries_per_layer_row()) * s.raw_units;
+      }
+    }
+  }
+  if (new_tail > 0) takes += g.entries_per_row() * s.raw_units;
+  const uint64_t free_units = s.pool.free_count() + frees;
+  if (takes > free_units || static_cast<size_t>(new_rows) > s.free_rows.size()) {
+    const uint64_t entry_bytes = g.entries_per_row() * 4;
+    return {CacheStatus::out_of_space, takes * unit_bytes + static_cast<uint64_t>(new_rows) * entry_bytes,
+            free_units * unit_bytes + s.free_rows.size() * entry_bytes};
+  }
+
+  // Phase 2: commit; nothing below can fail.
+  const size_t row_bytes = static_cast<size_t>(s.channels) * 2;
+  for (int c = 0; c < s.classes(); ++c) {
+    for (int b = q.dropped[static_cast<size_t>(c)]; b < std::min(target[static_cast<size_t>(c)], old_blocks); ++b) {
+      const uint32_t row = q.rows[static_cast<size_t>(b)];
+      if (--s.window_refs(row, c) == 0) s.free_class_tiles(row, c);
+    }
+  }
+  if (open) {
+    const uint32_t row = q.rows.back();
+    s.for_each_tile([&](int l, int h, TensorKind kind, int half) {
+      const uint32_t e = s.entry(l, row, h, kind, half);
+      if (entry_class(e) == TileClass::absent) return;
+      const KvView& view = (kind == TensorKind::key ? k : v)[static_cast<size_t>(l)];
+      for (int t = 0; t < fill; ++t) std::memcpy(s.raw_row(e, r0 + t), input_row(view, t, h, half), row_bytes);
+    });
+    s.row_tokens[row] = static_cast<uint8_t>(r0 + fill);
+    for (size_t i = 0; i < next; ++i) {
+      if (!encodings[i].fits) continue;
+      const EncodeJob& job = jobs[i];
+      uint32_t& e = s.entry(job.layer, row, job.head, job.kind, job.half);
+      s.free_tile(e);
+      const uint32_t unit = s.pool.take();
+      std::memcpy(s.pool.unit(unit), slots.data() + i * unit_bytes, unit_bytes);
+      e = make_entry(TileClass::compressed, unit);
+    }
+  }
+  size_t job = next;
+  for (int j = 0; j < new_rows; ++j) {
+    const int block = old_blocks + j;
+    const bool full = j < new_full;
+    const uint32_t row = s.free_rows.back();
+    s.free_rows.pop_back();
+    s.row_refs[row] = 1;
+    s.row_tokens[row] = static_cast<uint8_t>(full ? kTileTokens : new_tail);
+    for (int c = 0; c < s.classes(); ++c) s.window_refs(row, c) = block < target[static_cast<size_t>(c)] ? 0 : 1;
+    const int first = fill + j * kTileTokens;
+    const int count = full ? kTileTokens : new_tail;
+    s.for_each_tile([&](int l, int h, TensorKind kind, int half) {
+      uint32_t& e = s.entry(l, row, h, kind, half);
+      e = kAbsentEntry;
+      if (dropped_for(block, l)) return;
+      if (full && s.compressed()) {
+        const size_t i = job++;
+        if (encodings[i].fits) {
+          const uint32_t unit = s.pool.take();
+          std::memcpy(s.pool.unit(unit), slots.data() + i * unit_bytes, unit_bytes);
+          e = make_entry(TileClass::compressed, unit);
+          return;
+        }
+      }
+      e = s.take_raw_tile();
+      const KvView& view = (kind == TensorKind::key ? k : v)[static_cast<size_t>(l)];
+      for (int t = 0; t < count; ++t) std::memcpy(s.raw_row(e, t), input_row(view, first + t, h, half), row_bytes);
+    });
+    q.rows.push_back(row);
+  }
+  q.length = length;
+  for (int c = 0; c < s.classes(); ++c) q.dropped[static_cast<size_t>(c)] = target[static_cast<size_t>(c)];
+  return {};
+}
+
+}  // namespace gaac

@@ -3,21 +3,11 @@
 #include <string>
 
 #include "codec/kernels.hpp"
+#include "common/cpu.hpp"
 #include "gaac/codec_plan.hpp"
 #include "gaac/error.hpp"
 
 namespace gaac {
-namespace {
-
-bool cpu_has_avx2_and_bmi2() {
-#if defined(__x86_64__) || defined(_M_X64)
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("bmi2");
-#else
-  return false;
-#endif
-}
-
-}  // namespace
 
 bool validate_bases(TileShape shape, const TileBases& bases) {
   const auto n = static_cast<size_t>(shape.channels);
@@ -54,7 +44,7 @@ bool backend_available(Backend backend) {
   switch (backend) {
     case Backend::automatic:
     case Backend::scalar: return true;
-    case Backend::avx2: return avx2::compiled() && cpu_has_avx2_and_bmi2();
+    case Backend::avx2: return avx2::compiled() && cpu_features().avx2_set();
   }
   return false;
 }

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstdint>
 
+#include "common/cpu.hpp"
 #include "gaac/bf16.hpp"
 
 #if (defined(__x86_64__) || defined(_M_X64)) && defined(__AVX2__) && defined(__FMA__)
@@ -169,7 +170,7 @@ void fold_chunk(const uint16_t* v, size_t stride, size_t n, const float* ms, con
   for (int k = 0; k < kVectors; ++k) _mm256_storeu_ps(acc + 8 * k, a[k]);
 }
 
-bool cpu_ok() { return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma"); }
+bool cpu_ok() { return cpu_features().avx2_set(); }
 
 }  // namespace
 

@@ -22,12 +22,12 @@
 #include <cstring>
 #include <type_traits>
 
+#include "common/cpu.hpp"
 #include "gaac/error.hpp"
 #include "model/quants.hpp"
 
 #if (defined(__x86_64__) || defined(_M_X64)) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #define GAAC_QUANTS_AVX2 1
-#include <cpuid.h>
 #include <immintrin.h>
 #endif
 
@@ -497,12 +497,7 @@ void with_kind(GgmlType type, F&& fn) {
   }
 }
 
-bool cpu_ok() {
-  // F16C through CPUID (leaf 1, ECX bit 29): clang 14's __builtin_cpu_supports does not know "f16c".
-  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
-  const bool f16c = __get_cpuid(1, &eax, &ebx, &ecx, &edx) && (ecx & bit_F16C) != 0;
-  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && f16c;
-}
+bool cpu_ok() { return cpu_features().avx2_set(); }
 
 void require() {
   static const bool ok = cpu_ok();

@@ -17,6 +17,7 @@
 #include <immintrin.h>
 #endif
 
+#include "common/cpu.hpp"
 #include "gaac/error.hpp"
 #include "model/gguf.hpp"
 #include "model/quants.hpp"
@@ -79,7 +80,7 @@ float half_by_definition(uint16_t h) {
 
 #if defined(__x86_64__) || defined(_M_X64)
 __attribute__((target("f16c"))) float half_by_f16c(uint16_t h) { return _cvtsh_ss(h); }
-bool have_f16c() { return __builtin_cpu_supports("f16c"); }
+bool have_f16c() { return cpu_features().f16c; }
 #else
 float half_by_f16c(uint16_t) { return 0.0f; }
 bool have_f16c() { return false; }

@@ -48,6 +48,11 @@ class GAAC_API TilePlan {
   Backend backend() const noexcept { return backend_; }
   /// The backend's prepared bases (for kernels of the same backend that decode in place).
   const uint8_t* prepared() const noexcept { return prepared_.data(); }
+  /// The bases as given, one per channel (for kernels that decode element by element).
+  TileBases bases() const noexcept {
+    const auto n = static_cast<size_t>(shape_.channels);
+    return {{b3_.data(), n}, {b4_.data(), n}};
+  }
 
   /// Encodes `count` tiles. Tile i has element (t, c) at `src[i·tile_stride + t·row_stride + c]` and goes
   /// to the slot at `slots + i·slot_stride`; `results[i]` (when `results` is not null) receives its
@@ -72,6 +77,7 @@ class GAAC_API TilePlan {
   Backend backend_ = Backend::scalar;
   EncodeFn encode_ = nullptr;
   DecodeFn decode_ = nullptr;
+  std::array<uint8_t, kMaxTileChannels> b3_{}, b4_{};
   alignas(64) std::array<uint8_t, kPreparedBytes> prepared_{};
 };
 

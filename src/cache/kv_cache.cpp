@@ -182,6 +182,7 @@ KvCache::KvCache(CacheConfig cache_config) : state_(std::make_unique<State>()) {
       }
     }
   }
+  s.config.calibration = nullptr;  // everything needed is copied: the table need not outlive the cache
 }
 
 KvCache::~KvCache() = default;

@@ -1,6 +1,7 @@
 // TilePlan and CodecPlans: validation and preparation once, then unchecked batched coding.
 #include "gaac/codec_plan.hpp"
 
+#include <algorithm>
 #include <string>
 
 #include "codec/kernels.hpp"
@@ -19,6 +20,8 @@ TilePlan::TilePlan(TileShape shape, const TileBases& bases, size_t escape_capaci
   if (backend == Backend::automatic) backend = best_backend();
   if (!backend_available(backend)) throw Error(std::string("backend not available on this machine: ") + to_string(backend));
   backend_ = backend;
+  std::copy_n(bases.b3.begin(), shape.channels, b3_.begin());
+  std::copy_n(bases.b4.begin(), shape.channels, b4_.begin());
   const detail::ShapeKernels kernels = backend == Backend::avx2 ? avx2::kernels(shape) : reference::kernels(shape);
   kernels.prepare(bases, prepared_.data());
   encode_ = kernels.encode;

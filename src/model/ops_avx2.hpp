@@ -12,10 +12,4 @@ bool available();
 void swiglu(float* gate, const float* up, size_t n);
 void attend(const AttentionQuery& query, float* out, std::vector<float>& scratch);
 
-/// x[i] = expf(x[i]) for i < n with the C library's results bit for bit: eight at a time by the
-/// library's own algorithm when a start-up check finds this library computes it, else by calling it.
-void exp_in_place(float* x, size_t n);
-/// Whether exp_in_place runs the vector version (the start-up check passed).
-bool exp_vectorised();
-
 }  // namespace gaac::model::ops::avx2

@@ -1,0 +1,312 @@
+// CPU decode attention over a paged cache: (query, KV head, range) jobs walk the block table, score
+// and fold block by block under one online softmax, and merge their ranges.
+#include "gaac/attention.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "attention/attention_internal.hpp"
+#include "attention/expf.hpp"
+#include "gaac/bf16.hpp"
+#include "gaac/error.hpp"
+
+namespace gaac {
+
+const char* to_string(AttentionPath path) { return path == AttentionPath::fused ? "fused" : "reference"; }
+
+namespace attention {
+namespace {
+
+/// Most query heads one KV head may serve (the kernels' scratch is sized for it).
+constexpr int kMaxGroup = 64;
+
+/// What one (query, KV head) needs to know about its sequence.
+struct QueryPlan {
+  const uint32_t* rows;  ///< the sequence's block rows
+  int length;            ///< tokens in the cache
+  int first, last;       ///< positions attended, inclusive
+};
+
+/// The running state of the online softmax of one query head, and its accumulator.
+struct Partial {
+  float max = -INFINITY;
+  float sum = 0.0f;
+};
+
+/// Scratch of one worker.
+struct Scratch {
+  std::vector<float> q, acc, scores, rescale, weight;
+  std::vector<uint16_t> tiles;  // decoded tiles of the reference path: [K/V][half][16 × C]
+  std::vector<Partial> partials;
+};
+
+class Runner {
+ public:
+  Runner(const KvCache& cache, int layer, std::span<const AttentionQuery> queries, const AttentionOptions& o,
+         const Kernels& kernels)
+      : cache_(cache), view_(cache.view()), layer_(layer), queries_(queries), o_(o), kernels_(kernels) {
+    const PagedGeometry& g = view_.geometry;
+    if (layer < 0 || layer >= g.layers) throw Error("attention: layer " + std::to_string(layer) + " outside the cache's " + std::to_string(g.layers));
+    if (o.q_heads <= 0 || o.q_heads % g.kv_heads != 0) {
+      throw Error("attention: " + std::to_string(o.q_heads) + " query heads do not divide over " + std::to_string(g.kv_heads) + " KV heads");
+    }
+    group_ = o.q_heads / g.kv_heads;
+    if (group_ > kMaxGroup) throw Error("attention: more than 64 query heads per KV head");
+    if (o.splits < 1) throw Error("attention: splits must be at least 1, got " + std::to_string(o.splits));
+    const int window = o.window < 0 ? view_.windows[layer] : o.window;
+    std::vector<SequenceId> ids;
+    for (const AttentionQuery& q : queries) ids.push_back(q.sequence);
+    table_ = cache.sequence_table(ids);  // throws on an unknown sequence
+    for (size_t i = 0; i < queries.size(); ++i) {
+      const AttentionQuery& q = queries[i];
+      const int length = table_.lengths[i];
+      const int extra = q.extra_k.data == nullptr ? 0 : q.extra_k.tokens;
+      if (q.q == nullptr || q.out == nullptr) throw Error("attention: query " + std::to_string(i) + " has no q or out");
+      if (extra > 0) {
+        for (const KvView* v : {&q.extra_k, &q.extra_v}) {
+          if (v->data == nullptr || v->tokens != extra || v->heads != g.kv_heads || v->head_dim != g.head_dim) {
+            throw Error("attention: query " + std::to_string(i) + " has extra rows of the wrong shape");
+          }
+        }
+      }
+      if (q.position < 0 || q.position >= length + extra) {
+        throw Error("attention: query " + std::to_string(i) + " at position " + std::to_string(q.position) + " but its sequence has " +
+                    std::to_string(length) + " cached and " + std::to_string(extra) + " extra tokens");
+      }
+      plans_.push_back({table_.rows.data() + table_.indptr[i], length, first_attended(q.position, window), q.position});
+    }
+  }
+
+  void run() {
+    const size_t jobs = queries_.size() * static_cast<size_t>(view_.geometry.kv_heads) * static_cast<size_t>(o_.splits);
+    if (o_.splits > 1) {
+      partials_.resize(jobs * static_cast<size_t>(group_));
+      partial_acc_.resize(jobs * static_cast<size_t>(group_) * static_cast<size_t>(view_.geometry.head_dim));
+    }
+    const auto body = [&](size_t begin, size_t end) {
+      Scratch scratch;
+      for (size_t j = begin; j < end; ++j) run_job(j, scratch);
+    };
+    if (o_.parallel && jobs > 1) {
+      o_.parallel(jobs, body);
+    } else {
+      body(0, jobs);
+    }
+    if (o_.splits > 1) merge();
+  }
+
+ private:
+  /// Sources of the K or V tiles of one block of one head (null when the position range needs none).
+  void block_sources(const QueryPlan& p, int block, int head, TensorKind kind, int t0, int t1, TileSource* out, Scratch& s,
+                     int scratch_slot) const {
+    const PagedGeometry& g = view_.geometry;
+    const uint32_t row = p.rows[block];
+    const int channels = g.tile_channels();
+    for (int half = 0; half < g.halves(); ++half) {
+      TileSource& src = out[half];
+      src = TileSource{};
+      const uint32_t e = view_.entries[g.entry_index(layer_, row, head, kind, half)];
+      const uint8_t* a = view_.units + g.unit_offset(entry_unit(e));
+      if (entry_class(e) == TileClass::compressed) {
+        const TilePlan& plan = cache_.plans()->plan(kind, layer_, head, half);
+        if (o_.path == AttentionPath::fused && !mixed_halves(row, head, kind)) {
+          src.plan = &plan;
+          src.slot = a;
+          continue;
+        }
+        uint16_t* tile = s.tiles.data() + static_cast<size_t>(scratch_slot * 2 + half) * kTileTokens * channels;
+        const BlockDecodeResult r = plan.decode_blocks(a, 0, 1, tile, static_cast<size_t>(channels), 0);
+        if (r.status != DecodeStatus::ok) throw Error(std::string("attention: a compressed tile does not decode: ") + to_string(r.status));
+        for (int t = t0; t < t1; ++t) src.rows[t] = tile + static_cast<size_t>(t) * channels;
+      } else if (entry_class(e) == TileClass::raw) {
+        const size_t row_bytes = static_cast<size_t>(channels) * 2;
+        const uint8_t* second = a + g.raw_half_bytes();
+        if (g.raw_split()) {
+          uint32_t b;
+          std::memcpy(&b, a + g.partner_offset(), sizeof b);
+          second = view_.units + g.unit_offset(b);
+        }
+        for (int t = t0; t < t1; ++t) {
+          const uint8_t* at = t < kTileTokens / 2 ? a + t * row_bytes : second + (t - kTileTokens / 2) * row_bytes;
+          src.rows[t] = reinterpret_cast<const uint16_t*>(at);
+        }
+      } else {
+        throw Error("attention: layer " + std::to_string(layer_) + " position " + std::to_string(block * kTileTokens + t0) +
+                    " was released by its sliding window");
+      }
+    }
+  }
+
+  /// True when the half-heads of one tile are stored in different classes (one compressed, one raw:
+  /// rare, a fallback of one half of a 256-wide head); the kernels take a head of one kind, so such a
+  /// head is read as raw rows, its compressed half decoded first.
+  bool mixed_halves(uint32_t row, int head, TensorKind kind) const {
+    const PagedGeometry& g = view_.geometry;
+    if (g.halves() == 1) return false;
+    const TileClass first = entry_class(view_.entries[g.entry_index(layer_, row, head, kind, 0)]);
+    return entry_class(view_.entries[g.entry_index(layer_, row, head, kind, 1)]) != first;
+  }
+
+  /// Scores, softmax and fold of tokens [t0, t1) of one segment whose K and V sources are given.
+  void segment(const TileSource* k, const TileSource* v, int t0, int t1, Scratch& s) const {
+    const PagedGeometry& g = view_.geometry;
+    BlockTask task{k, g.halves(), g.tile_channels(), t0, t1, group_};
+    const bool compressed_k = k[0].plan != nullptr;
+    (compressed_k ? kernels_.key_scores_compressed : kernels_.key_scores_raw)(task, s.q.data(), o_.scale, s.scores.data());
+    for (int h = 0; h < group_; ++h) {
+      // The online softmax of position order: first the exponentials' arguments against the running
+      // maximum, all exponentials at once, then the factors and the sum.
+      Partial& part = s.partials[static_cast<size_t>(h)];
+      float* score = s.scores.data() + h * kTileTokens;
+      float* e = s.rescale.data() + h * kTileTokens;
+      float* w = s.weight.data() + h * kTileTokens;
+      float m = part.max;
+      for (int t = t0; t < t1; ++t) {
+        if (score[t] > m) {
+          e[t] = m - score[t];
+          m = score[t];
+        } else {
+          e[t] = score[t] - m;
+        }
+      }
+      expf_in_place(e + t0, static_cast<size_t>(t1 - t0));
+      m = part.max;
+      for (int t = t0; t < t1; ++t) {
+        float rescale = 1.0f, weight = 1.0f;
+        if (score[t] > m) {
+          m = score[t];
+          rescale = e[t];
+        } else {
+          weight = e[t];
+        }
+        e[t] = rescale;
+        w[t] = weight;
+        part.sum = std::fma(part.sum, rescale, weight);
+      }
+      part.max = m;
+    }
+    task.halves = v;
+    const bool compressed_v = v[0].plan != nullptr;
+    (compressed_v ? kernels_.fold_values_compressed : kernels_.fold_values_raw)(task, s.rescale.data(), s.weight.data(), s.acc.data());
+  }
+
+  void run_job(size_t job, Scratch& s) {
+    const PagedGeometry& g = view_.geometry;
+    const int splits = o_.splits, heads = g.kv_heads, d = g.head_dim;
+    const size_t qi = job / static_cast<size_t>(heads * splits);
+    const int head = static_cast<int>(job / static_cast<size_t>(splits) % static_cast<size_t>(heads));
+    const int split = static_cast<int>(job % static_cast<size_t>(splits));
+    const AttentionQuery& query = queries_[qi];
+    const QueryPlan& p = plans_[qi];
+    const size_t gd = static_cast<size_t>(group_) * d;
+    s.q.resize(gd);
+    s.acc.assign(gd, 0.0f);
+    s.scores.resize(static_cast<size_t>(group_) * kTileTokens);
+    s.rescale.resize(s.scores.size());
+    s.weight.resize(s.scores.size());
+    s.tiles.resize(static_cast<size_t>(4 * kTileTokens) * g.tile_channels());
+    s.partials.assign(static_cast<size_t>(group_), Partial{});
+    const float* q = query.q + static_cast<size_t>(head) * gd;
+    for (size_t i = 0; i < gd; ++i) s.q[i] = bf16_to_float(float_to_bf16(q[i]));
+
+    // This split's positions: whole blocks of the attended range.
+    const int first_block = p.first / kTileTokens, last_block = p.last / kTileTokens;
+    const int per = (last_block - first_block + splits) / splits;
+    const int from = std::max(p.first, (first_block + split * per) * kTileTokens);
+    const int to = std::min(p.last, (first_block + (split + 1) * per) * kTileTokens - 1);
+    TileSource k[2], v[2];
+    for (int pos = from; pos <= to;) {
+      const int block = pos / kTileTokens, t0 = pos % kTileTokens;
+      if (pos < p.length) {  // cached positions of this block
+        const int t1 = std::min({kTileTokens, to - block * kTileTokens + 1, p.length - block * kTileTokens});
+        block_sources(p, block, head, TensorKind::key, t0, t1, k, s, 0);
+        block_sources(p, block, head, TensorKind::value, t0, t1, v, s, 1);
+        segment(k, v, t0, t1, s);
+        pos = block * kTileTokens + t1;
+      } else {  // rows given with the query, up to 16 at a time
+        const int e0 = pos - p.length, count = std::min(kTileTokens, to - pos + 1);
+        for (int half = 0; half < g.halves(); ++half) {
+          k[half] = TileSource{};
+          v[half] = TileSource{};
+          for (int t = 0; t < count; ++t) {
+            k[half].rows[t] = query.extra_k.at(e0 + t, head) + half * kMaxTileChannels;
+            v[half].rows[t] = query.extra_v.at(e0 + t, head) + half * kMaxTileChannels;
+          }
+        }
+        segment(k, v, 0, count, s);
+        pos += count;
+      }
+    }
+
+    if (splits == 1) {
+      for (int h = 0; h < group_; ++h) {
+        const float sum = s.partials[static_cast<size_t>(h)].sum;
+        const float inverse = sum == 0.0f ? 0.0f : 1.0f / sum;
+        float* out = query.out + (static_cast<size_t>(head) * group_ + h) * d;
+        const float* acc = s.acc.data() + static_cast<size_t>(h) * d;
+        for (int c = 0; c < d; ++c) out[c] = acc[c] * inverse;
+      }
+      return;
+    }
+    std::copy(s.partials.begin(), s.partials.end(), partials_.begin() + static_cast<std::ptrdiff_t>(job * group_));
+    std::copy(s.acc.begin(), s.acc.end(), partial_acc_.begin() + static_cast<std::ptrdiff_t>(job * gd));
+  }
+
+  /// Combines the ranges of every (query, KV head) in range order: M = max M_i, S = Σ S_i·e^(M_i − M),
+  /// acc = Σ acc_i·e^(M_i − M), each sum a chain of fused multiply-adds; empty ranges are skipped.
+  void merge() {
+    const int heads = view_.geometry.kv_heads, d = view_.geometry.head_dim, splits = o_.splits;
+    for (size_t qi = 0; qi < queries_.size(); ++qi) {
+      for (int head = 0; head < heads; ++head) {
+        for (int h = 0; h < group_; ++h) {
+          const size_t first_job = (qi * heads + head) * static_cast<size_t>(splits);
+          const auto part = [&](int sp) -> const Partial& { return partials_[(first_job + sp) * group_ + h]; };
+          float m = -INFINITY;
+          for (int sp = 0; sp < splits; ++sp) m = std::max(m, part(sp).max);
+          float* out = queries_[qi].out + (static_cast<size_t>(head) * group_ + h) * d;
+          std::vector<float> acc(static_cast<size_t>(d), 0.0f);
+          float sum = 0.0f;
+          for (int sp = 0; sp < splits; ++sp) {
+            if (part(sp).sum == 0.0f && part(sp).max == -INFINITY) continue;
+            const float f = std::exp(part(sp).max - m);
+            sum = std::fma(part(sp).sum, f, sum);
+            const float* a = partial_acc_.data() + ((first_job + sp) * group_ + h) * static_cast<size_t>(d);
+            for (int c = 0; c < d; ++c) acc[static_cast<size_t>(c)] = std::fma(a[c], f, acc[static_cast<size_t>(c)]);
+          }
+          const float inverse = sum == 0.0f ? 0.0f : 1.0f / sum;
+          for (int c = 0; c < d; ++c) out[c] = acc[static_cast<size_t>(c)] * inverse;
+        }
+      }
+    }
+  }
+
+  const KvCache& cache_;
+  const PagedCacheView view_;
+  const int layer_;
+  const std::span<const AttentionQuery> queries_;
+  const AttentionOptions& o_;
+  const Kernels& kernels_;
+  int group_ = 1;
+  SequenceTable table_;
+  std::vector<QueryPlan> plans_;
+  std::vector<Partial> partials_;
+  std::vector<float> partial_acc_;
+};
+
+}  // namespace
+
+void attend_with(const Kernels& kernels, const KvCache& cache, int layer, std::span<const AttentionQuery> queries,
+                 const AttentionOptions& options) {
+  Runner(cache, layer, queries, options, kernels).run();
+}
+
+}  // namespace attention
+
+void attend(const KvCache& cache, int layer, std::span<const AttentionQuery> queries, const AttentionOptions& options) {
+  attention::attend_with(attention::best_kernels(), cache, layer, queries, options);
+}
+
+}  // namespace gaac

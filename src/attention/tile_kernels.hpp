@@ -1,0 +1,59 @@
+// The inner kernels of CPU attention: the scores of one block's tokens and the fold of its value
+// rows, for every query head of one KV head, reading either a compressed slot or BF16 rows.
+//
+// Contract (what makes every path give the same bits): for token t and head g,
+//   score = (float)((h0 + h2) + (h1 + h3)) · scale, with lanes[l] (l < 32) summing k[c]·q[c] over the
+//   channels c ≡ l (mod 32) in increasing order (each product rounded, then added: no FMA), starting
+//   from +0; v[l] = (lanes[l] + lanes[16+l]) + (lanes[8+l] + lanes[24+l]) and h[l] = v[4+l] + v[l];
+// and for the fold, for each token t in order, acc = acc · rescale[t] (skipped when rescale is 1,
+// which changes no bit), then acc = fma(v[t], weight[t], acc).
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include "gaac/codec_plan.hpp"
+
+namespace gaac::attention {
+
+/// The rows of one tile (one half-head of one block): a compressed slot and the plan that decodes it,
+/// or BF16 rows (tile_channels values each) anywhere in memory.
+struct TileSource {
+  const TilePlan* plan = nullptr;  ///< set: `slot` is compressed
+  const uint8_t* slot = nullptr;
+  const uint16_t* rows[kTileTokens] = {};  ///< raw rows, for the tokens that exist
+};
+
+/// One block's work for the query heads of one KV head.
+struct BlockTask {
+  const TileSource* halves = nullptr;  ///< `halves` sources: the half-heads in channel order
+  int halves_count = 1;
+  int tile_channels = 128;
+  int first = 0, end = 0;  ///< tokens first .. end-1 of the block
+  int heads = 1;           ///< query heads
+};
+
+/// scores[g · 16 + t] for t in [first, end): the contract's score of token t for query g. `q` holds the
+/// heads' queries already rounded to BF16, `heads × head_dim` floats (head_dim = halves × channels).
+using KeyScoresFn = void (*)(const BlockTask& task, const float* q, float scale, float* scores);
+/// acc[g · head_dim + c] folded over tokens [first, end) with rescale[g · 16 + t] and weight[g · 16 + t].
+using FoldValuesFn = void (*)(const BlockTask& task, const float* rescale, const float* weight, float* acc);
+
+/// One implementation of both kernels for raw and for compressed sources.
+struct Kernels {
+  KeyScoresFn key_scores_raw;
+  FoldValuesFn fold_values_raw;
+  KeyScoresFn key_scores_compressed;
+  FoldValuesFn fold_values_compressed;
+  const char* name;
+};
+
+/// Plain C++: the compressed kernels rebuild each group of eight values in locals from the slot.
+const Kernels& portable_kernels();
+/// AVX2 + FMA (null when this build or CPU has none); compressed sources fall back to the portable
+/// kernels until their vector versions exist.
+const Kernels* avx2_kernels();
+/// The fastest available.
+const Kernels& best_kernels();
+
+}  // namespace gaac::attention

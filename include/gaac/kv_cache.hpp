@@ -47,7 +47,8 @@ struct CacheConfig {
   /// Bytes for the unit pool and the block table together; both are carved from it once.
   size_t budget_bytes = 0;
   /// Exponent windows and capacities (required for CacheFormat::gaac, ignored for bf16). The cache's
-  /// units hold slots of the table's largest escape capacity.
+  /// units hold slots of the table's largest escape capacity. The cache copies what it needs: the
+  /// table need not outlive it.
   const CalibrationTable* calibration = nullptr;
   Backend backend = Backend::automatic;
   ParallelFor parallel;  ///< optional
@@ -105,6 +106,12 @@ struct SequenceTable {
     return {static_cast<int>(lengths.size()), indptr.data(), rows.data(), lengths.data()};
   }
 };
+
+/// The smallest budget with which a cache of `format` surely holds `sequences` sequences of `tokens`
+/// tokens each, whatever their values (every block counted raw). Throws gaac::Error like KvCache's
+/// constructor for a bad geometry or calibration.
+GAAC_API uint64_t worst_case_budget(const CacheGeometry& geometry, CacheFormat format, const CalibrationTable* calibration,
+                                    int tokens, int sequences = 1);
 
 /// A paged KV cache for one model geometry. Not thread-safe: one caller at a time (reads — views,
 /// tables, read, attention — may run concurrently with each other, not with a change).

@@ -1,4 +1,4 @@
-// The forward pass of the Llama family and Gemma 3 over a BF16 KV cache.
+// The forward pass of the Llama family and Gemma 3 over a paged KV cache (BF16 or GAAC).
 #include <algorithm>
 #include <cmath>
 
@@ -10,16 +10,67 @@
 #include "model/quants_q8.hpp"
 
 namespace gaac::model {
-Session::Session(const Model& model, ThreadPool& pool)
-    : model_(model), pool_(pool), k_cache_(model.config().layers), v_cache_(model.config().layers) {}
+
+CacheGeometry cache_geometry(const ModelConfig& c, bool release_windows) {
+  CacheGeometry g{c.layers, c.kv_heads, c.head_dim, {}};
+  if (release_windows) {
+    for (int l = 0; l < c.layers; ++l) g.sliding_window.push_back(c.is_sliding(l) ? c.sliding_window : 0);
+  }
+  return g;
+}
+
+Session::Session(const Model& model, ThreadPool& pool, KvCache& cache, AttentionSettings attention)
+    : model_(model), pool_(pool), cache_(cache), attention_(attention) {
+  const ModelConfig& c = model.config();
+  const PagedGeometry& g = cache.geometry();
+  if (g.layers != c.layers || g.kv_heads != c.kv_heads || g.head_dim != c.head_dim) {
+    throw Error("the KV cache is laid out for " + std::to_string(g.layers) + " layers × " + std::to_string(g.kv_heads) +
+                " KV heads × head_dim " + std::to_string(g.head_dim) + ", the model needs " + std::to_string(c.layers) + " × " +
+                std::to_string(c.kv_heads) + " × " + std::to_string(c.head_dim));
+  }
+  sequence_ = cache.add_sequence();
+}
+
+Session::~Session() { cache_.free_sequence(sequence_); }
 
 std::vector<float> Session::forward(std::span<const Token> tokens, bool all_logits) {
-  const ModelConfig& c = model_.config();
-  const auto T = static_cast<int64_t>(tokens.size());
-  if (T == 0) return {};
-  if (position_ + T > c.context) {
-    throw Error("context of " + std::to_string(c.context) + " tokens exceeded (" + std::to_string(position_ + T) + ")");
+  Session* self[] = {this};
+  const std::span<const Token> batch[] = {tokens};
+  return std::move(forward_batch(self, batch, all_logits).front());
+}
+
+KvDump Session::kv_dump() const { return cache_.dump(sequence_); }
+
+std::vector<std::vector<float>> forward_batch(std::span<Session* const> sessions, std::span<const std::span<const Token>> tokens,
+                                              bool all_logits) {
+  if (sessions.size() != tokens.size()) throw Error("forward_batch: one list of tokens per session");
+  if (sessions.empty()) return {};
+  const Model& model = sessions[0]->model_;
+  ThreadPool& pool = sessions[0]->pool_;
+  KvCache& cache = sessions[0]->cache_;
+  const ModelConfig& c = model.config();
+  // Rows of the pass: every session's tokens, one after another.
+  std::vector<int64_t> offsets{0};
+  for (size_t i = 0; i < sessions.size(); ++i) {
+    const Session& session = *sessions[i];
+    if (&session.model_ != &model || &session.cache_ != &cache) throw Error("forward_batch: sessions of different models or caches");
+    const auto n = static_cast<int64_t>(tokens[i].size());
+    if (session.position_ + n > c.context) {
+      throw Error("context of " + std::to_string(c.context) + " tokens exceeded (" + std::to_string(session.position_ + n) + ")");
+    }
+    offsets.push_back(offsets.back() + n);
   }
+  const int64_t T = offsets.back();
+  std::vector<std::vector<float>> results(sessions.size());
+  if (T == 0) return results;
+  std::vector<size_t> session_of(static_cast<size_t>(T));
+  for (size_t i = 0; i < sessions.size(); ++i) {
+    for (int64_t r = offsets[i]; r < offsets[i + 1]; ++r) session_of[static_cast<size_t>(r)] = i;
+  }
+  const auto position_of = [&](int64_t r) {
+    const size_t i = session_of[static_cast<size_t>(r)];
+    return sessions[i]->position_ + static_cast<int>(r - offsets[i]);
+  };
   const int d = c.d_model, hd = c.head_dim;
   const int q_width = c.heads * hd, kv_width = c.kv_heads * hd;
   const auto rows = [](int64_t t, int width) { return static_cast<size_t>(t) * static_cast<size_t>(width); };
@@ -30,17 +81,20 @@ std::vector<float> Session::forward(std::span<const Token> tokens, bool all_logi
   QuantizedActivations xq;
   auto matmul = [&](const Weight& w, const float* x, int64_t n_tokens, float* y) {
     prepare_activations(w.type, w.cols, n_tokens, xq, Q8Rounding::x86);
-    pool_.parallel_for(n_tokens, 8, [&](int64_t t0, int64_t t1) { quantize_activation_rows(x, t0, t1, xq); });
-    pool_.parallel_for(w.rows, 16, [&](int64_t r0, int64_t r1) {
+    pool.parallel_for(n_tokens, 8, [&](int64_t t0, int64_t t1) { quantize_activation_rows(x, t0, t1, xq); });
+    pool.parallel_for(w.rows, 16, [&](int64_t r0, int64_t r1) {
       matmul_rows_quantized(w.type, w.data, w.row_bytes, w.cols, r0, r1, xq, y, w.rows);
     });
+  };
+  const ParallelFor parallel = [&pool](size_t n, const std::function<void(size_t, size_t)>& body) {
+    pool.parallel_for(static_cast<int64_t>(n), 1, [&](int64_t b, int64_t e) { body(static_cast<size_t>(b), static_cast<size_t>(e)); });
   };
 
   // Embeddings.
   std::vector<float> x(rows(T, d));
-  const Weight& embd = model_.embedding();
+  const Weight& embd = model.embedding();
   for (int64_t t = 0; t < T; ++t) {
-    const Token id = tokens[static_cast<size_t>(t)];
+    const Token id = tokens[session_of[static_cast<size_t>(t)]][static_cast<size_t>(t - offsets[session_of[static_cast<size_t>(t)]])];
     if (id < 0 || id >= c.vocab) throw Error("token id " + std::to_string(id) + " outside the vocabulary");
     dequantize_row(embd.type, embd.data + static_cast<size_t>(id) * embd.row_bytes, &x[rows(t, d)], d);
     if (c.arch == Architecture::gemma3) {
@@ -51,11 +105,17 @@ std::vector<float> Session::forward(std::span<const Token> tokens, bool all_logi
 
   std::vector<float> h(rows(T, d)), q(rows(T, q_width)), k(rows(T, kv_width)), v(rows(T, kv_width));
   std::vector<float> attn(rows(T, q_width)), o(rows(T, d)), gate(rows(T, c.d_ff)), up(rows(T, c.d_ff));
+  // The pass's own K and V rounded to BF16, per layer: attention reads them after the cached ones,
+  // and they join the cache once every layer is done.
+  std::vector<std::vector<uint16_t>> staged_k(static_cast<size_t>(c.layers)), staged_v(static_cast<size_t>(c.layers));
   const float scale = 1.0f / std::sqrt(static_cast<float>(hd));
-  const int group = c.heads / c.kv_heads;
+  const auto staged_view = [&](const std::vector<uint16_t>& layer_rows, size_t i) {
+    const KvView all{layer_rows.data(), static_cast<int>(T), c.kv_heads, hd, static_cast<size_t>(kv_width), static_cast<size_t>(hd)};
+    return all.tokens_from(static_cast<int>(offsets[i]), static_cast<int>(offsets[i + 1] - offsets[i]));
+  };
 
   for (int l = 0; l < c.layers; ++l) {
-    const Model::Layer& L = model_.layers()[static_cast<size_t>(l)];
+    const Model::Layer& L = model.layers()[static_cast<size_t>(l)];
     const bool sliding = c.is_sliding(l);
     const float base = sliding ? c.rope_base_local : c.rope_base;
 
@@ -64,13 +124,13 @@ std::vector<float> Session::forward(std::span<const Token> tokens, bool all_logi
     matmul(L.wk, h.data(), T, k.data());
     matmul(L.wv, h.data(), T, v.data());
 
-    // Per-head norms (Gemma 3), RoPE, and K/V into the cache rounded to BF16.
-    auto& kc = k_cache_[static_cast<size_t>(l)];
-    auto& vc = v_cache_[static_cast<size_t>(l)];
-    kc.resize(rows(position_ + T, kv_width));
-    vc.resize(rows(position_ + T, kv_width));
+    // Per-head norms (Gemma 3), RoPE, and K/V rounded to BF16.
+    auto& kc = staged_k[static_cast<size_t>(l)];
+    auto& vc = staged_v[static_cast<size_t>(l)];
+    kc.resize(rows(T, kv_width));
+    vc.resize(rows(T, kv_width));
     for (int64_t t = 0; t < T; ++t) {
-      const int pos = position_ + static_cast<int>(t);
+      const int pos = position_of(t);
       for (int head = 0; head < c.heads; ++head) {
         float* qh = &q[rows(t, q_width) + static_cast<size_t>(head) * hd];
         if (!L.q_norm.empty()) ops::rms_norm(qh, L.q_norm.data(), hd, c.rms_eps, qh);
@@ -82,30 +142,27 @@ std::vector<float> Session::forward(std::span<const Token> tokens, bool all_logi
         ops::rope(kh, hd, pos, base, c.neox_rope);
       }
       for (int i = 0; i < kv_width; ++i) {
-        kc[rows(pos, kv_width) + i] = float_to_bf16(k[rows(t, kv_width) + i]);
-        vc[rows(pos, kv_width) + i] = float_to_bf16(v[rows(t, kv_width) + i]);
+        kc[rows(t, kv_width) + i] = float_to_bf16(k[rows(t, kv_width) + i]);
+        vc[rows(t, kv_width) + i] = float_to_bf16(v[rows(t, kv_width) + i]);
       }
     }
 
-    // Causal attention over the cache (sliding layers see the last `sliding_window` positions).
-    pool_.parallel_for(T * c.heads, 1, [&](int64_t begin, int64_t end) {
-      std::vector<float> scratch;
-      for (int64_t job = begin; job < end; ++job) {
-        const int64_t t = job / c.heads;
-        const int head = static_cast<int>(job % c.heads), kv = head / group;
-        const int pos = position_ + static_cast<int>(t);
-        ops::AttentionQuery query;
-        query.q = &q[rows(t, q_width) + static_cast<size_t>(head) * hd];
-        query.keys = &kc[static_cast<size_t>(kv) * hd];
-        query.values = &vc[static_cast<size_t>(kv) * hd];
-        query.stride = static_cast<size_t>(kv_width);
-        query.head_dim = hd;
-        query.first = sliding ? std::max(0, pos - c.sliding_window + 1) : 0;
-        query.last = pos;
-        query.scale = scale;
-        ops::attend(query, &attn[rows(t, q_width) + static_cast<size_t>(head) * hd], scratch);
-      }
-    });
+    // Causal attention: the cached positions, then the pass's own rows up to each token (sliding
+    // layers see the last `sliding_window` positions).
+    std::vector<AttentionQuery> queries(static_cast<size_t>(T));
+    for (int64_t t = 0; t < T; ++t) {
+      const size_t i = session_of[static_cast<size_t>(t)];
+      queries[static_cast<size_t>(t)] = {sessions[i]->sequence_, position_of(t), &q[rows(t, q_width)], &attn[rows(t, q_width)],
+                                         staged_view(kc, i), staged_view(vc, i)};
+    }
+    AttentionOptions options;
+    options.q_heads = c.heads;
+    options.scale = scale;
+    options.window = sliding ? c.sliding_window : 0;
+    options.path = sessions[0]->attention_.path;
+    options.splits = sessions[0]->attention_.splits;
+    options.parallel = parallel;
+    attend(cache, l, queries, options);
 
     matmul(L.wo, attn.data(), T, o.data());
     for (int64_t t = 0; t < T; ++t) {
@@ -128,30 +185,43 @@ std::vector<float> Session::forward(std::span<const Token> tokens, bool all_logi
       for (int i = 0; i < d; ++i) x[rows(t, d) + i] += ot[i];
     }
   }
-  position_ += static_cast<int>(T);
 
-  // Output: final norm and the vocabulary projection, for the last token or all of them.
-  const int64_t first = all_logits ? 0 : T - 1;
-  const int64_t n = T - first;
+  // The pass's K and V join each session's sequence.
+  for (size_t i = 0; i < sessions.size(); ++i) {
+    std::vector<KvView> kv(static_cast<size_t>(c.layers)), vv(kv.size());
+    for (size_t l = 0; l < kv.size(); ++l) {
+      kv[l] = staged_view(staged_k[l], i);
+      vv[l] = staged_view(staged_v[l], i);
+    }
+    const AppendOutcome stored = cache.append(sessions[i]->sequence_, kv, vv);
+    if (stored.status != CacheStatus::ok) {
+      const CacheUsage u = cache.usage();
+      throw Error("the KV cache (" + std::string(to_string(cache.format())) + ", budget " + std::to_string(u.budget_bytes) +
+                  " bytes) is full: storing " + std::to_string(offsets[i + 1] - offsets[i]) + " more tokens at position " +
+                  std::to_string(sessions[i]->position_) + " needs " + std::to_string(stored.bytes_needed) + " bytes, " +
+                  std::to_string(stored.bytes_free) + " are free; give a larger --kv-budget");
+    }
+    sessions[i]->position_ += static_cast<int>(offsets[i + 1] - offsets[i]);
+  }
+
+  // Output: final norm and the vocabulary projection, for each session's last token or all of them.
+  std::vector<int64_t> wanted;
+  for (size_t i = 0; i < sessions.size(); ++i) {
+    for (int64_t r = all_logits ? offsets[i] : offsets[i + 1] - 1; r < offsets[i + 1]; ++r) wanted.push_back(r);
+  }
+  const auto n = static_cast<int64_t>(wanted.size());
   std::vector<float> normed(rows(n, d));
   for (int64_t t = 0; t < n; ++t) {
-    ops::rms_norm(&x[rows(first + t, d)], model_.output_norm().data(), d, c.rms_eps, &normed[rows(t, d)]);
+    ops::rms_norm(&x[rows(wanted[static_cast<size_t>(t)], d)], model.output_norm().data(), d, c.rms_eps, &normed[rows(t, d)]);
   }
   std::vector<float> logits(rows(n, c.vocab));
-  matmul(model_.output(), normed.data(), n, logits.data());
-  return logits;
-}
-
-KvDump Session::kv_dump() const {
-  const ModelConfig& c = model_.config();
-  KvDump dump;
-  for (int l = 0; l < c.layers; ++l) {
-    KvLayer layer;
-    layer.k = {position_, c.kv_heads, c.head_dim, k_cache_[static_cast<size_t>(l)]};
-    layer.v = {position_, c.kv_heads, c.head_dim, v_cache_[static_cast<size_t>(l)]};
-    dump.layers.push_back(std::move(layer));
+  matmul(model.output(), normed.data(), n, logits.data());
+  for (int64_t t = 0; t < n; ++t) {
+    std::vector<float>& r = results[session_of[static_cast<size_t>(wanted[static_cast<size_t>(t)])]];
+    r.insert(r.end(), logits.begin() + static_cast<std::ptrdiff_t>(rows(t, c.vocab)),
+             logits.begin() + static_cast<std::ptrdiff_t>(rows(t + 1, c.vocab)));
   }
-  return dump;
+  return results;
 }
 
 Token sample(std::span<const float> logits, const Sampling& sampling, uint64_t& state) {

@@ -9,6 +9,8 @@
 #include <string>
 #include <vector>
 
+#include "gaac/attention.hpp"
+#include "gaac/kv_cache.hpp"
 #include "gaac/kv_dump.hpp"
 #include "model/gguf.hpp"
 #include "model/thread_pool.hpp"
@@ -82,27 +84,59 @@ class Model {
   std::vector<float> output_norm_;
 };
 
-/// One sequence being processed: the model's KV cache (BF16) and the position reached.
+/// The geometry of a model's KV cache. With `release_windows`, the cache frees blocks that fall out
+/// of a sliding layer's window; without, it keeps every position (to write the whole cache out).
+CacheGeometry cache_geometry(const ModelConfig& config, bool release_windows = true);
+
+/// How a session's attention reads the cache.
+struct AttentionSettings {
+  AttentionPath path = AttentionPath::fused;
+  /// Context ranges per (token, KV head): 1 keeps llama.cpp's order of operations (and its logits).
+  int splits = 1;
+};
+
+/// One sequence being processed: its tokens' K and V live in a KvCache (BF16 or GAAC), which the
+/// session reads through gaac::attend and extends after each forward pass.
 class Session {
  public:
-  /// A session on `model` using `pool` for its parallel loops.
-  Session(const Model& model, ThreadPool& pool);
+  /// A session on `model` whose KV is a new sequence of `cache` (laid out for the model, see
+  /// cache_geometry), freed when the session ends. `pool` runs its parallel loops.
+  Session(const Model& model, ThreadPool& pool, KvCache& cache, AttentionSettings attention = {});
+  ~Session();
+  Session(const Session&) = delete;
+  Session& operator=(const Session&) = delete;
 
-  /// Runs `tokens` at the next positions, appending their K and V to the cache. Returns the logits
+  /// Runs `tokens` at the next positions and appends their K and V to the cache. Returns the logits
   /// of the last token, or of every token (`tokens.size()` × vocab, row-major) when `all_logits`.
+  /// Throws gaac::Error when the cache has no room for them (saying how much it needs); the session
+  /// and the cache are then unchanged.
   std::vector<float> forward(std::span<const Token> tokens, bool all_logits = false);
 
   /// Tokens processed so far.
   int position() const { return position_; }
   /// The cache as a KV dump: per layer K (post-RoPE) and V, `[tokens, kv_heads, head_dim]` BF16.
   KvDump kv_dump() const;
+  /// The sequence of the cache this session writes.
+  SequenceId sequence() const { return sequence_; }
+  const Model& model() const { return model_; }
 
  private:
+  friend std::vector<std::vector<float>> forward_batch(std::span<Session* const>, std::span<const std::span<const Token>>, bool);
   const Model& model_;
   ThreadPool& pool_;
+  KvCache& cache_;
+  AttentionSettings attention_;
+  SequenceId sequence_;
   int position_ = 0;
-  std::vector<std::vector<uint16_t>> k_cache_, v_cache_;  // per layer, [position][kv_head][head_dim]
 };
+
+/// One forward pass over several sessions of one model sharing one cache and one pool, as a server
+/// steps its running sequences: `tokens[i]` are session i's next tokens. The weights are read once
+/// for all of them; each session's arithmetic is exactly that of its own forward(). Returns per
+/// session what forward() would. When the cache cannot take every session's tokens it throws
+/// gaac::Error; the sessions stored before the one that failed keep their tokens.
+std::vector<std::vector<float>> forward_batch(std::span<Session* const> sessions, std::span<const std::span<const Token>> tokens,
+                                              bool all_logits = false);
 
 /// How to pick the next token.
 struct Sampling {

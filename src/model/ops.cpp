@@ -103,65 +103,11 @@ void swiglu(float* gate, const float* up, size_t n) {
   portable::swiglu(gate, up, n);
 }
 
-void attend(const AttentionQuery& query, float* out, std::vector<float>& scratch) {
-  if (use_avx2()) return avx2::attend(query, out, scratch);
-  portable::attend(query, out, scratch);
-}
 
 namespace portable {
 
 void swiglu(float* gate, const float* up, size_t n) {
   for (size_t i = 0; i < n; ++i) gate[i] = silu(gate[i]) * up[i];
-}
-
-namespace {
-
-/// Q·K as ggml's AVX2 BF16 dot: 32 lanes (four 8-lane accumulators) over whole 32-element chunks,
-/// reduced pairwise in a fixed order, then the remaining elements added in double.
-float dot_bf16(const uint16_t* k, const float* q, int n) {
-  float lanes[32] = {};
-  int i = 0;
-  for (; i + 32 <= n; i += 32) {
-    for (int l = 0; l < 32; ++l) lanes[l] = bf16_to_float(k[i + l]) * q[i + l] + lanes[l];
-  }
-  float v[8];
-  for (int l = 0; l < 8; ++l) v[l] = (lanes[l] + lanes[16 + l]) + (lanes[8 + l] + lanes[24 + l]);
-  float h[4];
-  for (int l = 0; l < 4; ++l) h[l] = v[4 + l] + v[l];
-  double sum = (h[0] + h[2]) + (h[1] + h[3]);
-  for (; i < n; ++i) sum += static_cast<double>(bf16_to_float(k[i]) * q[i]);
-  return static_cast<float>(sum);
-}
-
-}  // namespace
-
-void attend(const AttentionQuery& query, float* out, std::vector<float>& scratch) {
-  const int hd = query.head_dim;
-  scratch.resize(2 * static_cast<size_t>(hd));
-  float* q = scratch.data();
-  float* acc = q + hd;
-  for (int i = 0; i < hd; ++i) {
-    q[i] = bf16_to_float(float_to_bf16(query.q[i]));
-    acc[i] = 0.0f;
-  }
-  float max = -INFINITY, sum = 0.0f;
-  for (int p = query.first; p <= query.last; ++p) {
-    const size_t at = static_cast<size_t>(p) * query.stride;
-    const float s = dot_bf16(query.keys + at, q, hd) * query.scale;
-    float rescale = 1.0f, weight = 1.0f;
-    if (s > max) {
-      rescale = std::exp(max - s);
-      max = s;
-      for (int i = 0; i < hd; ++i) acc[i] *= rescale;
-    } else {
-      weight = std::exp(s - max);
-    }
-    const uint16_t* v = query.values + at;
-    for (int i = 0; i < hd; ++i) acc[i] = std::fma(bf16_to_float(v[i]), weight, acc[i]);
-    sum = std::fma(sum, rescale, weight);  // S·ms + vs, contracted in ggml's build
-  }
-  const float inverse = sum == 0.0f ? 0.0f : 1.0f / sum;
-  for (int i = 0; i < hd; ++i) out[i] = acc[i] * inverse;
 }
 
 }  // namespace portable

@@ -1,5 +1,5 @@
 // The float arithmetic of the forward pass outside the matrix products: normalisation, rotary
-// embedding, gated activations and attention over a BF16 cache.
+// embedding and gated activations.
 //
 // Each function computes what its name says with the same operations, in the same order and with the
 // same roundings as llama.cpp's CPU backend (ggml-cpu, x86 build with AVX2/FMA) computes it, so that the
@@ -15,16 +15,12 @@
 //   geglu      gelu-tanh looked up through fp16: gelu(x) = fp16(gelu_f32(fp16(x))) for −10 < x < 10,
 //              0 below, x above; times u. gelu_f32 fuses 1 + c·x·x into one multiply-add, as ggml's
 //              compiler does (one table entry in 65,536 rounds differently otherwise).
-//   attention  one query against the cache, as ggml's flash-attention kernel: Q rounded to BF16; each
-//              score a BF16 dot product (four 8-lane float accumulators, no fused multiply-add); an online
-//              softmax (running maximum M and sum S = fma(S, ms, vs), expf from the C library) folding
-//              each V row into a float accumulator with fused multiply-adds; the output scaled by 1/S.
+//   attention  lives in the library (gaac::attend, include/gaac/attention.hpp), over the paged cache,
+//              with ggml's flash-attention arithmetic.
 // Validated end to end: the engine's logits equal llama.cpp's bit for bit on 512 positions of both
 // models (docs/results.md).
 // Every function has a portable scalar version and an AVX2+FMA version that returns the same bits;
-// the fast one is used when the CPU has it. The AVX2 attention computes all scores first, then the
-// exponentials eight at a time (the C library's expf algorithm, reproduced bit for bit and checked
-// against the library at start-up), then folds the V rows with the accumulators in registers.
+// the fast one is used when the CPU has it.
 #pragma once
 
 #include <cstddef>
@@ -49,25 +45,9 @@ void swiglu(float* gate, const float* up, size_t n);
 /// gate[i] = gelu_tanh(gate[i]) · up[i] for i < n, through ggml's fp16 GELU table.
 void geglu(float* gate, const float* up, size_t n);
 
-/// One query head against a span of a BF16 cache.
-struct AttentionQuery {
-  const float* q = nullptr;        ///< the query head, `head_dim` floats (rounded to BF16 here)
-  const uint16_t* keys = nullptr;  ///< key of cache position p at keys + p·stride
-  const uint16_t* values = nullptr;  ///< value of cache position p at values + p·stride
-  size_t stride = 0;               ///< elements between consecutive positions of the cache
-  int head_dim = 0;
-  int first = 0, last = 0;         ///< the positions attended, inclusive
-  float scale = 1.0f;              ///< applied to every Q·K score
-};
-
-/// out[0..head_dim) = softmax(scale · Q·Kᵀ) · V over positions first..last (an empty range gives
-/// zeros). `scratch` is working memory, resized as needed (reuse it across calls).
-void attend(const AttentionQuery& query, float* out, std::vector<float>& scratch);
-
 /// The scalar versions, always available: same results bit for bit (tests compare them).
 namespace portable {
 void swiglu(float* gate, const float* up, size_t n);
-void attend(const AttentionQuery& query, float* out, std::vector<float>& scratch);
 }  // namespace portable
 
 }  // namespace gaac::model::ops

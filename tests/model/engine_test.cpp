@@ -6,6 +6,7 @@
 
 #include "gaac/calibration.hpp"
 #include "gaac/snapshot.hpp"
+#include "gaac/synthetic.hpp"
 #include "model/model.hpp"
 #include "support/models.hpp"
 
@@ -55,11 +56,29 @@ TEST(Sampling, GreedyPicksTheArgMaxAndTemperatureFollowsTheDistribution) {
   }
 }
 
+/// A cache for `tokens` tokens of `model` (a gaac one calibrated on synthetic KV of its shape).
+KvCache test_cache(const Model& model, int tokens, CacheFormat format, bool keep_all) {
+  CacheConfig config;
+  config.geometry = cache_geometry(model.config(), !keep_all);
+  config.format = format;
+  CalibrationTable table;
+  if (format == CacheFormat::gaac) {
+    SyntheticKvSpec spec{model.config().layers, model.config().kv_heads, model.config().head_dim, 64, 1};
+    const KvDump synthetic = make_synthetic_kv(spec);
+    const KvDump* dumps[] = {&synthetic};
+    table = calibrate(dumps);
+    config.calibration = &table;
+  }
+  config.budget_bytes = worst_case_budget(config.geometry, format, config.calibration, tokens);
+  return KvCache(std::move(config));
+}
+
 /// Captures the KV of a short text and checks it survives compression bit for bit.
 void capture_round_trip(const std::string& path, int expected_layers, int expected_heads, int expected_dim) {
   const auto model = Model::load(path);
   ThreadPool pool(0);
-  Session session(*model, pool);
+  KvCache cache = test_cache(*model, 256, CacheFormat::bf16, true);
+  Session session(*model, pool, cache);
   const Tokenizer& tok = model->tokenizer();
   std::vector<Token> tokens;
   if (tok.add_bos()) tokens.push_back(tok.bos());
@@ -95,7 +114,8 @@ constexpr const char* kGoldenPrompt = "The three most important ideas in the his
 std::pair<std::vector<Token>, std::vector<Token>> greedy_continuation(const std::string& path, int n) {
   const auto model = Model::load(path);
   ThreadPool pool(0);
-  Session session(*model, pool);
+  KvCache cache = test_cache(*model, 64, CacheFormat::bf16, false);
+  Session session(*model, pool, cache);
   const Tokenizer& tok = model->tokenizer();
   std::vector<Token> prompt;
   if (tok.add_bos()) prompt.push_back(tok.bos());

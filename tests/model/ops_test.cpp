@@ -23,12 +23,6 @@ std::vector<float> random_floats(size_t n, float scale, uint32_t seed) {
   return v;
 }
 
-std::vector<uint16_t> random_bf16(size_t n, float scale, uint32_t seed) {
-  std::vector<uint16_t> v(n);
-  const auto f = random_floats(n, scale, seed);
-  for (size_t i = 0; i < n; ++i) v[i] = float_to_bf16(f[i]);
-  return v;
-}
 
 bool same_bits(float a, float b) { return std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b); }
 
@@ -121,71 +115,6 @@ TEST(Ops, RopeRotatesPairsByPositionAngles) {
     rope(z.data(), 64, 0, 10000.0f, neox);
     EXPECT_EQ(z, x) << "position 0 is the identity";
   }
-}
-
-struct AttentionCase {
-  int head_dim, positions, first;
-  size_t stride;
-  float key_scale;
-};
-
-/// softmax(scale·q·K)·V in double with q rounded to BF16, for comparison.
-std::vector<double> attention_in_double(const AttentionQuery& query) {
-  std::vector<double> scores;
-  double top = -INFINITY;
-  for (int p = query.first; p <= query.last; ++p) {
-    double s = 0;
-    for (int i = 0; i < query.head_dim; ++i) {
-      s += static_cast<double>(bf16_to_float(float_to_bf16(query.q[i]))) *
-           bf16_to_float(query.keys[static_cast<size_t>(p) * query.stride + static_cast<size_t>(i)]);
-    }
-    scores.push_back(s * query.scale);
-    top = std::max(top, scores.back());
-  }
-  std::vector<double> out(static_cast<size_t>(query.head_dim), 0.0);
-  double total = 0;
-  for (double& s : scores) total += (s = std::exp(s - top));
-  for (int p = query.first; p <= query.last; ++p) {
-    const double w = scores[static_cast<size_t>(p - query.first)] / total;
-    for (int i = 0; i < query.head_dim; ++i) {
-      out[static_cast<size_t>(i)] += w * bf16_to_float(query.values[static_cast<size_t>(p) * query.stride + static_cast<size_t>(i)]);
-    }
-  }
-  return out;
-}
-
-TEST(Ops, AttentionMatchesSoftmaxAndAvx2MatchesPortable) {
-  const AttentionCase cases[] = {{64, 1, 0, 192, 1.0f},  {64, 300, 0, 192, 1.0f},  {256, 700, 180, 256, 1.0f},
-                                 {128, 50, 10, 128, 8.0f}, {40, 33, 0, 40, 1.0f}, {256, 64, 0, 512, 30.0f}};
-  for (const AttentionCase& c : cases) {
-    const auto keys = random_bf16(c.stride * static_cast<size_t>(c.positions), c.key_scale, 7);
-    const auto values = random_bf16(c.stride * static_cast<size_t>(c.positions), 1.0f, 8);
-    const auto q = random_floats(static_cast<size_t>(c.head_dim), 1.0f, 9);
-    AttentionQuery query{q.data(), keys.data(), values.data(), c.stride, c.head_dim, c.first, c.positions - 1,
-                         1.0f / std::sqrt(static_cast<float>(c.head_dim))};
-    std::vector<float> scratch;
-    std::vector<float> portable_out(static_cast<size_t>(c.head_dim)), avx2_out(portable_out.size());
-    portable::attend(query, portable_out.data(), scratch);
-    const std::vector<double> want = attention_in_double(query);
-    for (size_t i = 0; i < want.size(); ++i) {
-      ASSERT_NEAR(portable_out[i], want[i], 1e-5 * (1.0 + std::fabs(want[i]))) << "head_dim " << c.head_dim << " i " << i;
-    }
-    if (!avx2::available()) continue;
-    avx2::attend(query, avx2_out.data(), scratch);
-    for (size_t i = 0; i < want.size(); ++i) {
-      ASSERT_TRUE(same_bits(portable_out[i], avx2_out[i])) << "head_dim " << c.head_dim << " i " << i;
-    }
-  }
-}
-
-TEST(Ops, AttentionOverOnePositionReturnsItsValue) {
-  const auto keys = random_bf16(64, 1.0f, 10);
-  const auto values = random_bf16(64, 1.0f, 11);
-  const auto q = random_floats(64, 1.0f, 12);
-  AttentionQuery query{q.data(), keys.data(), values.data(), 64, 64, 0, 0, 0.125f};
-  std::vector<float> scratch, out(64);
-  attend(query, out.data(), scratch);
-  for (int i = 0; i < 64; ++i) EXPECT_EQ(out[static_cast<size_t>(i)], bf16_to_float(values[static_cast<size_t>(i)]));
 }
 
 }  // namespace

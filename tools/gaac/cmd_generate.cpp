@@ -7,6 +7,7 @@
 
 #include "commands.hpp"
 #include "common.hpp"
+#include "engine_cache.hpp"
 #include "gaac/error.hpp"
 #include "model/model.hpp"
 #include "progress.hpp"
@@ -50,11 +51,12 @@ void run_generate(const GenerateOptions& o) {
   const auto model = model::Model::load(o.model);
   const model::Tokenizer& tok = model->tokenizer();
   model::ThreadPool pool(o.threads);
-  model::Session session(*model, pool);
   std::vector<model::Token> prompt;
   if (tok.add_bos()) prompt.push_back(tok.bos());
   const auto text = tok.encode(o.raw ? o.prompt : model->chat_prompt(o.prompt));
   prompt.insert(prompt.end(), text.begin(), text.end());
+  KvCache cache = bf16_cache_for(*model, static_cast<int>(prompt.size()) + o.max_tokens, pool, !o.save_kv.empty());
+  model::Session session(*model, pool, cache);
 
   const auto start = Clock::now();
   std::vector<float> logits = session.forward(prompt);
@@ -124,7 +126,8 @@ void add_capture(CLI::App& app) {
     if (*max_tokens > 0) limit = std::min(limit, static_cast<size_t>(*max_tokens));
     if (tokens.size() > limit) tokens.resize(limit);
     model::ThreadPool pool(*threads);
-    model::Session session(*model, pool);
+    KvCache cache = bf16_cache_for(*model, static_cast<int>(tokens.size()), pool, true);
+    model::Session session(*model, pool, cache);
     const auto start = Clock::now();
     {
       ProgressBar bar("prefill");

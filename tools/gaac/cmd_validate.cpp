@@ -8,6 +8,7 @@
 #include <sstream>
 
 #include "commands.hpp"
+#include "engine_cache.hpp"
 #include "gaac/error.hpp"
 #include "io/files.hpp"
 #include "model/model.hpp"
@@ -51,7 +52,8 @@ void run(const ValidateOptions& o) {
                 " float32 logits, the file has " + std::to_string(reference.size()) + " bytes");
   }
   model::ThreadPool pool(o.threads);
-  model::Session session(*model, pool);
+  KvCache cache = bf16_cache_for(*model, static_cast<int>(tokens.size()), pool, false);
+  model::Session session(*model, pool, cache);
   size_t agree = 0;
   double max_delta = 0, sum_delta = 0;
   constexpr size_t kChunk = 64;

@@ -6,7 +6,9 @@
 
 #include "gaac/calibration.hpp"
 #include "gaac/snapshot.hpp"
-#include "gaac/synthetic.hpp"
+#include <cstring>
+
+#include "model/default_calibration.hpp"
 #include "model/model.hpp"
 #include "support/models.hpp"
 
@@ -56,20 +58,38 @@ TEST(Sampling, GreedyPicksTheArgMaxAndTemperatureFollowsTheDistribution) {
   }
 }
 
-/// A cache for `tokens` tokens of `model` (a gaac one calibrated on synthetic KV of its shape).
-KvCache test_cache(const Model& model, int tokens, CacheFormat format, bool keep_all) {
+/// The tokens of the first `n` tokens of the built-in calibration text.
+std::vector<Token> text_tokens(const Model& model, size_t n) {
+  const Tokenizer& tok = model.tokenizer();
+  std::vector<Token> tokens;
+  if (tok.add_bos()) tokens.push_back(tok.bos());
+  const auto text = tok.encode(kCalibrationText, false);
+  tokens.insert(tokens.end(), text.begin(), text.end());
+  tokens.resize(std::min(n, tokens.size()));
+  return tokens;
+}
+
+/// Windows learnt on the model's own KV of the first 256 tokens of the calibration text.
+CalibrationTable test_calibration(const Model& model, ThreadPool& pool) {
+  CacheConfig config;
+  config.geometry = cache_geometry(model.config(), false);
+  config.format = CacheFormat::bf16;
+  config.budget_bytes = worst_case_budget(config.geometry, CacheFormat::bf16, nullptr, 256);
+  KvCache cache(std::move(config));
+  Session session(model, pool, cache);
+  session.forward(text_tokens(model, 256));
+  const KvDump dump = session.kv_dump();
+  const KvDump* dumps[] = {&dump};
+  return calibrate(dumps);
+}
+
+/// A cache for `tokens` tokens of `model`; gaac caches use `table`.
+KvCache test_cache(const Model& model, int tokens, CacheFormat format, bool keep_all, const CalibrationTable* table = nullptr) {
   CacheConfig config;
   config.geometry = cache_geometry(model.config(), !keep_all);
   config.format = format;
-  CalibrationTable table;
-  if (format == CacheFormat::gaac) {
-    SyntheticKvSpec spec{model.config().layers, model.config().kv_heads, model.config().head_dim, 64, 1};
-    const KvDump synthetic = make_synthetic_kv(spec);
-    const KvDump* dumps[] = {&synthetic};
-    table = calibrate(dumps);
-    config.calibration = &table;
-  }
-  config.budget_bytes = worst_case_budget(config.geometry, format, config.calibration, tokens);
+  config.calibration = table;
+  config.budget_bytes = worst_case_budget(config.geometry, format, table, tokens);
   return KvCache(std::move(config));
 }
 
@@ -111,10 +131,11 @@ constexpr const char* kGoldenPrompt = "The three most important ideas in the his
 
 /// The prompt's ids as `gaac validate` makes them, then `n` greedy tokens from the engine, the prompt
 /// given at once and each new token on its own (as the reference was run).
-std::pair<std::vector<Token>, std::vector<Token>> greedy_continuation(const std::string& path, int n) {
+std::pair<std::vector<Token>, std::vector<Token>> greedy_continuation(const std::string& path, int n, CacheFormat format) {
   const auto model = Model::load(path);
   ThreadPool pool(0);
-  KvCache cache = test_cache(*model, 64, CacheFormat::bf16, false);
+  const CalibrationTable table = format == CacheFormat::gaac ? test_calibration(*model, pool) : CalibrationTable();
+  KvCache cache = test_cache(*model, 64, format, false, &table);
   Session session(*model, pool, cache);
   const Tokenizer& tok = model->tokenizer();
   std::vector<Token> prompt;
@@ -134,20 +155,62 @@ std::pair<std::vector<Token>, std::vector<Token>> greedy_continuation(const std:
 
 TEST(Engine, SmolLm2GreedyTokensMatchLlamaCpp) {
   GAAC_REQUIRE_MODEL(path, "smollm2");
-  const auto [prompt, tokens] = greedy_continuation(path, 32);
+  for (const CacheFormat format : {CacheFormat::bf16, CacheFormat::gaac}) {
+  SCOPED_TRACE(to_string(format));
+  const auto [prompt, tokens] = greedy_continuation(path, 32, format);
   EXPECT_EQ(prompt, (std::vector<Token>{504, 1296, 768, 1070, 2821, 281, 260, 1463, 282, 7867, 359}));
   EXPECT_EQ(tokens, (std::vector<Token>{260, 10531, 282, 260, 2583, 28, 260, 10531, 282, 260, 5594, 28, 284, 260, 10531, 282,
                                         260, 17030, 30, 198, 198, 504, 10531, 282, 260, 2583, 314, 1129, 10866, 288, 2322,
                                         28516}));
+  }
 }
 
 TEST(Engine, Gemma3GreedyTokensMatchLlamaCpp) {
   GAAC_REQUIRE_MODEL(path, "gemma3");
-  const auto [prompt, tokens] = greedy_continuation(path, 32);
+  for (const CacheFormat format : {CacheFormat::bf16, CacheFormat::gaac}) {
+  SCOPED_TRACE(to_string(format));
+  const auto [prompt, tokens] = greedy_continuation(path, 32, format);
   EXPECT_EQ(prompt, (std::vector<Token>{2, 818, 1806, 1346, 2132, 6549, 528, 506, 4083, 529, 20124, 659}));
   EXPECT_EQ(tokens, (std::vector<Token>{236787, 108, 236829, 236743, 198, 818, 9513, 207, 107, 236829, 236743, 198, 818,
                                         4109, 45735, 6940, 207, 107, 236829, 236743, 198, 818, 4109, 45735, 6940, 207,
                                         108, 818, 9513, 563, 506, 1902}));
+  }
+}
+
+/// The same text through a GAAC and a BF16 cache (a prefill, then tokens one by one, then a second
+/// prefill): every logit identical, and the GAAC cache holds most tiles compressed.
+void identical_logits(const std::string& path, size_t n, size_t prefill, size_t singles) {
+  const auto model = Model::load(path);
+  ThreadPool pool(0);
+  const CalibrationTable table = test_calibration(*model, pool);
+  const std::vector<Token> tokens = text_tokens(*model, n);
+  ASSERT_EQ(tokens.size(), n);
+  KvCache gaac = test_cache(*model, static_cast<int>(n), CacheFormat::gaac, false, &table);
+  KvCache bf16 = test_cache(*model, static_cast<int>(n), CacheFormat::bf16, false);
+  Session a(*model, pool, gaac), b(*model, pool, bf16);
+  const auto span = std::span(tokens);
+  const auto expect_same = [](const std::vector<float>& x, const std::vector<float>& y, const std::string& where) {
+    ASSERT_EQ(x.size(), y.size());
+    ASSERT_EQ(std::memcmp(x.data(), y.data(), x.size() * sizeof(float)), 0) << where;
+  };
+  expect_same(a.forward(span.first(prefill), true), b.forward(span.first(prefill), true), "prefill");
+  for (size_t i = prefill; i < prefill + singles; ++i) {
+    expect_same(a.forward(span.subspan(i, 1)), b.forward(span.subspan(i, 1)), "token " + std::to_string(i));
+  }
+  expect_same(a.forward(span.subspan(prefill + singles), true), b.forward(span.subspan(prefill + singles), true), "second prefill");
+  const CacheUsage u = gaac.usage();
+  EXPECT_GT(u.compressed_tiles, 4 * u.raw_tiles);  // windows from 256 tokens: positions past them drift (RoPE)
+  EXPECT_LT(u.resident_bytes(), bf16.usage().resident_bytes());
+}
+
+TEST(Engine, SmolLm2LogitsAreIdenticalWithEitherCache) {
+  GAAC_REQUIRE_MODEL(path, "smollm2");
+  identical_logits(path, 300, 173, 20);
+}
+
+TEST(Engine, Gemma3LogitsAreIdenticalWithEitherCache) {
+  GAAC_REQUIRE_MODEL(path, "gemma3");
+  identical_logits(path, 560, 413, 20);  // past 512 tokens: the sliding layers release blocks
 }
 
 TEST(Engine, SmolLm2CaptureRoundTripsBitExact) {

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "cache/cache_state.hpp"
+#include "cache/layout.hpp"
 #include "gaac/tiling.hpp"
 
 namespace gaac {
@@ -16,94 +17,13 @@ constexpr int kMaxWindowClasses = 8;
 
 std::string str(uint64_t v) { return std::to_string(v); }
 
-/// The largest escape capacity of a calibration table, over K/V and layers.
-size_t largest_capacity(const CalibrationTable& table) {
-  size_t capacity = 0;
-  for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
-    for (int l = 0; l < table.layers(); ++l) capacity = std::max(capacity, table.escape_capacity(kind, l));
-  }
-  return capacity;
-}
-
-/// How a budget splits into units and block rows, for one geometry and format.
-struct Layout {
-  uint32_t unit_bytes = 0;
-  uint32_t raw_units = 1;
-  size_t escape_capacity = 0;
-  uint64_t row_entries = 0;       ///< entries of a block row
-  uint64_t resident_entries = 1;  ///< entries a block row keeps for good (layers without a window)
-
-  /// Rows for `units` units: enough that the table never runs out before the pool does (every kept
-  /// tile takes at least one unit; rows of sliding layers give their tiles back).
-  uint64_t rows_for(uint64_t units) const { return units / resident_entries + 1; }
-  /// Bytes of `units` units and the rows that go with them.
-  uint64_t bytes_for(uint64_t units) const { return units * unit_bytes + rows_for(units) * row_entries * 4; }
-  /// The most units a budget affords (at most kMaxUnits).
-  uint64_t units_for(uint64_t budget) const {
-    const double per_unit = unit_bytes + 4.0 * static_cast<double>(row_entries) / static_cast<double>(resident_entries);
-    uint64_t units = static_cast<uint64_t>(static_cast<double>(budget) / per_unit) + 1;
-    while (units > 0 && bytes_for(units) > budget) --units;
-    return std::min<uint64_t>(units, kMaxUnits);
-  }
-};
-
-Layout layout_for(const CacheGeometry& g, CacheFormat format, const CalibrationTable* calibration) {
-  const int channels = g.head_dim < kMaxTileChannels ? g.head_dim : kMaxTileChannels;
-  const TileShape shape{TensorKind::key, channels};
-  Layout layout;
-  if (format == CacheFormat::gaac) {
-    if (calibration == nullptr) throw Error("a gaac KV cache needs a calibration table");
-    const CalibrationTable& table = *calibration;
-    if (table.layers() != g.layers || table.kv_heads() != g.kv_heads || table.head_dim() != g.head_dim) {
-      throw Error("the calibration table is for " + std::to_string(table.layers()) + " layers × " +
-                  std::to_string(table.kv_heads()) + " KV heads × head_dim " + std::to_string(table.head_dim()) +
-                  ", the cache for " + std::to_string(g.layers) + " × " + std::to_string(g.kv_heads) + " × " +
-                  std::to_string(g.head_dim));
-    }
-    layout.escape_capacity = largest_capacity(table);
-    layout.unit_bytes = static_cast<uint32_t>(shape.slot_bytes(layout.escape_capacity));
-    layout.raw_units = 2;
-  } else {
-    layout.unit_bytes = static_cast<uint32_t>(shape.raw_bytes());
-    layout.raw_units = 1;
-  }
-  const uint64_t per_layer = static_cast<uint64_t>(g.kv_heads) * 2 * (g.head_dim / channels);
-  layout.row_entries = per_layer * static_cast<uint64_t>(g.layers);
-  int resident_layers = 0;
-  for (int l = 0; l < g.layers; ++l) {
-    resident_layers += g.sliding_window.empty() || g.sliding_window[static_cast<size_t>(l)] == 0 ? 1 : 0;
-  }
-  layout.resident_entries = per_layer * static_cast<uint64_t>(std::max(resident_layers, 1));
-  return layout;
-}
-
-/// Throws unless the geometry is one a cache can be made for.
-void check_geometry(const CacheGeometry& g) {
-  if (g.layers <= 0 || g.kv_heads <= 0) {
-    throw Error("KV cache geometry needs layers > 0 and kv_heads > 0, got " + std::to_string(g.layers) + " and " +
-                std::to_string(g.kv_heads));
-  }
-  if (g.head_dim != 64 && g.head_dim != 128 && g.head_dim != 256) {
-    throw Error("KV cache head_dim is " + std::to_string(g.head_dim) + "; gaac supports 64, 128 or 256");
-  }
-  if (!g.sliding_window.empty() && g.sliding_window.size() != static_cast<size_t>(g.layers)) {
-    throw Error("sliding_window has " + std::to_string(g.sliding_window.size()) + " entries for " +
-                std::to_string(g.layers) + " layers");
-  }
-  for (size_t l = 0; l < g.sliding_window.size(); ++l) {
-    if (g.sliding_window[l] < 0) {
-      throw Error("layer " + std::to_string(l) + " has a negative sliding window (" + std::to_string(g.sliding_window[l]) + ")");
-    }
-  }
-}
-
 }  // namespace
 
 uint64_t worst_case_budget(const CacheGeometry& geometry, CacheFormat format, const CalibrationTable* calibration, int tokens,
                            int sequences) {
-  check_geometry(geometry);
+  cache::check_geometry(geometry);
   if (tokens < 0 || sequences < 0) throw Error("worst_case_budget: negative tokens or sequences");
-  const Layout layout = layout_for(geometry, format, calibration);
+  const cache::Layout layout = cache::layout_for(geometry, format, calibration);
   const uint64_t rows = static_cast<uint64_t>(sequences) * ((static_cast<uint64_t>(tokens) + kTileTokens - 1) / kTileTokens);
   const uint64_t units = std::max<uint64_t>(rows, 1) * layout.row_entries * layout.raw_units;
   return layout.bytes_for(units);
@@ -175,7 +95,7 @@ KvCache::KvCache(CacheConfig cache_config) : state_(std::make_unique<State>()) {
   s.config = std::move(cache_config);
   const CacheConfig& config = s.config;
   const CacheGeometry& g = config.geometry;
-  check_geometry(g);
+  cache::check_geometry(g);
   s.channels = g.head_dim < kMaxTileChannels ? g.head_dim : kMaxTileChannels;
   s.halves = g.head_dim / s.channels;
   s.windows.assign(static_cast<size_t>(g.layers), 0);
@@ -193,7 +113,7 @@ KvCache::KvCache(CacheConfig cache_config) : state_(std::make_unique<State>()) {
     s.layer_class[static_cast<size_t>(l)] = static_cast<int>(it - s.class_window.begin());
   }
 
-  const Layout layout = layout_for(g, config.format, config.calibration);
+  const cache::Layout layout = cache::layout_for(g, config.format, config.calibration);
   const uint32_t unit_bytes = layout.unit_bytes;
   s.raw_units = layout.raw_units;
   if (config.format == CacheFormat::gaac) {

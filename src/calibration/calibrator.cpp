@@ -1,4 +1,5 @@
 #include <algorithm>
+#include <cstdio>
 #include <numeric>
 #include <string>
 
@@ -120,9 +121,26 @@ void Calibrator::add_escape_sizes(const KvDump& dump, const CalibrationTable& ta
 }
 
 void Calibrator::choose_capacities(CalibrationTable& table) const {
+  size_t largest = 0;
   for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
     const TileShape shape = tile_shape_for(kind, head_dim_);
-    for (int l = 0; l < layers_; ++l) table.set_escape_capacity(kind, l, best_escape_capacity(shape, escape_histogram(kind, l)));
+    for (int l = 0; l < layers_; ++l) {
+      table.set_escape_capacity(kind, l, best_escape_capacity(shape, escape_histogram(kind, l)));
+      largest = std::max(largest, table.escape_capacity(kind, l));
+    }
+  }
+  // What a KvCache, whose units all hold the largest capacity, would keep raw: for planning.
+  for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
+    std::string fractions = "[";
+    for (int l = 0; l < layers_; ++l) {
+      const auto counts = escape_histogram(kind, l);
+      const uint64_t all = std::accumulate(counts.begin(), counts.end(), uint64_t{0});
+      const uint64_t over = std::accumulate(counts.begin() + static_cast<std::ptrdiff_t>(std::min(largest + 1, counts.size())), counts.end(), uint64_t{0});
+      char number[32];
+      std::snprintf(number, sizeof number, "%s%.6g", l == 0 ? "" : ", ", all == 0 ? 0.0 : static_cast<double>(over) / static_cast<double>(all));
+      fractions += number;
+    }
+    table.metadata()[std::string(kind == TensorKind::key ? "k" : "v") + ".cache_fallback_fraction"] = fractions + "]";
   }
 }
 

@@ -1,0 +1,79 @@
+#include "cache/layout.hpp"
+
+#include <string>
+
+#include "gaac/error.hpp"
+
+namespace gaac::cache {
+namespace {
+
+/// The largest escape capacity of a calibration table, over K/V and layers.
+size_t largest_capacity(const CalibrationTable& table) {
+  size_t capacity = 0;
+  for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
+    for (int l = 0; l < table.layers(); ++l) capacity = std::max(capacity, table.escape_capacity(kind, l));
+  }
+  return capacity;
+}
+
+}  // namespace
+
+uint64_t Layout::units_for(uint64_t budget) const {
+  const double per_unit = unit_bytes + 4.0 * static_cast<double>(row_entries) / static_cast<double>(resident_entries);
+  uint64_t units = static_cast<uint64_t>(static_cast<double>(budget) / per_unit) + 1;
+  while (units > 0 && bytes_for(units) > budget) --units;
+  return std::min<uint64_t>(units, kMaxUnits);
+}
+
+Layout layout_for(const CacheGeometry& g, CacheFormat format, const CalibrationTable* calibration) {
+  const int channels = g.head_dim < kMaxTileChannels ? g.head_dim : kMaxTileChannels;
+  const TileShape shape{TensorKind::key, channels};
+  Layout layout;
+  if (format == CacheFormat::gaac) {
+    if (calibration == nullptr) throw Error("a gaac KV cache needs a calibration table");
+    const CalibrationTable& table = *calibration;
+    if (table.layers() != g.layers || table.kv_heads() != g.kv_heads || table.head_dim() != g.head_dim) {
+      throw Error("the calibration table is for " + std::to_string(table.layers()) + " layers × " +
+                  std::to_string(table.kv_heads()) + " KV heads × head_dim " + std::to_string(table.head_dim()) +
+                  ", the cache for " + std::to_string(g.layers) + " × " + std::to_string(g.kv_heads) + " × " +
+                  std::to_string(g.head_dim));
+    }
+    layout.escape_capacity = largest_capacity(table);
+    layout.unit_bytes = static_cast<uint32_t>(shape.slot_bytes(layout.escape_capacity));
+    layout.raw_units = 2;
+  } else {
+    layout.unit_bytes = static_cast<uint32_t>(shape.raw_bytes());
+    layout.raw_units = 1;
+  }
+  const uint64_t per_layer = static_cast<uint64_t>(g.kv_heads) * 2 * (g.head_dim / channels);
+  layout.row_entries = per_layer * static_cast<uint64_t>(g.layers);
+  int resident_layers = 0;
+  for (int l = 0; l < g.layers; ++l) {
+    resident_layers += g.sliding_window.empty() || g.sliding_window[static_cast<size_t>(l)] == 0 ? 1 : 0;
+  }
+  layout.resident_entries = per_layer * static_cast<uint64_t>(std::max(resident_layers, 1));
+  return layout;
+}
+
+/// Throws unless the geometry is one a cache can be made for.
+void check_geometry(const CacheGeometry& g) {
+  if (g.layers <= 0 || g.kv_heads <= 0) {
+    throw Error("KV cache geometry needs layers > 0 and kv_heads > 0, got " + std::to_string(g.layers) + " and " +
+                std::to_string(g.kv_heads));
+  }
+  if (g.head_dim != 64 && g.head_dim != 128 && g.head_dim != 256) {
+    throw Error("KV cache head_dim is " + std::to_string(g.head_dim) + "; gaac supports 64, 128 or 256");
+  }
+  if (!g.sliding_window.empty() && g.sliding_window.size() != static_cast<size_t>(g.layers)) {
+    throw Error("sliding_window has " + std::to_string(g.sliding_window.size()) + " entries for " +
+                std::to_string(g.layers) + " layers");
+  }
+  for (size_t l = 0; l < g.sliding_window.size(); ++l) {
+    if (g.sliding_window[l] < 0) {
+      throw Error("layer " + std::to_string(l) + " has a negative sliding window (" + std::to_string(g.sliding_window[l]) + ")");
+    }
+  }
+}
+
+
+}  // namespace gaac::cache

@@ -1,0 +1,34 @@
+// How a cache's budget splits into units and block rows, for one geometry and format: shared by
+// the cache, the budget bound and the capacity estimate.
+#pragma once
+
+#include <algorithm>
+#include <cstdint>
+
+#include "gaac/kv_cache.hpp"
+
+namespace gaac::cache {
+
+/// The numbers of a cache layout that follow from geometry and format alone.
+struct Layout {
+  uint32_t unit_bytes = 0;
+  uint32_t raw_units = 1;         ///< units per raw tile
+  size_t escape_capacity = 0;     ///< of every slot (0 for bf16)
+  uint64_t row_entries = 0;       ///< entries of a block row
+  uint64_t resident_entries = 1;  ///< entries a block row keeps for good (layers without a window)
+
+  /// Rows for `units` units: enough that the table never runs out before the pool does (every kept
+  /// tile takes at least one unit; rows of sliding layers give their tiles back).
+  uint64_t rows_for(uint64_t units) const { return units / resident_entries + 1; }
+  /// Bytes of `units` units and the rows that go with them.
+  uint64_t bytes_for(uint64_t units) const { return units * unit_bytes + rows_for(units) * row_entries * 4; }
+  /// The most units a budget affords (at most kMaxUnits).
+  uint64_t units_for(uint64_t budget) const;
+};
+
+/// Throws gaac::Error unless a cache can be made for the geometry.
+void check_geometry(const CacheGeometry& g);
+/// The layout of a cache of `format` (throws for a missing or mismatched calibration).
+Layout layout_for(const CacheGeometry& g, CacheFormat format, const CalibrationTable* calibration);
+
+}  // namespace gaac::cache

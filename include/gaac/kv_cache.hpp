@@ -74,6 +74,7 @@ struct AppendOutcome {
 struct CacheUsage {
   uint64_t budget_bytes = 0;
   uint64_t unit_bytes = 0;         ///< bytes per unit
+  uint64_t raw_units = 1;          ///< units per raw tile (2 in a gaac cache)
   uint64_t units = 0;              ///< units in the pool
   uint64_t units_free = 0;
   uint64_t rows = 0;               ///< block rows the table has room for
@@ -88,6 +89,10 @@ struct CacheUsage {
 
   /// Bytes of the units in use.
   uint64_t unit_bytes_used() const { return (units - units_free) * unit_bytes; }
+  /// Bytes held per storage class: compressed slots, finalized raw tiles, open blocks' tails.
+  uint64_t compressed_bytes() const { return compressed_tiles * unit_bytes; }
+  uint64_t raw_bytes() const { return raw_tiles * raw_units * unit_bytes; }
+  uint64_t tail_bytes() const { return tail_tiles * raw_units * unit_bytes; }
   /// Bytes held for the elements: units in use plus the block-table entries of the rows in use.
   uint64_t resident_bytes() const;
   /// 2 bytes per element held: what a dense BF16 cache needs for the same values.

@@ -115,6 +115,7 @@ CacheUsage KvCache::usage() const {
   CacheUsage u;
   u.budget_bytes = s.config.budget_bytes;
   u.unit_bytes = s.geo.unit_bytes;
+  u.raw_units = s.raw_units;
   u.units = s.pool.count();
   u.units_free = s.pool.free_count();
   u.rows = s.geo.row_capacity;

@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -52,7 +53,9 @@ void validate_dump(const KvDump& dump);
 /// naming the file and tensor.
 KvDump load_kv_dump(const std::string& path);
 
-/// Writes a KV dump as safetensors.
-void save_kv_dump(const KvDump& dump, const std::string& path);
+/// Writes a KV dump as safetensors: atomically when `path` is a regular file (or none yet), in
+/// place when it is a character device or FIFO, and never over any of `inputs` (the files the
+/// caller read, compared by device and inode, through links). Throws gaac::Error naming the file.
+void save_kv_dump(const KvDump& dump, const std::string& path, std::span<const std::string> inputs = {});
 
 }  // namespace gaac

@@ -17,14 +17,12 @@ namespace {
   throw Error(ErrorCode::io, path + ": " + action + ": " + std::strerror(err));
 }
 
-/// "a directory", "a FIFO", ... for a file that is not a regular one.
+/// "a directory", "a block device", ... for what gaac does not read.
 const char* kind_of(mode_t mode) {
   if (S_ISDIR(mode)) return "a directory";
-  if (S_ISFIFO(mode)) return "a FIFO";
-  if (S_ISCHR(mode)) return "a character device";
   if (S_ISBLK(mode)) return "a block device";
   if (S_ISSOCK(mode)) return "a socket";
-  return "not a regular file";
+  return "neither a regular file nor a stream";
 }
 
 /// True when two fstat results describe the same, unmodified file.
@@ -67,7 +65,8 @@ std::vector<uint8_t> read_regular(int fd, const struct stat& st, const std::stri
   return bytes;
 }
 
-/// Reads a pipe or other stream until its end.
+/// Reads a pipe or another stream until its end (it cannot change under the reader: what was read
+/// is what the writer wrote).
 std::vector<uint8_t> read_stream(int fd, const std::string& path) {
   std::vector<uint8_t> bytes;
   uint8_t buffer[1 << 16];
@@ -76,7 +75,12 @@ std::vector<uint8_t> read_stream(int fd, const std::string& path) {
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) fail(path, "cannot read", errno);
     if (n == 0) break;
-    bytes.insert(bytes.end(), buffer, buffer + n);
+    try {
+      bytes.insert(bytes.end(), buffer, buffer + n);
+    } catch (const std::bad_alloc&) {
+      throw Error(ErrorCode::io, path + ": not enough memory to read more than its first " +
+                                     std::to_string(bytes.size()) + " bytes");
+    }
   }
   return bytes;
 }
@@ -84,15 +88,8 @@ std::vector<uint8_t> read_stream(int fd, const std::string& path) {
 }  // namespace
 
 FileBytes FileBytes::open(const std::string& path) {
-  // O_NONBLOCK: opening a FIFO for reading would otherwise wait for a writer; on a regular file it
-  // changes nothing.
-  Descriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOCTTY));
-  if (fd.get() < 0) fail(path, "cannot open", errno);
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) fail(path, "cannot stat", errno);
-  if (!S_ISREG(st.st_mode)) throw Error(ErrorCode::io, path + ": is " + kind_of(st.st_mode) + ", not a regular file");
   FileBytes file;
-  file.bytes_ = read_regular(fd.get(), st, path);
+  file.bytes_ = read_file(path);
   return file;
 }
 
@@ -117,8 +114,9 @@ std::vector<uint8_t> read_file(const std::string& path) {
   if (fd.get() < 0) fail(path, "cannot open", errno);
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) fail(path, "cannot stat", errno);
-  if (S_ISDIR(st.st_mode)) throw Error(ErrorCode::io, path + ": is a directory, not a file");
-  return S_ISREG(st.st_mode) ? read_regular(fd.get(), st, path) : read_stream(fd.get(), path);
+  if (S_ISREG(st.st_mode)) return read_regular(fd.get(), st, path);
+  if (S_ISFIFO(st.st_mode) || S_ISCHR(st.st_mode)) return read_stream(fd.get(), path);
+  throw Error(ErrorCode::io, path + ": is " + kind_of(st.st_mode) + "; gaac reads regular files and streams (pipes)");
 }
 
 }  // namespace gaac::io

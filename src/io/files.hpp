@@ -27,13 +27,11 @@ class Descriptor {
   int fd_;
 };
 
-/// The bytes of a whole regular file, read into memory (so nothing that happens to the file
+/// The bytes of a whole file or stream, read into memory (so nothing that happens to the file
 /// afterwards can affect them), or a copy of an image already in memory. Move-only.
 class FileBytes {
  public:
-  /// Reads a regular file. Throws gaac::Error (ErrorCode::io) naming the path and the reason: it
-  /// cannot be opened, is not a regular file (a FIFO is refused without blocking), changed size or
-  /// was modified while being read, or is too large for the memory available.
+  /// Reads `path` as read_file() does.
   static FileBytes open(const std::string& path);
   /// Holds a copy of `image`.
   static FileBytes copy_of(std::span<const uint8_t> image);
@@ -45,8 +43,10 @@ class FileBytes {
   std::vector<uint8_t> bytes_;
 };
 
-/// Reads a whole file: a regular file as FileBytes::open does, anything else (a pipe, /dev/stdin)
-/// until its end. Throws gaac::Error naming the path and the system's reason.
+/// Reads a whole regular file, or a stream (a pipe, a FIFO, /dev/stdin) until its end. Throws
+/// gaac::Error (ErrorCode::io) naming the path and the reason: it cannot be opened or read, it is a
+/// directory, block device or socket, a regular file changed size or was modified while being
+/// read, or it is too large for the memory available.
 std::vector<uint8_t> read_file(const std::string& path);
 
 /// write_output() with no inputs to protect.

@@ -238,7 +238,8 @@ TensorView parse_tensor(const std::string& name, const Json& entry, std::span<co
   const auto [begin, end] = parse_offsets(require_field(entry, "data_offsets", label, name), label, name);
   if (begin > end || end > data.size()) {
     fail_tensor(label, name, "data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
-                                 "] lie outside the " + std::to_string(data.size()) + "-byte data area");
+                                 "] lie outside the " + std::to_string(data.size()) + "-byte data area" +
+                                 (begin <= end ? " (the file is truncated?)" : ""));
   }
   TensorView view;
   view.name = name;

@@ -15,10 +15,10 @@ namespace gaac::io {
 namespace {
 
 /// The live temporary files, in storage a signal handler may read: fixed-size slots, each claimed
-/// by one TemporaryFile. A path is copied in before `live` is set and `live` is cleared before the
-/// file is renamed or removed, so the handler only ever unlinks a name that is a temporary file.
-/// A file that finds no free slot (or has a longer path) is still removed on error, only not on a
-/// signal.
+/// by one TemporaryFile. A path is copied in before `live` is set; `live` is set before the file
+/// is created and cleared only after it is renamed or removed, so the handler finds every
+/// temporary file (and at worst unlinks a name that no longer exists). A file that finds no free
+/// slot (or has a longer path) is still removed on error, only not on a signal.
 struct Slot {
   std::atomic<bool> claimed{false};
   std::atomic<bool> live{false};
@@ -63,22 +63,29 @@ extern "C" void remove_temporaries_and_reraise(int sig) {
 
 TemporaryFile::TemporaryFile(const std::string& destination, mode_t mode) {
   static std::atomic<unsigned> counter{0};
+  // Each name is registered before the file is created and unregistered only after it is renamed
+  // or removed, so a signal at any moment finds every temporary file that exists. (Should a stale
+  // file of that name exist, it is left to its owner: O_EXCL fails and the next name is tried.)
+  int err = 0;
   for (int attempt = 0; attempt < 100; ++attempt) {
     path_ = destination + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
+    slot_ = claim_slot(path_);
     fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC | O_NOCTTY, mode);
-    if (fd_ >= 0 || errno != EEXIST) break;
+    if (fd_ >= 0) return;
+    err = errno;
+    release_slot(slot_);
+    slot_ = -1;
+    if (err != EEXIST) break;
   }
-  if (fd_ < 0) {
-    throw Error(ErrorCode::io, destination + ": cannot create a temporary file beside it: " + std::strerror(errno));
-  }
-  slot_ = claim_slot(path_);
+  throw Error(ErrorCode::io, destination + ": cannot create a temporary file beside it: " + std::strerror(err));
 }
 
 TemporaryFile::~TemporaryFile() {
-  if (committed_) return;
+  if (!committed_) {
+    if (fd_ >= 0) ::close(fd_);
+    ::unlink(path_.c_str());
+  }
   release_slot(slot_);
-  if (fd_ >= 0) ::close(fd_);
-  ::unlink(path_.c_str());
 }
 
 void TemporaryFile::commit(const std::string& destination) {
@@ -89,10 +96,10 @@ void TemporaryFile::commit(const std::string& destination) {
   const int fd = fd_;
   fd_ = -1;
   if (::close(fd) != 0) fail("cannot close");
-  release_slot(slot_);
-  slot_ = -1;
   if (::rename(path_.c_str(), destination.c_str()) != 0) fail("cannot rename the temporary file into place");
   committed_ = true;
+  release_slot(slot_);  // only now: until the rename, a signal must still find the file
+  slot_ = -1;
 }
 
 void remove_temporaries_on_signals() {

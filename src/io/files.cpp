@@ -35,6 +35,12 @@ bool unchanged(const struct stat& a, const struct stat& b) {
 /// meanwhile (another size, or a new modification time), so a half-rewritten file is never parsed.
 std::vector<uint8_t> read_regular(int fd, const struct stat& st, const std::string& path) {
   const auto size = static_cast<size_t>(st.st_size);
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  if (pages > 0 && page > 0 && size / static_cast<size_t>(page) > static_cast<size_t>(pages)) {
+    throw Error(ErrorCode::io, path + ": is " + std::to_string(size) + " bytes, more than this machine's " +
+                                   std::to_string(static_cast<size_t>(pages) * static_cast<size_t>(page)) +
+                                   " bytes of memory, and inputs are read into memory");
+  }
   std::vector<uint8_t> bytes;
   try {
     bytes.resize(size);

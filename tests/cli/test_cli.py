@@ -355,6 +355,14 @@ def rule2_resources():
     check("r2 synth larger than the machine refused", r.returncode == 1 and "this machine has" in r.stderr
           and "bad_alloc" not in r.stderr, r.stderr)
     check("r2 synth wrote nothing", not os.path.exists(path("r2-huge.safetensors")))
+    # An input larger than the machine's memory (a sparse file) is refused before it is read.
+    sparse = path("r2-sparse.safetensors")
+    with open(sparse, "wb") as f:
+        f.truncate(2 * os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE"))
+    r = run("stats", sparse)
+    check("r2 input larger than memory refused", r.returncode == 1 and sparse in r.stderr
+          and "more than this machine's" in r.stderr, r.stderr)
+    os.remove(sparse)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -540,6 +548,12 @@ def rule7_messages():
     r = subprocess.run([GAAC, "inspect", hostile], capture_output=True)
     check("r7 errors about a model file are escaped", r.returncode == 1 and b"\x1b" not in r.stderr
           and hostile.encode() in r.stderr, r.stderr)
+
+    r = subprocess.run([GAAC, "generate", "-m", gguf, "-p", b"caf\xe9", "--save-kv", path("r7-kv.safetensors")],
+                       capture_output=True)
+    check("r7 a prompt the dump cannot record is named before any work", r.returncode == 1
+          and b"--prompt is not valid UTF-8 (byte 3)" in r.stderr and not os.path.exists(path("r7-kv.safetensors")),
+          r.stderr)
 
     if sanitized_build():
         print("skipped: out-of-memory message (AddressSanitizer build)", file=sys.stderr)

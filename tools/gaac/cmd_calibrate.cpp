@@ -9,6 +9,7 @@
 #include "gaac/error.hpp"
 #include "io/output_file.hpp"
 #include "progress.hpp"
+#include "terminal_text.hpp"
 
 namespace gaac::cli {
 namespace {
@@ -59,7 +60,7 @@ void run(const std::vector<std::string>& inputs, const std::string& output) {
   }
   calibrator->choose_capacities(table);
   std::string sources;
-  for (const auto& p : inputs) sources += (sources.empty() ? "" : ",") + p;
+  for (const auto& p : inputs) sources += (sources.empty() ? "" : ",") + printable(p);  // labels, kept as text
   table.metadata()["source"] = sources;
   {
     const Activity activity("writing " + output);

@@ -68,12 +68,11 @@ void run_generate(const GenerateOptions& o) {
   if (!o.save_kv.empty()) {
     io::check_output(o.save_kv, inputs);  // before the work: a bad output fails at once
     check_metadata_text(o.prompt, "--prompt");
-    check_metadata_text(o.model, "--model " + o.model);
   }
   const auto model = load_model(o.model);
   const model::Tokenizer& tok = model->tokenizer();
-  model::ThreadPool pool(o.threads);
-  model::Session session(*model, pool);
+  const auto pool = start_threads(o.threads);
+  model::Session session(*model, *pool);
   std::vector<model::Token> prompt;
   if (tok.add_bos()) prompt.push_back(tok.bos());
   const auto text = tok.encode(o.raw ? o.prompt : model->chat_prompt(o.prompt));
@@ -112,7 +111,7 @@ void run_generate(const GenerateOptions& o) {
   flush_stdout();  // the text ends before the timing line on stderr, even through one pipe
   if (!o.save_kv.empty()) {
     KvDump dump = session.kv_dump();
-    dump.metadata.emplace_back("model", o.model);
+    dump.metadata.emplace_back("model", printable(o.model));  // a path is only a label: shown, not kept byte for byte
     dump.metadata.emplace_back("prompt", o.prompt);
     dump.metadata.emplace_back("tokens", std::to_string(session.position()));
     const Activity saving("writing " + o.save_kv);
@@ -166,8 +165,6 @@ void add_capture(CLI::App& app) {
   cmd->callback([=] {
     const std::vector<std::string> inputs{*model_path, *text_path};
     io::check_output(*output, inputs);  // before the work: a bad output fails at once
-    check_metadata_text(*model_path, "--model " + *model_path);
-    check_metadata_text(*text_path, "--text " + *text_path);
     const auto model = load_model(*model_path);
     const model::Tokenizer& tok = model->tokenizer();
     std::vector<model::Token> tokens;
@@ -177,8 +174,8 @@ void add_capture(CLI::App& app) {
     size_t limit = static_cast<size_t>(model->config().context);
     if (*max_tokens > 0) limit = std::min(limit, static_cast<size_t>(*max_tokens));
     if (tokens.size() > limit) tokens.resize(limit);
-    model::ThreadPool pool(*threads);
-    model::Session session(*model, pool);
+    const auto pool = start_threads(*threads);
+    model::Session session(*model, *pool);
     const auto start = Clock::now();
     {
       const Activity activity(fmt::format("prefilling {} tokens of {}", tokens.size(), *text_path));
@@ -186,8 +183,8 @@ void add_capture(CLI::App& app) {
       prefill(session, tokens, bar);
     }
     KvDump dump = session.kv_dump();
-    dump.metadata.emplace_back("model", *model_path);
-    dump.metadata.emplace_back("text", *text_path);
+    dump.metadata.emplace_back("model", printable(*model_path));  // paths are labels: shown, not kept byte for byte
+    dump.metadata.emplace_back("text", printable(*text_path));
     dump.metadata.emplace_back("tokens", std::to_string(tokens.size()));
     {
       const Activity activity("writing " + *output);

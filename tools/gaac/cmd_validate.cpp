@@ -51,8 +51,8 @@ LogitComparison compare(const model::Model& model, const std::vector<model::Toke
     throw Error(o.reference + ": expected at least " + std::to_string(tokens.size()) + " × " + std::to_string(vocab) +
                 " float32 logits, the file has " + std::to_string(reference.size()) + " bytes");
   }
-  model::ThreadPool pool(o.threads);
-  model::Session session(model, pool);
+  const auto pool = start_threads(o.threads);
+  model::Session session(model, *pool);
   LogitComparison comparison;
   std::vector<float> ref(vocab);
   constexpr size_t kChunk = 64;

@@ -4,7 +4,6 @@
 
 #include "activity.hpp"
 #include "gaac/error.hpp"
-#include "model/thread_pool.hpp"
 #include "numbers.hpp"
 #include "progress.hpp"
 
@@ -51,6 +50,14 @@ CLI::Option* add_threads_option(CLI::App* cmd, int& threads) {
       ->transform(number_in<int>(0, model::ThreadPool::max_threads(),
                                  fmt::format("{} per available CPU; this machine has {}",
                                              model::ThreadPool::kMaxThreadsPerCpu, cpus)));
+}
+
+std::unique_ptr<model::ThreadPool> start_threads(int threads) {
+  try {
+    return std::make_unique<model::ThreadPool>(threads);
+  } catch (const Error& e) {
+    throw e.with_context("--threads " + std::to_string(threads) + " (give fewer threads)");
+  }
 }
 
 std::string human_bytes(double bytes) {

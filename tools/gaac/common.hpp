@@ -2,10 +2,12 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <memory>
 #include <string>
 
 #include "gaac/calibration.hpp"
 #include "gaac/kv_dump.hpp"
+#include "model/thread_pool.hpp"
 
 namespace gaac::cli {
 
@@ -22,6 +24,9 @@ CalibrationTable calibration_for(const KvDump& dump, const std::string& dump_pat
 /// Adds the `-t,--threads` option: 0 (the default) means one thread per available CPU; negative
 /// counts and counts above model::ThreadPool::max_threads() are refused while parsing.
 CLI::Option* add_threads_option(CLI::App* cmd, int& threads);
+
+/// Starts the engine's threads for `--threads threads`; a failure names the option.
+std::unique_ptr<model::ThreadPool> start_threads(int threads);
 
 /// "12.3 MiB"-style size.
 std::string human_bytes(double bytes);

@@ -14,8 +14,12 @@ llama-cpp-python==0.3.36 numpy`) with a BF16 KV cache. Nothing of llama.cpp is p
   reference_logits.py prefill MODEL.gguf TOKENS.txt
       times llama.cpp's prefill of the token ids with its own defaults (micro-batches of 512, weights
       repacked where it does so), as the peer of `gaac capture` in docs/performance.md.
+  reference_logits.py decode MODEL.gguf TOKENS.txt N
+      prefills the token ids (llama.cpp's defaults), then times N greedy decoding steps of one token
+      each: the peer of `gaac generate`'s decode speed in docs/performance.md. Prints one JSON line.
 """
 
+import json
 import sys
 import time
 
@@ -82,6 +86,16 @@ def main():
         llm.eval(tokens)
         seconds = time.time() - start
         print(f"llama.cpp prefill: {len(tokens)} tokens in {seconds:.1f} s ({len(tokens) / seconds:.0f} tokens/s)")
+    elif mode == "decode":
+        n = int(sys.argv[4])
+        llm = load(model, len(tokens) + n + 8, exact=False)
+        llm.eval(tokens)
+        start = time.time()
+        for _ in range(n):
+            llm.eval([int(np.argmax(llm.scores[llm.n_tokens - 1]))])
+        seconds = time.time() - start
+        print(json.dumps({"engine": "llama.cpp", "context_tokens": len(tokens), "decode_tokens": n,
+                          "decode_tokens_per_s": n / seconds}))
     else:
         sys.exit(__doc__)
 

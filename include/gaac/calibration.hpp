@@ -67,8 +67,8 @@ class GAAC_API CalibrationTable {
 /// Reads a calibration table from safetensors (`k.b3`, `k.b4`, `v.b3`, `v.b4` as U8
 /// [layers, kv_heads, head_dim]; capacities in the metadata). Throws gaac::Error when malformed.
 GAAC_API CalibrationTable load_calibration(const std::string& path);
-/// Writes a calibration table as safetensors.
-GAAC_API void save_calibration(const CalibrationTable& table, const std::string& path);
+/// Writes a calibration table as safetensors, never over any of `inputs` (as save_kv_dump does).
+GAAC_API void save_calibration(const CalibrationTable& table, const std::string& path, std::span<const std::string> inputs = {});
 
 /// Progress callback for long operations: units done out of total.
 using Progress = std::function<void(size_t done, size_t total)>;

@@ -5,6 +5,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -60,7 +61,9 @@ GAAC_API void validate_dump(const KvDump& dump);
 /// naming the file and tensor.
 GAAC_API KvDump load_kv_dump(const std::string& path);
 
-/// Writes a KV dump as safetensors.
-GAAC_API void save_kv_dump(const KvDump& dump, const std::string& path);
+/// Writes a KV dump as safetensors: atomically when `path` is a regular file (or none yet), in
+/// place when it is a character device or FIFO, and never over any of `inputs` (the files the
+/// caller read, compared by device and inode, through links). Throws gaac::Error naming the file.
+GAAC_API void save_kv_dump(const KvDump& dump, const std::string& path, std::span<const std::string> inputs = {});
 
 }  // namespace gaac

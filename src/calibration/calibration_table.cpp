@@ -117,7 +117,7 @@ void CalibrationTable::check_matches(const KvDump& dump) const {
   }
 }
 
-void save_calibration(const CalibrationTable& table, const std::string& path) {
+void save_calibration(const CalibrationTable& table, const std::string& path, std::span<const std::string> inputs) {
   table.validate();
   io::SafetensorsWriter writer;
   const std::vector<int64_t> shape{table.layers(), table.kv_heads(), table.head_dim()};
@@ -143,7 +143,7 @@ void save_calibration(const CalibrationTable& table, const std::string& path) {
   writer.set_metadata("layers", std::to_string(table.layers()));
   writer.set_metadata("kv_heads", std::to_string(table.kv_heads()));
   writer.set_metadata("head_dim", std::to_string(table.head_dim()));
-  writer.write(path);
+  writer.write(path, inputs);
 }
 
 CalibrationTable load_calibration(const std::string& path) {

@@ -1,14 +1,12 @@
 #include "io/files.hpp"
 
 #include <fcntl.h>
-#include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <atomic>
 #include <cerrno>
 #include <cstring>
-#include <utility>
+#include <new>
 
 #include "gaac/error.hpp"
 
@@ -19,38 +17,76 @@ namespace {
   throw Error(ErrorCode::io, path + ": " + action + ": " + std::strerror(err));
 }
 
-/// Writes all of `bytes`, resuming after partial writes and interruptions.
-void write_all(int fd, std::span<const uint8_t> bytes, const std::string& path) {
-  while (!bytes.empty()) {
-    const ssize_t n = ::write(fd, bytes.data(), bytes.size());
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) fail(path, "cannot write", errno);
-    bytes = bytes.subspan(static_cast<size_t>(n));
-  }
+/// "a directory", "a block device", ... for what gaac does not read.
+const char* kind_of(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "neither a regular file nor a stream";
 }
 
-/// A new temporary file beside `destination`; O_EXCL so it never clobbers anyone else's file.
-int create_temporary(const std::string& destination, std::string& path) {
-  static std::atomic<unsigned> counter{0};
-  for (int attempt = 0; attempt < 100; ++attempt) {
-    path = destination + ".tmp." + std::to_string(::getpid()) + "." + std::to_string(counter++);
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);  // umask decides the mode
-    if (fd >= 0) return fd;
-    if (errno != EEXIST) break;
-  }
-  fail(destination, "cannot create a temporary file beside it", errno);
+/// True when two fstat results describe the same, unmodified file.
+bool unchanged(const struct stat& a, const struct stat& b) {
+  return a.st_dev == b.st_dev && a.st_ino == b.st_ino && a.st_size == b.st_size &&
+         a.st_mtim.tv_sec == b.st_mtim.tv_sec && a.st_mtim.tv_nsec == b.st_mtim.tv_nsec;
 }
 
-/// Reads exactly `size` bytes from `fd`.
-std::vector<uint8_t> read_exactly(int fd, size_t size, const std::string& path) {
-  std::vector<uint8_t> bytes(size);
+/// Reads all `st.st_size` bytes of the regular file open as `fd`, and fails if the file changes
+/// meanwhile (another size, or a new modification time), so a half-rewritten file is never parsed.
+std::vector<uint8_t> read_regular(int fd, const struct stat& st, const std::string& path) {
+  const auto size = static_cast<size_t>(st.st_size);
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  if (pages > 0 && page > 0 && size / static_cast<size_t>(page) > static_cast<size_t>(pages)) {
+    throw Error(ErrorCode::io, path + ": is " + std::to_string(size) + " bytes, more than this machine's " +
+                                   std::to_string(static_cast<size_t>(pages) * static_cast<size_t>(page)) +
+                                   " bytes of memory, and inputs are read into memory");
+  }
+  std::vector<uint8_t> bytes;
+  try {
+    bytes.resize(size);
+  } catch (const std::bad_alloc&) {
+    throw Error(ErrorCode::io, path + ": not enough memory to read its " + std::to_string(size) + " bytes");
+  }
   size_t done = 0;
   while (done < size) {
-    const ssize_t n = ::read(fd, bytes.data() + done, size - done);
+    const ssize_t n = ::pread(fd, bytes.data() + done, size - done, static_cast<off_t>(done));
     if (n < 0 && errno == EINTR) continue;
     if (n < 0) fail(path, "cannot read", errno);
-    if (n == 0) throw Error(ErrorCode::io, path + ": file shrank while being read");
+    if (n == 0) {
+      throw Error(ErrorCode::io, path + ": the file shrank from " + std::to_string(size) + " to " + std::to_string(done) +
+                                     " bytes while being read; read it again once nothing is writing to it");
+    }
     done += static_cast<size_t>(n);
+  }
+  uint8_t probe = 0;
+  ssize_t extra = 0;
+  do {
+    extra = ::pread(fd, &probe, 1, static_cast<off_t>(size));
+  } while (extra < 0 && errno == EINTR);
+  struct stat after {};
+  if (::fstat(fd, &after) != 0) fail(path, "cannot stat", errno);
+  if (extra > 0 || !unchanged(st, after)) {
+    throw Error(ErrorCode::io, path + ": the file changed while being read; read it again once nothing is writing to it");
+  }
+  return bytes;
+}
+
+/// Reads a pipe or another stream until its end (it cannot change under the reader: what was read
+/// is what the writer wrote).
+std::vector<uint8_t> read_stream(int fd, const std::string& path) {
+  std::vector<uint8_t> bytes;
+  uint8_t buffer[1 << 16];
+  for (;;) {
+    const ssize_t n = ::read(fd, buffer, sizeof buffer);
+    if (n < 0 && errno == EINTR) continue;
+    if (n < 0) fail(path, "cannot read", errno);
+    if (n == 0) break;
+    try {
+      bytes.insert(bytes.end(), buffer, buffer + n);
+    } catch (const std::bad_alloc&) {
+      throw Error(ErrorCode::io, path + ": not enough memory to read more than its first " +
+                                     std::to_string(bytes.size()) + " bytes");
+    }
   }
   return bytes;
 }
@@ -58,51 +94,15 @@ std::vector<uint8_t> read_exactly(int fd, size_t size, const std::string& path) 
 }  // namespace
 
 FileBytes FileBytes::open(const std::string& path) {
-  Descriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) fail(path, "cannot open", errno);
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) fail(path, "cannot stat", errno);
-  if (!S_ISREG(st.st_mode)) throw Error(ErrorCode::io, path + ": not a regular file");
   FileBytes file;
-  const auto size = static_cast<size_t>(st.st_size);
-  void* mapping = size == 0 ? MAP_FAILED : ::mmap(nullptr, size, PROT_READ, MAP_PRIVATE, fd.get(), 0);
-  if (mapping != MAP_FAILED) {
-    file.mapping_ = mapping;
-    file.mapped_size_ = size;
-  } else {
-    file.owned_ = read_exactly(fd.get(), size, path);  // e.g. a file system without mmap
-  }
+  file.bytes_ = read_file(path);
   return file;
 }
 
 FileBytes FileBytes::copy_of(std::span<const uint8_t> image) {
   FileBytes file;
-  file.owned_.assign(image.begin(), image.end());
+  file.bytes_.assign(image.begin(), image.end());
   return file;
-}
-
-FileBytes::FileBytes(FileBytes&& other) noexcept
-    : mapping_(std::exchange(other.mapping_, nullptr)),
-      mapped_size_(std::exchange(other.mapped_size_, 0)),
-      owned_(std::move(other.owned_)) {}
-
-FileBytes& FileBytes::operator=(FileBytes&& other) noexcept {
-  if (this != &other) {
-    if (mapping_ != nullptr) ::munmap(mapping_, mapped_size_);
-    mapping_ = std::exchange(other.mapping_, nullptr);
-    mapped_size_ = std::exchange(other.mapped_size_, 0);
-    owned_ = std::move(other.owned_);
-  }
-  return *this;
-}
-
-FileBytes::~FileBytes() {
-  if (mapping_ != nullptr) ::munmap(mapping_, mapped_size_);
-}
-
-std::span<const uint8_t> FileBytes::bytes() const {
-  if (mapping_ != nullptr) return {static_cast<const uint8_t*>(mapping_), mapped_size_};
-  return owned_;
 }
 
 Descriptor::~Descriptor() {
@@ -116,32 +116,13 @@ int Descriptor::close() {
 }
 
 std::vector<uint8_t> read_file(const std::string& path) {
-  Descriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  Descriptor fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NOCTTY));
   if (fd.get() < 0) fail(path, "cannot open", errno);
-  std::vector<uint8_t> bytes;
-  uint8_t buffer[1 << 16];
-  for (;;) {
-    const ssize_t n = ::read(fd.get(), buffer, sizeof buffer);
-    if (n < 0 && errno == EINTR) continue;
-    if (n < 0) fail(path, "cannot read", errno);
-    if (n == 0) break;
-    bytes.insert(bytes.end(), buffer, buffer + n);
-  }
-  return bytes;
-}
-
-void write_file_atomic(const std::string& path, std::span<const std::span<const uint8_t>> parts) {
-  std::string temporary;
-  Descriptor fd(create_temporary(path, temporary));
-  try {
-    for (const auto part : parts) write_all(fd.get(), part, path);
-    if (::fsync(fd.get()) != 0) fail(path, "cannot flush", errno);
-    if (fd.close() != 0) fail(path, "cannot close", errno);
-    if (::rename(temporary.c_str(), path.c_str()) != 0) fail(path, "cannot rename the temporary file into place", errno);
-  } catch (...) {
-    ::unlink(temporary.c_str());
-    throw;
-  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) fail(path, "cannot stat", errno);
+  if (S_ISREG(st.st_mode)) return read_regular(fd.get(), st, path);
+  if (S_ISFIFO(st.st_mode) || S_ISCHR(st.st_mode)) return read_stream(fd.get(), path);
+  throw Error(ErrorCode::io, path + ": is " + kind_of(st.st_mode) + "; gaac reads regular files and streams (pipes)");
 }
 
 }  // namespace gaac::io

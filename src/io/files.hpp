@@ -1,10 +1,13 @@
-// Whole-file reads and atomic whole-file writes with gaac::Error on failure.
+// Whole-file reads with gaac::Error on failure. Inputs are read into memory, never mapped: a file
+// truncated or rewritten while gaac uses it then gives an error, not a SIGBUS.
 #pragma once
 
 #include <cstdint>
 #include <span>
 #include <string>
 #include <vector>
+
+#include "io/output_file.hpp"
 
 namespace gaac::io {
 
@@ -24,36 +27,31 @@ class Descriptor {
   int fd_;
 };
 
-/// The bytes of a whole file: mapped read-only (private) when the system allows, read into memory
-/// otherwise; or a copy of an image already in memory. Move-only; the bytes live as long as it does.
+/// The bytes of a whole file or stream, read into memory (so nothing that happens to the file
+/// afterwards can affect them), or a copy of an image already in memory. Move-only.
 class FileBytes {
  public:
-  /// Opens a regular file. Throws gaac::Error (ErrorCode::io) naming the path and the reason.
+  /// Reads `path` as read_file() does.
   static FileBytes open(const std::string& path);
   /// Holds a copy of `image`.
   static FileBytes copy_of(std::span<const uint8_t> image);
 
-  FileBytes() = default;
-  FileBytes(FileBytes&& other) noexcept;
-  FileBytes& operator=(FileBytes&& other) noexcept;
-  FileBytes(const FileBytes&) = delete;
-  FileBytes& operator=(const FileBytes&) = delete;
-  ~FileBytes();
-
   /// The file's bytes.
-  std::span<const uint8_t> bytes() const;
+  std::span<const uint8_t> bytes() const { return bytes_; }
 
  private:
-  void* mapping_ = nullptr;
-  size_t mapped_size_ = 0;
-  std::vector<uint8_t> owned_;
+  std::vector<uint8_t> bytes_;
 };
 
-/// Reads a whole file. Throws gaac::Error naming the path and the system's reason.
+/// Reads a whole regular file, or a stream (a pipe, a FIFO, /dev/stdin) until its end. Throws
+/// gaac::Error (ErrorCode::io) naming the path and the reason: it cannot be opened or read, it is a
+/// directory, block device or socket, a regular file changed size or was modified while being
+/// read, or it is too large for the memory available.
 std::vector<uint8_t> read_file(const std::string& path);
 
-/// Writes `parts` one after another to `path` through a temporary file in the same directory that is
-/// renamed into place, so readers never see a half-written file.
-void write_file_atomic(const std::string& path, std::span<const std::span<const uint8_t>> parts);
+/// write_output() with no inputs to protect.
+inline void write_file_atomic(const std::string& path, std::span<const std::span<const uint8_t>> parts) {
+  write_output(path, parts);
+}
 
 }  // namespace gaac::io

@@ -150,6 +150,10 @@ std::vector<LayerViews> complete_layers(const std::map<int, LayerViews>& layers)
 
 /// Converts a validated safetensors file into a dump and checks it as a whole.
 KvDump read_dump(const io::SafetensorsFile& file) {
+  if (const auto format = file.metadata().find("format");
+      format != file.metadata().end() && format->second == "gaac-calibration") {
+    throw Error("this is a calibration table, not a KV dump (give it with --calib)");
+  }
   KvDump dump;
   for (const LayerViews& views : complete_layers(group_layers(file))) {
     dump.layers.push_back({read_tensor(*views.k), read_tensor(*views.v)});
@@ -214,7 +218,7 @@ KvDump load_kv_dump(const std::string& path) {
   }
 }
 
-void save_kv_dump(const KvDump& dump, const std::string& path) {
+void save_kv_dump(const KvDump& dump, const std::string& path, std::span<const std::string> inputs) {
   io::SafetensorsWriter writer;
   try {
     validate_dump(dump);
@@ -230,7 +234,12 @@ void save_kv_dump(const KvDump& dump, const std::string& path) {
   } catch (const Error& e) {
     throw e.with_context(path);
   }
-  writer.write(path);
+  try {
+    writer.write(path, inputs);
+  } catch (const Error& e) {
+    if (e.code() == ErrorCode::io) throw;  // I/O errors already name the file
+    throw e.with_context(path);
+  }
 }
 
 }  // namespace gaac

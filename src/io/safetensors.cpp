@@ -6,13 +6,16 @@
 #include <cstring>
 #include <limits>
 #include <nlohmann/json.hpp>
-#include <set>
 #include <tuple>
 #include <unordered_map>
+#include <unordered_set>
 #include <utility>
 
 #include "gaac/error.hpp"
+#include "common/utf8.hpp"
+#include "io/file_kinds.hpp"
 #include "io/files.hpp"
+#include "io/output_file.hpp"
 
 namespace gaac::io {
 namespace {
@@ -70,6 +73,10 @@ std::string in_quotes(const std::string& s) { return "'" + s + "'"; }
 
 /// Reads the little-endian header length and checks it against the cap and the image size.
 uint64_t read_header_length(std::span<const uint8_t> image, const std::string& label) {
+  if (const OtherFormat other = other_format(image); other.what != nullptr) {
+    fail_file(label, std::string("this is ") + other.what + ", not a safetensors file (a KV dump or a calibration table); " +
+                         other.hint);
+  }
   if (image.size() < 8) {
     fail_file(label, "file of " + std::to_string(image.size()) + " bytes is too short for a safetensors header");
   }
@@ -77,7 +84,7 @@ uint64_t read_header_length(std::span<const uint8_t> image, const std::string& l
   for (int i = 7; i >= 0; --i) n = (n << 8) | image[static_cast<size_t>(i)];
   if (n > kMaxHeaderBytes) {
     fail_file(label, "header length " + std::to_string(n) + " exceeds the limit of " +
-                         std::to_string(kMaxHeaderBytes) + " bytes");
+                         std::to_string(kMaxHeaderBytes) + " bytes (not a safetensors file?)");
   }
   if (n > image.size() - 8) {
     fail_file(label, "header length " + std::to_string(n) + " runs past the end of the " +
@@ -86,32 +93,81 @@ uint64_t read_header_length(std::span<const uint8_t> image, const std::string& l
   return n;
 }
 
-/// Parses the header JSON. Besides syntax (and UTF-8), rejects a key repeated within one object,
-/// which the JSON library would otherwise resolve silently by keeping one of the two, and nesting
-/// deeper than any safetensors header needs, which could otherwise cost far more memory than the
-/// header's size.
-Json parse_header_json(std::span<const uint8_t> text, const std::string& label) {
-  std::vector<std::set<std::string>> open_objects;
-  const auto on_event = [&](int depth, Json::parse_event_t event, Json& parsed) {
-    using Event = Json::parse_event_t;
-    if ((event == Event::object_start || event == Event::array_start) && depth > kMaxHeaderDepth) {
-      fail_file(label, "header nests deeper than " + std::to_string(kMaxHeaderDepth) + " levels");
-    }
-    if (event == Event::object_start) {
-      open_objects.emplace_back();
-    } else if (event == Event::object_end && !open_objects.empty()) {
-      open_objects.pop_back();
-    } else if (event == Event::key && !open_objects.empty()) {
-      const auto& key = parsed.get_ref<const std::string&>();
-      if (!open_objects.back().insert(key).second) fail_file(label, "header repeats the key " + in_quotes(key));
-    }
-    return true;
+/// The JSON library's parse error in plain words: its reason without the library's prefix
+/// ("[json.exception.parse_error.101] parse error at line 1, column 5: ").
+std::string json_error_reason(const std::string& what) {
+  const std::string marker = "parse error";
+  size_t from = what.find(marker);
+  from = from == std::string::npos ? what.find("] ") : what.find(": ", from);
+  return from == std::string::npos ? what : what.substr(from + 2);
+}
+
+/// A first, linear pass over the header text (SAX events, no document built): checks syntax and
+/// UTF-8, refuses a key repeated within one object, which the JSON library would otherwise resolve
+/// silently by keeping one of the two, and nesting deeper than any safetensors header needs, which
+/// could otherwise cost far more memory than the header's size. (The library's callback parser
+/// would check the same but rescans an object's members whenever one of them ends: quadratic in
+/// the tensor count.)
+class HeaderChecker : public nlohmann::json_sax<Json> {
+ public:
+  /// Why the text was refused ("" while it is acceptable).
+  const std::string& problem() const { return problem_; }
+
+  bool null() override { return true; }
+  bool boolean(bool) override { return true; }
+  bool number_integer(number_integer_t) override { return true; }
+  bool number_unsigned(number_unsigned_t) override { return true; }
+  bool number_float(number_float_t, const string_t&) override { return true; }
+  bool string(string_t&) override { return true; }
+  bool binary(binary_t&) override { return true; }
+  bool start_object(std::size_t) override { return open(true); }
+  bool end_object() override { return close(); }
+  bool start_array(std::size_t) override { return open(false); }
+  bool end_array() override { return close(); }
+  bool key(string_t& key) override {
+    if (open_.empty() || !open_.back().is_object) return true;
+    if (open_.back().keys.insert(key).second) return true;
+    problem_ = "header repeats the key " + in_quotes(key);
+    return false;
+  }
+  bool parse_error(std::size_t position, const std::string&, const nlohmann::detail::exception& e) override {
+    problem_ = "header is not valid JSON (at byte " + std::to_string(position) + " of the header: " +
+               json_error_reason(e.what()) + ")";
+    return false;
+  }
+
+ private:
+  struct Container {
+    bool is_object;
+    std::unordered_set<std::string> keys;
   };
+  bool open(bool is_object) {
+    if (open_.size() > static_cast<size_t>(kMaxHeaderDepth)) {
+      problem_ = "header nests deeper than " + std::to_string(kMaxHeaderDepth) + " levels";
+      return false;
+    }
+    open_.push_back({is_object, {}});
+    return true;
+  }
+  bool close() {
+    open_.pop_back();
+    return true;
+  }
+  std::vector<Container> open_;
+  std::string problem_;
+};
+
+/// Parses the header JSON after HeaderChecker has accepted it.
+Json parse_header_json(std::span<const uint8_t> text, const std::string& label) {
+  HeaderChecker checker;
+  if (!Json::sax_parse(text.begin(), text.end(), &checker) || !checker.problem().empty()) {
+    fail_file(label, checker.problem().empty() ? "header is not valid JSON" : checker.problem());
+  }
   Json header;
   try {
-    header = Json::parse(text.begin(), text.end(), on_event);
+    header = Json::parse(text.begin(), text.end());
   } catch (const Json::exception& e) {
-    fail_file(label, std::string("header is not valid JSON: ") + e.what());
+    fail_file(label, "header is not valid JSON (" + json_error_reason(e.what()) + ")");
   }
   if (!header.is_object()) fail_file(label, "header must be a JSON object");
   return header;
@@ -182,7 +238,8 @@ TensorView parse_tensor(const std::string& name, const Json& entry, std::span<co
   const auto [begin, end] = parse_offsets(require_field(entry, "data_offsets", label, name), label, name);
   if (begin > end || end > data.size()) {
     fail_tensor(label, name, "data_offsets [" + std::to_string(begin) + ", " + std::to_string(end) +
-                                 "] lie outside the " + std::to_string(data.size()) + "-byte data area");
+                                 "] lie outside the " + std::to_string(data.size()) + "-byte data area" +
+                                 (begin <= end ? " (the file is truncated?)" : ""));
   }
   TensorView view;
   view.name = name;
@@ -265,33 +322,50 @@ struct Layout {
   std::vector<TensorView> tensors;
 };
 
+/// Throws unless `text` is UTF-8, which a JSON header must be; `what` names it for the message.
+void check_utf8(const std::string& text, const std::string& what) {
+  const size_t bad = first_invalid_utf8(text);
+  if (bad != std::string::npos) {
+    throw Error("safetensors writer: " + what + " is not valid UTF-8 (byte " + std::to_string(bad) +
+                "); a safetensors header holds only UTF-8 text");
+  }
+}
+
 /// The length prefix and the JSON header, padded with spaces to a multiple of 8 bytes.
 std::vector<uint8_t> encode_header(const std::vector<TensorView>& tensors,
                                    const std::map<std::string, std::string>& metadata) {
-  // ordered_json keeps insertion order: metadata first, tensors in data order, and each entry's
-  // fields as dtype, shape, data_offsets, the way the reference implementation writes them.
-  nlohmann::ordered_json json = nlohmann::ordered_json::object();
-  if (!metadata.empty()) json[kMetadataKey] = metadata;
+  for (const auto& [key, value] : metadata) {
+    check_utf8(key, "a metadata key");
+    check_utf8(value, "metadata " + in_quotes(key));
+  }
+  for (const TensorView& t : tensors) check_utf8(t.name, "a tensor name");
+  // The way the reference implementation writes it: metadata first, tensors in data order, and each
+  // entry's fields as dtype, shape, data_offsets. The object is written member by member: an
+  // ordered_json would look each new key up among all the earlier ones (quadratic in the tensors).
+  // Every string is UTF-8 (checked above), so the strict dumps cannot throw.
+  const auto json_text = [](const nlohmann::ordered_json& j) {
+    return j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::strict);
+  };
+  std::string text = "{";
+  if (!metadata.empty()) text += json_text(kMetadataKey) + ":" + json_text(metadata);
   uint64_t offset = 0;
   for (const TensorView& t : tensors) {
     nlohmann::ordered_json entry = nlohmann::ordered_json::object();
     entry["dtype"] = dtype_name(t.dtype);
     entry["shape"] = t.shape;
     entry["data_offsets"] = {offset, offset + t.bytes.size()};
-    json[t.name] = std::move(entry);
+    if (text.size() > 1) text += ",";
+    text += json_text(t.name);
+    text += ":";
+    text += json_text(entry);
     offset += t.bytes.size();
   }
-  std::string text;
-  try {
-    text = json.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::strict);
-  } catch (const nlohmann::ordered_json::exception& e) {
-    throw Error(std::string("safetensors writer: a tensor name or metadata string is not valid UTF-8: ") + e.what());
-  }
+  text += "}";
   text.append((8 - text.size() % 8) % 8, ' ');  // data area starts 8-byte aligned
-  std::string length(8, '\0');
-  for (size_t i = 0; i < 8; ++i) length[i] = static_cast<char>(static_cast<uint64_t>(text.size()) >> (8 * i));
-  const std::string header = length + text;
-  return {header.begin(), header.end()};
+  std::vector<uint8_t> header(8);
+  for (size_t i = 0; i < 8; ++i) header[i] = static_cast<uint8_t>(static_cast<uint64_t>(text.size()) >> (8 * i));
+  header.insert(header.end(), text.begin(), text.end());
+  return header;
 }
 
 /// Views of a writer's entries. A template only because the entry type is private to the writer.
@@ -350,7 +424,7 @@ int64_t TensorView::elements() const {
 // ---------------------------------------------------------------------------------------------
 // SafetensorsFile
 
-/// The bytes of an open file (a private mapping, or a copy) and the name index over its tensors.
+/// The bytes of an open file (read into memory, or a copy) and the name index over its tensors.
 struct SafetensorsFile::Storage {
   io::FileBytes file;
   std::unordered_map<std::string, size_t> index;
@@ -397,9 +471,7 @@ void SafetensorsWriter::add(const std::string& name, Dtype dtype, std::vector<in
   const std::string label = "safetensors writer";
   if (name == kMetadataKey) fail_tensor(label, name, "name is reserved for metadata");
   if (dtype == Dtype::other) fail_tensor(label, name, "cannot write a tensor of unknown dtype");
-  for (const Entry& e : entries_) {
-    if (e.name == name) fail_tensor(label, name, "added twice");
-  }
+  if (names_.count(name) != 0) fail_tensor(label, name, "added twice");
   uint64_t elements = 1;
   for (const int64_t d : shape) {
     if (d < 0) fail_tensor(label, name, "negative dimension in shape " + shape_text(shape));
@@ -414,6 +486,7 @@ void SafetensorsWriter::add(const std::string& name, Dtype dtype, std::vector<in
                                  " bytes were given");
   }
   entries_.push_back({name, dtype, std::move(shape), std::vector<uint8_t>(bytes.begin(), bytes.end())});
+  names_.insert(name);
 }
 
 void SafetensorsWriter::set_metadata(const std::string& key, const std::string& value) { metadata_[key] = value; }
@@ -425,12 +498,12 @@ std::vector<uint8_t> SafetensorsWriter::image() const {
   return image;
 }
 
-void SafetensorsWriter::write(const std::string& path) const {
+void SafetensorsWriter::write(const std::string& path, std::span<const std::string> inputs) const {
   // Streamed rather than built with image(), so a large dump is not held twice in memory.
   const Layout layout = plan_layout(entry_views(entries_), metadata_);
   std::vector<std::span<const uint8_t>> parts{layout.header};
   for (const TensorView& t : layout.tensors) parts.push_back(t.bytes);
-  write_file_atomic(path, parts);
+  write_output(path, parts, inputs);
 }
 
 }  // namespace gaac::io

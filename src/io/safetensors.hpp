@@ -8,6 +8,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <unordered_set>
 #include <vector>
 
 namespace gaac::io {
@@ -22,7 +23,7 @@ size_t dtype_size(Dtype dtype);
 /// Parses a header spelling; unknown spellings give Dtype::other (the raw spelling stays in the view).
 Dtype parse_dtype(const std::string& name);
 
-/// One tensor of an open file. `bytes` points into the file's mapping and lives as long as it.
+/// One tensor of an open file. `bytes` points into the file's bytes (held in memory) and lives as long as it.
 struct TensorView {
   std::string name;
   Dtype dtype = Dtype::other;
@@ -39,7 +40,7 @@ struct TensorView {
 /// offending tensor, and nothing is read outside the file.
 class SafetensorsFile {
  public:
-  /// Memory-maps and validates `path`.
+  /// Reads `path` into memory (io::FileBytes) and validates it.
   static SafetensorsFile open(const std::string& path);
   /// Validates an in-memory image (copied); `label` names it in error messages.
   static SafetensorsFile parse(std::span<const uint8_t> image, const std::string& label);
@@ -69,8 +70,9 @@ class SafetensorsWriter {
   void add(const std::string& name, Dtype dtype, std::vector<int64_t> shape, std::span<const uint8_t> bytes);
   /// Sets one `__metadata__` entry.
   void set_metadata(const std::string& key, const std::string& value);
-  /// Writes the file (atomically: to a temporary name, then renamed). Throws gaac::Error on failure.
-  void write(const std::string& path) const;
+  /// Writes the file through write_output() (atomically for a regular file, never over one of
+  /// `inputs`). Throws gaac::Error on failure: a name or metadata string that is not UTF-8, or I/O.
+  void write(const std::string& path, std::span<const std::string> inputs = {}) const;
   /// The complete file image, for tests and in-memory use.
   std::vector<uint8_t> image() const;
 
@@ -82,6 +84,7 @@ class SafetensorsWriter {
     std::vector<uint8_t> data;
   };
   std::vector<Entry> entries_;
+  std::unordered_set<std::string> names_;  ///< of entries_, so adding n tensors costs O(n)
   std::map<std::string, std::string> metadata_;
 };
 

@@ -500,7 +500,7 @@ size_t GgufTensor::row_bytes() const {
 // ---------------------------------------------------------------------------------------------
 // GgufFile
 
-/// The bytes of an open file (a private read-only mapping, or a copy) and everything parsed from them.
+/// The bytes of an open file (read into memory, or a copy) and everything parsed from them.
 struct GgufFile::State {
   io::FileBytes file;
   std::string label;

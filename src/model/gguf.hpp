@@ -1,5 +1,5 @@
 // Reading GGUF model files (ggml's format: metadata key/values, tensor descriptors, aligned data),
-// memory-mapped, with every offset, size and type validated before use.
+// read into memory, with every offset, size and type validated before use.
 #pragma once
 
 #include <cstddef>
@@ -36,7 +36,7 @@ enum class GgufType : uint32_t {
 const char* value_type_name(uint32_t id);
 
 /// One tensor: `ne[0]` is the contiguous dimension (a weight [ne0 = in, ne1 = out] holds `out` rows
-/// of `in` values). `bytes` points into the file's mapping and lives as long as the GgufFile.
+/// of `in` values). `bytes` points into the file's bytes (held in memory) and lives as long as the GgufFile.
 struct GgufTensor {
   std::string name;
   GgmlType type = GgmlType::f32;
@@ -72,7 +72,7 @@ struct GgufArray {
 /// outside the file is ever read. Parsed metadata takes memory proportional to the header's size.
 class GgufFile {
  public:
-  /// Memory-maps and validates `path`.
+  /// Reads `path` into memory (io::FileBytes) and validates it.
   static GgufFile open(const std::string& path);
   /// Validates an in-memory image (copied), for tests and fuzzing.
   static GgufFile parse(std::span<const uint8_t> image, const std::string& label);

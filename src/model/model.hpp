@@ -42,7 +42,7 @@ struct ModelConfig {
   bool is_sliding(int layer) const;
 };
 
-/// One weight matrix: `rows` rows of `cols` elements of `type`, `row_bytes` apart, in the mapping.
+/// One weight matrix: `rows` rows of `cols` elements of `type`, `row_bytes` apart, in the file's bytes.
 struct Weight {
   GgmlType type = GgmlType::f32;
   const uint8_t* data = nullptr;
@@ -51,7 +51,7 @@ struct Weight {
   size_t row_bytes = 0;
 };
 
-/// A loaded model: configuration, tokenizer and weights (views into the memory-mapped file).
+/// A loaded model: configuration, tokenizer and weights (views into the file's bytes, held in memory).
 class Model {
  public:
   /// Opens a GGUF file and checks that every tensor the architecture needs is there with the

@@ -1,21 +1,60 @@
 #include "model/thread_pool.hpp"
 
+#include <sched.h>
+
 #include <algorithm>
+#include <string>
+
+#include "gaac/error.hpp"
 
 namespace gaac::model {
 
-ThreadPool::ThreadPool(int threads) {
-  if (threads <= 0) threads = static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
-  for (int i = 1; i < threads; ++i) workers_.emplace_back([this, i] { work(i); });
+int ThreadPool::available_threads() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (::sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0) return CPU_COUNT(&set);
+  return static_cast<int>(std::max(1u, std::thread::hardware_concurrency()));
 }
 
-ThreadPool::~ThreadPool() {
+int ThreadPool::max_threads() { return kMaxThreadsPerCpu * available_threads(); }
+
+ThreadPool::ThreadPool(int threads)
+    : ThreadPool(threads, [](std::function<void()> run) { return std::thread(std::move(run)); }) {}
+
+ThreadPool::ThreadPool(int threads, const ThreadStarter& start) {
+  if (threads < 0) throw Error("thread count " + std::to_string(threads) + " is negative (0 means one per CPU)");
+  if (threads > max_threads()) {
+    throw Error("thread count " + std::to_string(threads) + " is more than the " + std::to_string(max_threads()) +
+                " this machine allows (" + std::to_string(kMaxThreadsPerCpu) + " per available CPU, " +
+                std::to_string(available_threads()) + " CPUs)");
+  }
+  if (threads == 0) threads = available_threads();
+  workers_.reserve(static_cast<size_t>(threads - 1));
+  for (int i = 1; i < threads; ++i) {
+    try {
+      workers_.push_back(start([this, i] { work(i); }));
+    } catch (const std::exception& e) {
+      // Without this the members would be destroyed under the running workers (a condition
+      // variable with waiters: a hang in its destructor).
+      stop_workers();
+      throw Error("cannot start worker thread " + std::to_string(i) + " of " + std::to_string(threads - 1) + ": " +
+                  e.what());
+    }
+  }
+}
+
+ThreadPool::~ThreadPool() { stop_workers(); }
+
+void ThreadPool::stop_workers() {
   {
     std::lock_guard lock(mutex_);
     stop_ = true;
   }
   wake_.notify_all();
-  for (auto& t : workers_) t.join();
+  for (auto& t : workers_) {
+    if (t.joinable()) t.join();
+  }
+  workers_.clear();
 }
 
 void ThreadPool::run_chunk(int index) {

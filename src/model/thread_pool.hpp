@@ -10,11 +10,31 @@
 
 namespace gaac::model {
 
-/// Runs `parallel_for` loops on `threads` threads (the caller's thread is one of them).
+/// Runs `parallel_for` loops on `size()` threads (the caller's thread is one of them).
+///
+/// The contract on the thread count: 0 means one thread per available CPU; a count above
+/// max_threads() or below 0 is refused; a worker the system cannot start is an error. Every
+/// refusal is a gaac::Error thrown by the constructor after any workers it had started are
+/// stopped and joined, so constructing a pool never hangs and never leaks a thread.
 class ThreadPool {
  public:
-  /// `threads` ≤ 0 means one per hardware thread.
+  /// Most threads a pool may have per available CPU. More only slow a compute-bound loop; the bound
+  /// keeps a mistyped count from exhausting the system's process table.
+  static constexpr int kMaxThreadsPerCpu = 4;
+
+  /// A worker-thread factory, as std::thread's constructor is (and may fail as it does, by throwing).
+  using ThreadStarter = std::function<std::thread(std::function<void()>)>;
+
+  /// CPUs this process may run on (its affinity mask; at least 1).
+  static int available_threads();
+  /// The largest thread count a pool accepts: kMaxThreadsPerCpu × available_threads().
+  static int max_threads();
+
+  /// A pool of `threads` threads (0: available_threads()). Throws gaac::Error when `threads` is
+  /// negative or above max_threads(), or when a worker cannot be started.
   explicit ThreadPool(int threads = 0);
+  /// The same, with `start` creating each worker (tests use it to make the system's refusal happen).
+  ThreadPool(int threads, const ThreadStarter& start);
   ~ThreadPool();
   ThreadPool(const ThreadPool&) = delete;
   ThreadPool& operator=(const ThreadPool&) = delete;
@@ -29,6 +49,8 @@ class ThreadPool {
  private:
   void work(int index);
   void run_chunk(int index);
+  /// Tells the workers to finish and joins them.
+  void stop_workers();
 
   std::vector<std::thread> workers_;
   std::mutex mutex_;

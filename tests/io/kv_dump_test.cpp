@@ -312,6 +312,27 @@ TEST(KvDump, SaveRefusesAnInvalidDumpAndWritesNothing) {
   EXPECT_FALSE(fs::exists(tmp.path()));
 }
 
+TEST(KvDump, SaveNeverWritesOverAnInput) {
+  TempPath tmp;
+  save_kv_dump(small_dump(), tmp.path());
+  const std::vector<std::string> inputs{tmp.path()};
+  try {
+    save_kv_dump(small_dump(128), tmp.path(), inputs);
+    FAIL() << "wrote over its input";
+  } catch (const Error& e) {
+    expect_contains(e.what(), "is also an input");
+  }
+  expect_same_dump(load_kv_dump(tmp.path()), small_dump());
+}
+
+TEST(KvDump, ACalibrationTableIsNamedAsSuch) {
+  TempPath tmp;
+  io::SafetensorsWriter writer;
+  writer.set_metadata("format", "gaac-calibration");
+  writer.write(tmp.path());
+  expect_contains(load_error(tmp.path()), tmp.path() + ": this is a calibration table, not a KV dump");
+}
+
 TEST(KvDump, SaveRefusesRepeatedMetadataKeys) {
   TempPath tmp;
   KvDump dump = small_dump();

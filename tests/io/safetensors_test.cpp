@@ -255,7 +255,7 @@ TEST(Safetensors, WriteReportsUnwritableDestinations) {
     SafetensorsWriter().write(dir.file("no/such/dir/x.safetensors"));
     FAIL() << "wrote into a missing directory";
   } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("No such file or directory"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("does not exist"), std::string::npos) << e.what();
   }
 }
 
@@ -274,6 +274,19 @@ TEST(Safetensors, WriterRejectsNamesThatAreNotUtf8) {
   SafetensorsWriter writer;
   writer.add("bad\xff", Dtype::u8, {1}, bytes_of({1}));
   EXPECT_THROW(writer.image(), Error);
+}
+
+TEST(Safetensors, WriterNamesTheMetadataThatIsNotUtf8) {
+  SafetensorsWriter writer;
+  writer.set_metadata("prompt", "caf\xe9");
+  try {
+    writer.image();
+    FAIL() << "wrote a header that is not UTF-8";
+  } catch (const Error& e) {
+    const std::string message = e.what();
+    EXPECT_NE(message.find("metadata 'prompt' is not valid UTF-8 (byte 3)"), std::string::npos) << message;
+    EXPECT_EQ(message.find("json.exception"), std::string::npos) << message;
+  }
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -313,6 +326,25 @@ TEST(Safetensors, RejectsHeadersThatAreNotAJsonObject) {
                                    "{\"\xff\":1}"}) {
     EXPECT_THROW(parse(image_of(header)), Error) << header;
   }
+}
+
+TEST(Safetensors, JsonErrorsSayWhereWithoutTheLibrarysWording) {
+  const std::string message = parse_error(image_of("{bad"));
+  EXPECT_NE(message.find("test.safetensors: header is not valid JSON (at byte 2 of the header: syntax error"),
+            std::string::npos)
+      << message;
+  EXPECT_EQ(message.find("json.exception"), std::string::npos) << message;
+}
+
+TEST(Safetensors, RecognisesOtherFormatsOfGaac) {
+  std::vector<uint8_t> snapshot = bytes_of({0x89, 'G', 'A', 'A', 'C', '\r', '\n', 0x1A});
+  snapshot.resize(4096, 0);
+  std::string message = parse_error(snapshot);
+  EXPECT_NE(message.find("test.safetensors: this is a .gaac snapshot, not a safetensors file"), std::string::npos)
+      << message;
+  EXPECT_NE(message.find("gaac decompress"), std::string::npos) << message;
+  message = parse_error(bytes_of({'G', 'G', 'U', 'F', 3, 0, 0, 0, 0, 0, 0, 0}));
+  EXPECT_NE(message.find("this is a GGUF model"), std::string::npos) << message;
 }
 
 TEST(Safetensors, RejectsDeepNesting) {

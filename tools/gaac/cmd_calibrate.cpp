@@ -3,37 +3,69 @@
 
 #include <algorithm>
 
+#include "activity.hpp"
 #include "commands.hpp"
 #include "common.hpp"
 #include "gaac/error.hpp"
+#include "io/output_file.hpp"
 #include "progress.hpp"
+#include "terminal_text.hpp"
 
 namespace gaac::cli {
 namespace {
 
+/// The shape every input must share.
+struct Geometry {
+  size_t layers;
+  int kv_heads, head_dim;
+  bool operator==(const Geometry&) const = default;
+};
+
+Geometry geometry_of(const KvDump& dump) { return {dump.layers.size(), dump.kv_heads(), dump.head_dim()}; }
+
+/// Refuses a dump whose geometry differs from the first input's, naming both files.
+void check_same_model(const KvDump& dump, const std::string& path, const Geometry& first, const std::string& first_path) {
+  const Geometry g = geometry_of(dump);
+  if (g == first) return;
+  throw Error(fmt::format("{}: the KV dump has {}, but the first input {} has {}; calibrate on dumps of one model",
+                          path, geometry_text(g.layers, g.kv_heads, g.head_dim), first_path,
+                          geometry_text(first.layers, first.kv_heads, first.head_dim)));
+}
+
 void run(const std::vector<std::string>& inputs, const std::string& output) {
+  io::check_output(output, inputs);  // before the work: a bad output fails at once
   // Two streaming passes, one dump in memory at a time: exponent histograms, then escape sizes.
   std::unique_ptr<Calibrator> calibrator;
+  Geometry first{};
   for (size_t i = 0; i < inputs.size(); ++i) {
-    const KvDump dump = load_dump(inputs[i]);
+    KvDump dump = load_dump(inputs[i]);
     if (dump.layers.empty()) throw Error(inputs[i] + ": the KV dump has no layers");
     if (!calibrator) {
+      const Activity activity("preparing the calibration");
       calibrator = std::make_unique<Calibrator>(static_cast<int>(dump.layers.size()), dump.kv_heads(), dump.head_dim());
+      first = geometry_of(dump);
     }
+    check_same_model(dump, inputs[i], first, inputs[0]);
+    const Activity activity("counting the exponents of " + inputs[i]);
     ProgressBar bar(fmt::format("histograms {}/{}", i + 1, inputs.size()));
     calibrator->add_exponents(dump, std::ref(bar));
   }
   CalibrationTable table = calibrator->choose_windows();
   for (size_t i = 0; i < inputs.size(); ++i) {
     const KvDump dump = load_dump(inputs[i]);
+    check_same_model(dump, inputs[i], first, inputs[0]);  // the file may have changed since the first pass
+    const Activity activity("measuring the escapes of " + inputs[i]);
     ProgressBar bar(fmt::format("escape sizes {}/{}", i + 1, inputs.size()));
     calibrator->add_escape_sizes(dump, table, std::ref(bar));
   }
   calibrator->choose_capacities(table);
   std::string sources;
-  for (const auto& p : inputs) sources += (sources.empty() ? "" : ",") + p;
+  for (const auto& p : inputs) sources += (sources.empty() ? "" : ",") + printable(p);  // labels, kept as text
   table.metadata()["source"] = sources;
-  save_calibration(table, output);
+  {
+    const Activity activity("writing " + output);
+    save_calibration(table, output, inputs);
+  }
 
   fmt::print("calibrated on {} file(s), {} tokens summed over layers\n", inputs.size(), calibrator->tokens_seen());
   for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {

@@ -1,11 +1,11 @@
 // gaac compress / decompress: KV dump <-> .gaac snapshot.
 #include <fmt/core.h>
 
-#include <filesystem>
-
+#include "activity.hpp"
 #include "commands.hpp"
 #include "common.hpp"
 #include "gaac/snapshot.hpp"
+#include "io/output_file.hpp"
 #include "progress.hpp"
 
 namespace gaac::cli {
@@ -20,16 +20,24 @@ void add_compress(CLI::App& app) {
       ->check(CLI::ExistingFile);
   cmd->add_option("-o,--output", *output, "Snapshot to write (.gaac)")->required();
   cmd->callback([input, calib, output] {
+    const std::vector<std::string> inputs{*input, *calib};
+    io::check_output(*output, inputs);  // before the work: a bad output fails at once
     const KvDump dump = load_dump(*input);
-    const CalibrationTable table = calibration_for(dump, *calib);
+    const CalibrationTable table = calibration_for(dump, *input, *calib);
+    std::vector<uint8_t> image;
     {
+      const Activity activity("compressing " + *input);
       ProgressBar bar("compressing");
-      write_snapshot(dump, table, *output, std::ref(bar));
+      image = snapshot_image(dump, table, std::ref(bar));
     }
-    const auto written = std::filesystem::file_size(*output);
+    {
+      const Activity activity("writing " + *output);
+      const std::span<const uint8_t> parts[] = {image};
+      io::write_output(*output, parts, inputs);
+    }
     fmt::print("{}: {} BF16 -> {} ({:.3f}x), wrote {}\n", *input, human_bytes(static_cast<double>(dump.bf16_bytes())),
-               human_bytes(static_cast<double>(written)),
-               static_cast<double>(dump.bf16_bytes()) / static_cast<double>(written), *output);
+               human_bytes(static_cast<double>(image.size())),
+               static_cast<double>(dump.bf16_bytes()) / static_cast<double>(image.size()), *output);
   });
 }
 
@@ -40,12 +48,18 @@ void add_decompress(CLI::App& app) {
   cmd->add_option("input", *input, "Snapshot (.gaac)")->required()->check(CLI::ExistingFile);
   cmd->add_option("-o,--output", *output, "KV dump to write (.safetensors)")->required();
   cmd->callback([input, output] {
+    const std::vector<std::string> inputs{*input};
+    io::check_output(*output, inputs);  // before the work: a bad output fails at once
     Snapshot snapshot;
     {
+      const Activity activity("reading the snapshot " + *input);
       ProgressBar bar("decompressing");
       snapshot = read_snapshot(*input, std::ref(bar));
     }
-    save_kv_dump(snapshot.dump, *output);
+    {
+      const Activity activity("writing " + *output);
+      save_kv_dump(snapshot.dump, *output, inputs);
+    }
     fmt::print("{}: {} layers, {} of BF16 KV, wrote {}\n", *input, snapshot.dump.layers.size(),
                human_bytes(static_cast<double>(snapshot.dump.bf16_bytes())), *output);
   });

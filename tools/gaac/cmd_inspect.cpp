@@ -15,6 +15,7 @@
 #include "commands.hpp"
 #include "common.hpp"
 #include "model/gguf.hpp"
+#include "terminal_text.hpp"
 
 namespace gaac::cli {
 namespace {
@@ -105,7 +106,7 @@ std::string value_text(const GgufValue& value, uint32_t type) {
                                                          : fmt::format("{}", *d);
   }
   if (const auto* b = std::get_if<bool>(&value)) return *b ? "true" : "false";
-  if (const auto* s = std::get_if<std::string>(&value)) return nlohmann::json(*s).dump();
+  if (const auto* s = std::get_if<std::string>(&value)) return quoted_text(*s);
   const auto& array = *std::get<std::shared_ptr<const GgufArray>>(value);
   if (array.items.size() > kMaxShownItems) {
     return fmt::format("[{} x {}]", model::value_type_name(array.type), array.items.size());
@@ -145,7 +146,7 @@ std::string token_text(const GgufFile& file, std::optional<int64_t> id) {
     if (const auto* a = std::get_if<std::shared_ptr<const GgufArray>>(tokens)) {
       if (*id >= 0 && static_cast<uint64_t>(*id) < (*a)->items.size()) {
         if (const auto* s = std::get_if<std::string>(&(*a)->items[static_cast<size_t>(*id)])) {
-          text += " " + nlohmann::json(*s).dump();
+          text += " " + quoted_text(*s);
         }
       }
     }
@@ -154,22 +155,26 @@ std::string token_text(const GgufFile& file, std::optional<int64_t> id) {
 }
 
 void print_text(const GgufFile& file, const Report& r) {
-  const auto or_dash = [](const std::string& s) { return s.empty() ? std::string("-") : s; };
-  fmt::print("file          {} ({})\n", r.path, human_bytes(static_cast<double>(r.file_bytes)));
+  // Every string from the file goes through printable() or quoted_text(): a model file is untrusted
+  // text, and none of it may reach a terminal as an escape sequence.
+  const auto or_dash = [](const std::string& s) { return s.empty() ? std::string("-") : printable(s); };
+  fmt::print("file          {} ({})\n", printable(r.path), human_bytes(static_cast<double>(r.file_bytes)));
   fmt::print("format        GGUF v{}, {} metadata keys, {} tensors, alignment {}, data at offset {}\n",
              file.version(), file.metadata().size(), file.tensors().size(), file.alignment(), file.data_offset());
   fmt::print("architecture  {}\n", or_dash(r.architecture));
   fmt::print("name          {}\n", or_dash(r.name));
   if (!r.hyper_keys.empty()) {
-    fmt::print("\nhyper-parameters ({}.*)\n", r.architecture);
+    fmt::print("\nhyper-parameters ({}.*)\n", printable(r.architecture));
     size_t width = 0;
-    for (const std::string& key : r.hyper_keys) width = std::max(width, key.size() - r.architecture.size() - 1);
+    const auto shown = [&](const std::string& key) { return printable(key.substr(r.architecture.size() + 1)); };
+    for (const std::string& key : r.hyper_keys) width = std::max(width, shown(key).size());
     for (const std::string& key : r.hyper_keys) {
-      fmt::print("  {:<{}}  {}\n", key.substr(r.architecture.size() + 1), width,
+      fmt::print("  {:<{}}  {}\n", shown(key), width,
                  value_text(*file.find(key), static_cast<uint32_t>(file.value_type(key))));
     }
   }
-  fmt::print("\ntokenizer     {}{}\n", or_dash(r.tokenizer), r.pre_tokenizer.empty() ? "" : " (pre: " + r.pre_tokenizer + ")");
+  fmt::print("\ntokenizer     {}{}\n", or_dash(r.tokenizer),
+             r.pre_tokenizer.empty() ? "" : " (pre: " + printable(r.pre_tokenizer) + ")");
   fmt::print("vocab size    {}\n", r.vocab ? std::to_string(*r.vocab) : "-");
   fmt::print("BOS           {}\n", token_text(file, r.bos));
   fmt::print("EOS           {}\n", token_text(file, r.eos));
@@ -230,7 +235,9 @@ void add_inspect(CLI::App& app) {
     const uint64_t file_bytes = std::filesystem::file_size(*path, ec);  // only shown: 0 on failure
     const Report report = gather(file, *path, ec ? 0 : file_bytes);
     if (*json) {
-      fmt::print("{}\n", to_json(file, report).dump(2));
+      // ASCII-only JSON: non-ASCII text (control characters included) appears as \u escapes, and
+      // bytes that are not UTF-8 as U+FFFD, so no raw byte of the file reaches the terminal.
+      fmt::print("{}\n", to_json(file, report).dump(2, ' ', true, nlohmann::json::error_handler_t::replace));
     } else {
       print_text(file, report);
     }

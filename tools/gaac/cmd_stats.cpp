@@ -3,6 +3,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "activity.hpp"
 #include "commands.hpp"
 #include "common.hpp"
 #include "gaac/stats.hpp"
@@ -87,9 +88,10 @@ void add_stats(CLI::App& app) {
       "Incomplete final 16-token blocks count as raw BF16 in both.");
   cmd->callback([input, calib, json] {
     const KvDump dump = load_dump(*input);
-    const CalibrationTable table = calibration_for(dump, *calib);
+    const CalibrationTable table = calibration_for(dump, *input, *calib);
     DumpStats stats;
     {
+      const Activity activity("measuring " + *input);
       ProgressBar bar("measuring");
       stats = measure(dump, table, std::ref(bar));
     }

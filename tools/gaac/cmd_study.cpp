@@ -6,22 +6,39 @@
 #include <algorithm>
 #include <memory>
 
+#include "activity.hpp"
 #include "commands.hpp"
 #include "common.hpp"
 #include "gaac/error.hpp"
 #include "gaac/studies.hpp"
+#include "numbers.hpp"
 
 namespace gaac::cli {
 namespace {
 
+/// Refuses a calibration dump whose geometry differs from the evaluated one's, naming both files.
+void check_same_model(const KvDump& dump, const std::string& path, const KvDump& evaluated, const std::string& input) {
+  if (dump.layers.size() == evaluated.layers.size() && dump.kv_heads() == evaluated.kv_heads() &&
+      dump.head_dim() == evaluated.head_dim()) {
+    return;
+  }
+  throw Error(fmt::format("{}: the KV dump has {}, but the evaluated dump {} has {}; calibrate on dumps of the same model",
+                          path, geometry_text(dump.layers.size(), dump.kv_heads(), dump.head_dim()), input,
+                          geometry_text(evaluated.layers.size(), evaluated.kv_heads(), evaluated.head_dim())));
+}
+
 void run_schemes(const std::string& input, const std::vector<std::string>& calib_paths) {
   const KvDump evaluated = load_dump(input);
   std::vector<KvDump> calibration;
-  for (const auto& p : calib_paths) calibration.push_back(load_dump(p));
+  for (const auto& p : calib_paths) {
+    calibration.push_back(load_dump(p));
+    check_same_model(calibration.back(), p, evaluated, input);
+  }
   std::vector<const KvDump*> dumps;
   for (const auto& d : calibration) dumps.push_back(&d);
   if (dumps.empty()) dumps.push_back(&evaluated);
   const auto schemes = paper_mode_schemes();
+  const Activity activity("comparing mode schemes on " + input);
   const auto results = compare_mode_schemes(dumps, evaluated, schemes);
   fmt::print("| scheme | ratio | bits/elem | groups per mode |\n|---|---|---|---|\n");
   for (const auto& r : results) {
@@ -36,10 +53,13 @@ void run_schemes(const std::string& input, const std::vector<std::string>& calib
 
 void run_drift(const std::string& input, const std::string& calib, int segment, int layer) {
   const KvDump dump = load_dump(input);
-  const CalibrationTable table = calibration_for(dump, calib);
+  if (dump.layers.empty()) throw Error(input + ": the KV dump has no layers");
   if (layer >= static_cast<int>(dump.layers.size())) {
-    throw Error(fmt::format("--layer {}: the dump has {} layers", layer, dump.layers.size()));
+    throw Error(fmt::format("--layer {}: the KV dump {} has {} layers (0 to {})", layer, input, dump.layers.size(),
+                            dump.layers.size() - 1));
   }
+  const CalibrationTable table = calibration_for(dump, input, calib);
+  const Activity activity("measuring escapes by position in " + input);
   const auto segments = escape_bytes_by_segment(dump, table, segment);
   const auto heads = static_cast<size_t>(dump.kv_heads());
   // Per segment: the largest mean over the heads of the chosen layer (as the paper reports), and the
@@ -87,10 +107,17 @@ void add_study(CLI::App& app) {
   drift->add_option("input", *drift_input, "KV dump (.safetensors)")->required()->check(CLI::ExistingFile);
   drift->add_option("--calib", *calib, "Calibration table (default: calibrate on the input itself)")
       ->check(CLI::ExistingFile);
-  drift->add_option("--segment", *segment, "Tokens per segment, a multiple of 16")->capture_default_str();
+  drift->add_option("--segment", *segment, "Tokens per segment, a multiple of 16")
+      ->capture_default_str()
+      ->transform(number_in(16, 1 << 24))
+      ->check(CLI::Validator(
+          [](std::string& text) {
+            return std::stoi(text) % 16 == 0 ? std::string() : text + " is not a multiple of 16";
+          },
+          "a multiple of 16"));
   drift->add_option("--layer", *layer, "Layer whose heads the first two columns report")
       ->capture_default_str()
-      ->check(CLI::NonNegativeNumber);
+      ->transform(number_in(0, 1 << 20));
   drift->callback([drift_input, calib, segment, layer] { run_drift(*drift_input, *calib, *segment, *layer); });
 }
 

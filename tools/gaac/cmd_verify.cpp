@@ -1,6 +1,7 @@
 // gaac verify: compresses and restores a KV dump in memory; succeeds only if every bit survives.
 #include <fmt/core.h>
 
+#include "activity.hpp"
 #include "commands.hpp"
 #include "common.hpp"
 #include "gaac/snapshot.hpp"
@@ -33,26 +34,32 @@ void add_verify(CLI::App& app) {
       ->check(CLI::ExistingFile);
   cmd->callback([input, calib] {
     const KvDump dump = load_dump(*input);
-    const CalibrationTable table = calibration_for(dump, *calib);
+    const CalibrationTable table = calibration_for(dump, *input, *calib);
     std::vector<uint8_t> image;
     {
+      const Activity activity("compressing " + *input + " in memory");
       ProgressBar bar("compressing");
       image = snapshot_image(dump, table, std::ref(bar));
     }
     Snapshot restored;
     {
+      const Activity activity("restoring " + *input + " in memory");
       ProgressBar bar("restoring");
       restored = parse_snapshot(image, *input + " (in memory)", std::ref(bar));
     }
-    if (restored.dump.layers.size() != dump.layers.size()) throw CommandFailed("verify FAILED: layer count differs");
+    if (restored.dump.layers.size() != dump.layers.size()) {
+      throw CommandFailed(*input + ": verify FAILED: layer count differs");
+    }
     for (size_t l = 0; l < dump.layers.size(); ++l) {
       for (const bool is_k : {true, false}) {
         const std::string diff = first_difference(is_k ? dump.layers[l].k : dump.layers[l].v,
                                                   is_k ? restored.dump.layers[l].k : restored.dump.layers[l].v);
-        if (!diff.empty()) throw CommandFailed(fmt::format("verify FAILED at layer {} {}: {}", l, is_k ? "K" : "V", diff));
+        if (!diff.empty()) {
+          throw CommandFailed(fmt::format("{}: verify FAILED at layer {} {}: {}", *input, l, is_k ? "K" : "V", diff));
+        }
       }
     }
-    if (restored.dump.metadata != dump.metadata) throw CommandFailed("verify FAILED: metadata differs");
+    if (restored.dump.metadata != dump.metadata) throw CommandFailed(*input + ": verify FAILED: metadata differs");
     fmt::print("verify OK: {} layers, {} elements bit-exact through {} of .gaac ({:.3f}x)\n", dump.layers.size(),
                dump.bf16_bytes() / 2, human_bytes(static_cast<double>(image.size())),
                static_cast<double>(dump.bf16_bytes()) / static_cast<double>(image.size()));

@@ -2,18 +2,40 @@
 
 #include <fmt/core.h>
 
+#include "activity.hpp"
+#include "gaac/error.hpp"
+#include "numbers.hpp"
 #include "progress.hpp"
 
 namespace gaac::cli {
 
-KvDump load_dump(const std::string& path) { return load_kv_dump(path); }
+KvDump load_dump(const std::string& path) {
+  const Activity activity("reading the KV dump " + path);
+  return load_kv_dump(path);
+}
 
-CalibrationTable calibration_for(const KvDump& dump, const std::string& calib_path) {
+std::string geometry_text(size_t layers, int kv_heads, int head_dim) {
+  return fmt::format("{} layers × {} KV heads × head_dim {}", layers, kv_heads, head_dim);
+}
+
+CalibrationTable calibration_for(const KvDump& dump, const std::string& dump_path, const std::string& calib_path) {
   if (!calib_path.empty()) {
-    CalibrationTable table = load_calibration(calib_path);
-    table.check_matches(dump);
+    CalibrationTable table = [&] {
+      const Activity activity("reading the calibration table " + calib_path);
+      return load_calibration(calib_path);
+    }();
+    if (static_cast<int>(dump.layers.size()) != table.layers() || dump.kv_heads() != table.kv_heads() ||
+        dump.head_dim() != table.head_dim()) {
+      throw Error(fmt::format("{}: the calibration is for {}, but the KV dump {} has {}; use a calibration "
+                              "table made from dumps of the same model",
+                              calib_path,
+                              geometry_text(static_cast<size_t>(table.layers()), table.kv_heads(), table.head_dim()),
+                              dump_path, geometry_text(dump.layers.size(), dump.kv_heads(), dump.head_dim())));
+    }
     return table;
   }
+  if (dump.layers.empty()) throw Error(dump_path + ": the KV dump has no layers, so there is nothing to calibrate on");
+  const Activity activity("calibrating on " + dump_path);
   ProgressBar bar("calibrating");
   const KvDump* dumps[] = {&dump};
   CalibrationTable table = calibrate(dumps, std::ref(bar));
@@ -21,10 +43,27 @@ CalibrationTable calibration_for(const KvDump& dump, const std::string& calib_pa
   return table;
 }
 
+CLI::Option* add_threads_option(CLI::App* cmd, int& threads) {
+  const int cpus = model::ThreadPool::available_threads();
+  return cmd->add_option("-t,--threads", threads, "Threads (0: one per available CPU)")
+      ->capture_default_str()
+      ->transform(number_in<int>(0, model::ThreadPool::max_threads(),
+                                 fmt::format("{} per available CPU; this machine has {}",
+                                             model::ThreadPool::kMaxThreadsPerCpu, cpus)));
+}
+
+std::unique_ptr<model::ThreadPool> start_threads(int threads) {
+  try {
+    return std::make_unique<model::ThreadPool>(threads);
+  } catch (const Error& e) {
+    throw e.with_context("--threads " + std::to_string(threads) + " (give fewer threads)");
+  }
+}
+
 std::string human_bytes(double bytes) {
-  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
   int u = 0;
-  while (bytes >= 1024 && u < 4) {
+  while (bytes >= 1024 && u < 6) {
     bytes /= 1024;
     ++u;
   }

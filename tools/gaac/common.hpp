@@ -1,18 +1,32 @@
 // Helpers shared by the subcommands.
 #pragma once
 
+#include <CLI/CLI.hpp>
+#include <memory>
 #include <string>
 
 #include "gaac/calibration.hpp"
 #include "gaac/kv_dump.hpp"
+#include "model/thread_pool.hpp"
 
 namespace gaac::cli {
 
-/// Loads a KV dump with a progress-free message on failure naming the file.
+/// Loads a KV dump; errors name the file.
 KvDump load_dump(const std::string& path);
 
-/// The calibration at `calib_path`, or (when empty) one calibrated on `dump` itself.
-CalibrationTable calibration_for(const KvDump& dump, const std::string& calib_path);
+/// "3 layers × 2 KV heads × head_dim 256".
+std::string geometry_text(size_t layers, int kv_heads, int head_dim);
+
+/// The calibration at `calib_path`, or (when empty) one calibrated on `dump` itself. A table made
+/// for another geometry is refused with a message naming both files.
+CalibrationTable calibration_for(const KvDump& dump, const std::string& dump_path, const std::string& calib_path);
+
+/// Adds the `-t,--threads` option: 0 (the default) means one thread per available CPU; negative
+/// counts and counts above model::ThreadPool::max_threads() are refused while parsing.
+CLI::Option* add_threads_option(CLI::App* cmd, int& threads);
+
+/// Starts the engine's threads for `--threads threads`; a failure names the option.
+std::unique_ptr<model::ThreadPool> start_threads(int threads);
 
 /// "12.3 MiB"-style size.
 std::string human_bytes(double bytes);

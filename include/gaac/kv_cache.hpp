@@ -173,8 +173,10 @@ class GAAC_API KvCache {
   SequenceTable sequence_table(std::span<const SequenceId> sequences) const;
   /// The codec plans the cache encodes with (null for a bf16 cache); fused kernels decode with them.
   const CodecPlans* plans() const;
-  /// Memory and contents.
+  /// Memory and contents (walks the table: for reports, not for every step).
   CacheUsage usage() const;
+  /// CacheUsage::resident_bytes() without the walk: units in use and the entries of rows in use.
+  uint64_t resident_bytes() const;
   /// Checks every internal invariant (reference counts, free units, entries, accounting) and throws
   /// gaac::Error naming the first one broken. For tests; costs a walk over the whole table.
   void check_invariants() const;

@@ -110,6 +110,13 @@ KvDump KvCache::dump(SequenceId sequence) const {
   return dump;
 }
 
+uint64_t KvCache::resident_bytes() const {
+  const State& s = *state_;
+  const uint64_t units = s.pool.count() - s.pool.free_count();
+  const uint64_t rows = s.geo.row_capacity - s.free_rows.size();
+  return units * s.geo.unit_bytes + rows * s.geo.entries_per_row() * 4;
+}
+
 CacheUsage KvCache::usage() const {
   const State& s = *state_;
   CacheUsage u;

@@ -233,6 +233,7 @@ TEST(KvCache, PrefillEncodesCompleteBlocksAndKeepsTheSuffixRaw) {
   ASSERT_EQ(cache.append(id, rows.kv, rows.vv).status, CacheStatus::ok);
   const CacheUsage u = cache.usage();
   EXPECT_EQ(u.compressed_bytes() + u.raw_bytes() + u.tail_bytes(), u.unit_bytes_used());
+  EXPECT_EQ(cache.resident_bytes(), u.resident_bytes());
   EXPECT_EQ(u.tail_tiles, 4u);  // 2 heads × K/V of the last block
   EXPECT_EQ(u.compressed_tiles + u.raw_tiles, 5u * 4);
   EXPECT_GT(u.compressed_tiles, u.raw_tiles);

@@ -118,6 +118,19 @@ TEST(Numbers, ValidatorHandsCliElevenTheCheckedValue) {
   EXPECT_EQ(f, 0.95f);
 }
 
+TEST(Numbers, SizesTakeBinarySuffixesAndRefuseTheRest) {
+  const auto bytes = [](const char* text) { return std::get<uint64_t>(parse_bytes(text, 0, UINT64_MAX)); };
+  EXPECT_EQ(bytes("4096"), 4096u);
+  EXPECT_EQ(bytes("64K"), 64u << 10);
+  EXPECT_EQ(bytes("3m"), 3u << 20);
+  EXPECT_EQ(bytes("2GiB"), uint64_t{2} << 30);
+  EXPECT_EQ(bytes("1TB"), uint64_t{1} << 40);
+  for (const char* bad : {"", "K", "1.5G", "-1", "12Q", "1 G", "0x10", "99999999999T", "nan"}) {
+    EXPECT_TRUE(std::holds_alternative<std::string>(parse_bytes(bad, 0, UINT64_MAX))) << bad;
+  }
+  EXPECT_TRUE(std::holds_alternative<std::string>(parse_bytes("1K", 2048, 4096)));
+}
+
 TEST(TerminalText, EscapesEverythingATerminalWouldActOn) {
   EXPECT_EQ(printable("plain text, café, 日本"), "plain text, café, 日本");
   EXPECT_EQ(printable("\x1b[31mred\x1b]0;title\x07"), "\\x1b[31mred\\x1b]0;title\\x07");

@@ -7,7 +7,7 @@
 #include "activity.hpp"
 #include "commands.hpp"
 #include "common.hpp"
-#include "engine_cache.hpp"
+#include "engine_support.hpp"
 #include "gaac/error.hpp"
 #include "io/files.hpp"
 #include "io/output_file.hpp"
@@ -24,6 +24,7 @@ struct ValidateOptions {
   int tokens = 512;
   int threads = 0;
   double min_agreement = 100;
+  CacheOptions cache;
 };
 
 std::vector<model::Token> text_tokens(const model::Model& m, const std::string& path, int limit) {
@@ -53,8 +54,8 @@ LogitComparison compare(const model::Model& model, const std::vector<model::Toke
                 " float32 logits, the file has " + std::to_string(reference.size()) + " bytes");
   }
   const auto pool = start_threads(o.threads);
-  KvCache cache = bf16_cache_for(model, static_cast<int>(tokens.size()), *pool, false);
-  model::Session session(model, *pool, cache);
+  EngineCache kv = make_engine_cache(model, o.model, o.cache, static_cast<int>(tokens.size()), 1, *pool);
+  model::Session session(model, *pool, *kv.cache, attention_settings(o.cache));
   LogitComparison comparison;
   std::vector<float> ref(vocab);
   constexpr size_t kChunk = 64;
@@ -124,6 +125,7 @@ void add_validate(CLI::App& app) {
       ->capture_default_str()
       ->transform(number_in(0.0, 100.0));
   add_threads_option(cmd, o->threads);
+  add_cache_options(cmd, o->cache);
   cmd->callback([o] { run(*o); });
 }
 

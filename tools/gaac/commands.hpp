@@ -25,5 +25,6 @@ void add_generate(CLI::App& app);
 void add_capture(CLI::App& app);
 void add_validate(CLI::App& app);
 void add_study(CLI::App& app);
+void add_plan(CLI::App& app);
 
 }  // namespace gaac::cli

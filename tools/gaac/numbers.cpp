@@ -96,6 +96,49 @@ CLI::Validator number_of(std::vector<T> allowed) {
       "one of {" + list + "}");
 }
 
+std::variant<uint64_t, std::string> parse_bytes(std::string_view text, uint64_t lo, uint64_t hi) {
+  const std::string quoted = "'" + std::string(text) + "'";
+  std::string_view digits = text, suffix;
+  const size_t end = digits.find_first_not_of("0123456789");
+  if (end != std::string_view::npos) {
+    suffix = digits.substr(end);
+    digits = digits.substr(0, end);
+  }
+  int shift = 0;
+  if (!suffix.empty()) {
+    std::string s(suffix);
+    for (char& c : s) c = static_cast<char>(std::toupper(static_cast<unsigned char>(c)));
+    const std::string units = "KMGT";
+    const size_t at = units.find(s.front());
+    if (at == std::string::npos || !(s.size() == 1 || s.substr(1) == "B" || s.substr(1) == "IB")) {
+      return quoted + " is not a size: a whole number of bytes, optionally with K, M, G or T (1024-based)";
+    }
+    shift = 10 * static_cast<int>(at + 1);
+  }
+  const auto parsed = parse_number<uint64_t>(digits, 0, UINT64_MAX);
+  if (const auto* problem = std::get_if<std::string>(&parsed)) {
+    return digits.empty() ? quoted + " is not a size" : *problem;
+  }
+  const uint64_t value = std::get<uint64_t>(parsed);
+  if (shift > 0 && value > (UINT64_MAX >> shift)) return quoted + " is out of range";
+  const uint64_t bytes = value << shift;
+  if (bytes < lo || bytes > hi) {
+    return quoted + " is out of range: the size must be from " + canonical(lo) + " to " + canonical(hi) + " bytes";
+  }
+  return bytes;
+}
+
+CLI::Validator bytes_in(uint64_t lo, uint64_t hi) {
+  return CLI::Validator(
+      [lo, hi](std::string& text) -> std::string {
+        const auto parsed = parse_bytes(text, lo, hi);
+        if (const auto* problem = std::get_if<std::string>(&parsed)) return *problem;
+        text = canonical(std::get<uint64_t>(parsed));
+        return {};
+      },
+      "SIZE");
+}
+
 template std::variant<int, std::string> parse_number<int>(std::string_view, int, int);
 template std::variant<int64_t, std::string> parse_number<int64_t>(std::string_view, int64_t, int64_t);
 template std::variant<uint64_t, std::string> parse_number<uint64_t>(std::string_view, uint64_t, uint64_t);

@@ -26,6 +26,15 @@ std::variant<T, std::string> parse_number(std::string_view text, T lo = std::num
 template <class T>
 CLI::Validator number_in(T lo, T hi, const std::string& bound = "");
 
+/// Parses a size in bytes: a whole number, optionally followed by K, M, G or T (powers of 1024; KB,
+/// KiB, MB, MiB, ... read the same, in either case). Returns the bytes or what is wrong (as
+/// parse_number does), including a size outside [lo, hi].
+std::variant<uint64_t, std::string> parse_bytes(std::string_view text, uint64_t lo, uint64_t hi);
+
+/// A CLI11 transform for a size option (parse_bytes in [lo, hi]); it rewrites the value as the number
+/// of bytes, so the option's variable is a plain integer.
+CLI::Validator bytes_in(uint64_t lo, uint64_t hi);
+
 /// The same for an option whose value must be one of `allowed`.
 template <class T>
 CLI::Validator number_of(std::vector<T> allowed);

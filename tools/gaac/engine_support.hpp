@@ -1,0 +1,59 @@
+// What the commands that run the engine share: loading a model, the KV cache it runs on and the
+// options that choose it.
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "gaac/kv_cache.hpp"
+#include "model/model.hpp"
+
+namespace gaac::cli {
+
+/// Loads a model, saying so while it takes time.
+std::unique_ptr<model::Model> load_model(const std::string& path);
+
+/// A whole text file.
+std::string read_text(const std::string& path);
+
+/// Refuses text that a KV dump's metadata (safetensors JSON) cannot hold, before any work is done.
+void check_metadata_text(const std::string& text, const std::string& what);
+
+/// A ParallelFor over the engine's pool.
+ParallelFor parallel_on(model::ThreadPool& pool);
+
+/// What `--kv`, `--kv-budget`, `--calib`, `--attention` and `--attention-splits` say.
+struct CacheOptions {
+  std::string format = "gaac";
+  uint64_t budget = 0;  ///< 0: enough for the tokens asked, whatever their values
+  std::string calib;    ///< empty: the model's default calibration (learnt once, cached)
+  std::string attention = "fused";
+  int splits = 1;
+};
+
+/// Adds those options to a command.
+void add_cache_options(CLI::App* cmd, CacheOptions& o);
+
+/// A cache chosen by the options, for `sequences` sequences of up to `tokens` tokens of `model` (read
+/// from `model_path`), with the calibration it was made with.
+struct EngineCache {
+  CalibrationTable calibration;  ///< empty for a bf16 cache
+  std::string calibration_source;
+  std::unique_ptr<KvCache> cache;
+};
+
+/// Builds the cache; with `keep_all`, sliding layers keep every position (to write the whole cache
+/// out). A budget too small for even one block is an error that says how much one needs.
+EngineCache make_engine_cache(const model::Model& model, const std::string& model_path, const CacheOptions& o, int tokens,
+                              int sequences, model::ThreadPool& pool, bool keep_all = false);
+
+/// The attention settings the options ask for.
+model::AttentionSettings attention_settings(const CacheOptions& o);
+
+/// A BF16 cache for `model` that surely holds `tokens` tokens; with `keep_all`, sliding layers keep
+/// every position (to write the whole cache out).
+KvCache bf16_cache_for(const model::Model& model, int tokens, model::ThreadPool& pool, bool keep_all);
+
+}  // namespace gaac::cli

@@ -140,52 +140,98 @@ GAAC_LANE_INLINE uint32_t escape_bytes_of_lane(uint32_t tags) {
   return popc(tags & 0x5555u) + 5u * popc(tags & 0xAAAAu);
 }
 
-/// True when the lane has a raw group or more than four 4-bit groups: its escaped groups are then
-/// rebuilt by fix_wide_groups instead of the branch-free path.
-template <int C>
-GAAC_LANE_INLINE bool lane_needs_fixing(uint32_t tags) {
-  using S = SlotShape<C>;
-  return (tags & S::kHighTagBits) != 0 || (C == 128 && popc(tags & S::kLowTagBits) > 4);
-}
-
-/// A lane's 4-bit escapes spread per group: byte p%4 of lo[p/4] holds the low nibble of group p's
-/// escape byte (bit 3 of the offsets of its first quad), hi[p/4] the high nibble (second quad); both
-/// zero for a group that is not in 4-bit mode. Nibble p of `four_bit` is 1 for a 4-bit group.
-struct LaneEscapes {
-  uint32_t lo[2];
-  uint32_t hi[2];
-  uint32_t four_bit;
-};
-
-/// Builds LaneEscapes from the lane's tag field and its escapes, which start `offset` bytes into the
-/// escape slot at `escapes` (reads up to 8 bytes from offset rounded down to 4; the caller pads).
-/// Exact for lanes that lane_needs_fixing rejects; garbage (never used) for the others.
-GAAC_LANE_INLINE LaneEscapes lane_escapes(uint32_t tags, const uint8_t* escapes, uint32_t offset) {
-  // Tags as nibbles: nibble p = tag of group p.
+/// Spreads the 2-bit tags of a lane's (up to 8) groups to nibbles: nibble p = tag of group p.
+GAAC_LANE_INLINE uint32_t tags_as_nibbles(uint32_t tags) {
   uint32_t n = tags & 0xFFFFu;
   n = (n | (n << 8)) & 0x00FF00FFu;
   n = (n | (n << 4)) & 0x0F0F0F0Fu;
-  n = (n | (n << 2)) & 0x33333333u;
-  const uint32_t four = n & 0x11111111u;
+  return (n | (n << 2)) & 0x33333333u;
+}
+
+/// True when the branch-free path cannot rebuild the lane's escaped groups: two or more raw groups,
+/// a raw group and more than three 4-bit groups, or more than four 4-bit groups. Such a lane's
+/// escaped groups are rebuilt by fix_wide_groups (rare: about 0.1% of lanes on real KV).
+template <int C>
+GAAC_LANE_INLINE bool lane_needs_fixing(uint32_t tags) {
+  using S = SlotShape<C>;
+  const uint32_t raw = popc(tags & S::kHighTagBits), four = popc(tags & S::kLowTagBits);
+  return raw > 1 || (raw == 1 && four > 3) || four > 4;
+}
+
+/// The branch-free view of a lane's escapes: byte p%4 of lo[p/4] holds the low nibble of group p's
+/// 4-bit escape byte (bit 3 of the offsets of its first quad), hi[p/4] the high nibble (second
+/// quad), both zero for a group not in 4-bit mode; nibble p of `four` / `raw` is 1 for a 4-bit / raw
+/// group; corr[0] and corr[1] are what the lane's single raw group (if any) adds to the two quads'
+/// exponent words as the branch-free path computes them (codes + b3): its high bit-planes minus b3.
+struct LaneEscapes {
+  uint32_t lo[2];
+  uint32_t hi[2];
+  uint32_t four;
+  uint32_t raw;
+  uint32_t corr[2];
+};
+
+/// Bits 3..7 of the offsets of one raw group's quads from its five bit-planes (docs/format.md 5.4):
+/// `low` for the group's first quad (bits 0..3 of each plane), `high` for its second.
+GAAC_LANE_INLINE void raw_planes(const uint32_t (&planes)[5], uint32_t& low, uint32_t& high);
+
+/// Builds LaneEscapes from the lane's tag field and its escapes, which start `offset` bytes into the
+/// escape slot at `escapes` (reads up to 12 bytes from offset rounded down to 4; the caller pads).
+/// `base3_at(w)` returns the lane's b3 base word w (any w, known only at run time). Exact for every
+/// lane lane_needs_fixing accepts.
+template <int C, bool Key, class BaseAt>
+GAAC_LANE_INLINE LaneEscapes lane_escapes(uint32_t tags, const uint8_t* escapes, uint32_t offset, const BaseAt& base3_at) {
+  const uint32_t n = tags_as_nibbles(tags);
+  LaneEscapes e;
+  e.four = n & 0x11111111u;
+  e.raw = (n >> 1) & 0x11111111u;
   // Rank of each 4-bit group among the lane's 4-bit groups (exclusive prefix count, per nibble).
-  const uint32_t rank = four * 0x11111111u - four;
+  const uint32_t rank = e.four * 0x11111111u - e.four;
   // Selector: byte `rank` of the window for a 4-bit group, a byte of the zero operand otherwise.
-  const uint32_t select = rank | ((four ^ 0x11111111u) << 2);
+  const uint32_t select = rank | ((e.four ^ 0x11111111u) << 2);
   const uint8_t* aligned = escapes + (offset & ~3u);
-  const uint32_t window = prmt(load_u32(aligned), load_u32(aligned + 4), 0x3210u + 0x1111u * (offset & 3u));
+  const uint32_t shift = 0x3210u + 0x1111u * (offset & 3u);
+  const uint32_t a1 = load_u32(aligned + 4);
+  uint32_t window = prmt(load_u32(aligned), a1, shift);
+  e.corr[0] = e.corr[1] = 0u;
+  if (e.raw != 0u && popc(e.raw) == 1u && popc(e.four) <= 3u) {
+    // One raw group p after `before` 4-bit groups: its planes are bytes before..before+4 of the
+    // lane's escapes; the 4-bit groups' bytes are the others, in order.
+    const int p = static_cast<int>(popc((e.raw & (0u - e.raw)) - 1u)) / 4;
+    const uint32_t before = popc(e.four & ((1u << (4 * p)) - 1u));
+    const uint32_t next = prmt(a1, load_u32(aligned + 8), shift);  // escape bytes 4..7
+    uint32_t planes[5];
+    const uint32_t four_planes = prmt(window, next, 0x3210u + 0x1111u * before);
+    planes[0] = four_planes & 0xFFu, planes[1] = (four_planes >> 8) & 0xFFu;
+    planes[2] = (four_planes >> 16) & 0xFFu, planes[3] = four_planes >> 24;
+    planes[4] = prmt(window, next, 4u + before) & 0xFFu;
+    window = prmt(window, next, 0x3210u + (0x0555u & ~((1u << (4 * before)) - 1u)));  // bytes 0..2 suffice
+    uint32_t low, high;
+    raw_planes(planes, low, high);
+    constexpr int kSteps = SlotShape<C>::kSteps;
+    e.corr[0] = low - base3_at(Key ? (2 * p) % kSteps : 2 * p);
+    e.corr[1] = high - base3_at(Key ? (2 * p + 1) % kSteps : 2 * p + 1);
+  }
   const uint32_t first = prmt(window, 0u, select);
   const uint32_t second = prmt(window, 0u, select >> 16);
-  LaneEscapes e;
   e.lo[0] = first & 0x0F0F0F0Fu;
   e.hi[0] = (first >> 4) & 0x0F0F0F0Fu;
   e.lo[1] = second & 0x0F0F0F0Fu;
   e.hi[1] = (second >> 4) & 0x0F0F0F0Fu;
-  e.four_bit = four;
   return e;
 }
 
 /// Spreads the four bits of `nibble` (0..15) to bit 3 of bytes 0..3.
 GAAC_LANE_INLINE uint32_t spread_to_bit3(uint32_t nibble) { return (nibble * 0x01020408u) & 0x08080808u; }
+
+GAAC_LANE_INLINE void raw_planes(const uint32_t (&planes)[5], uint32_t& low, uint32_t& high) {
+  low = high = 0u;
+  GAAC_LANE_UNROLL
+  for (int k = 0; k < 5; ++k) {
+    low |= spread_to_bit3(planes[k] & 0xFu) << k;
+    high |= spread_to_bit3(planes[k] >> 4) << k;
+  }
+}
 
 /// The low three bits of the offsets of quad Q, one per byte (docs/format.md, section 5.2).
 template <int C, int Q>
@@ -204,17 +250,17 @@ GAAC_LANE_INLINE uint32_t quad_codes(const LaneSlot<C>& s) {
   else return ((w1 >> 6) & 0x03030303u) | ((w2 >> 5) & 0x04040404u);
 }
 
-/// Exponent bytes of quad Q for a lane whose wide groups are fixed elsewhere: `base3` holds the b3
-/// bases of the quad's four elements (one per byte) and `delta` the word b4 − b3 (mod 2³²), so a
-/// 4-bit group gets b4 + (code | bit 3) with one multiply-add and no branch. No byte carries: every
-/// base + offset is an exponent, at most 255.
+/// Exponent bytes of quad Q: `base3` holds the b3 bases of the quad's four elements (one per byte)
+/// and `delta` the word b4 − b3 (mod 2³²), so a 4-bit group gets b4 + (code | bit 3) and the raw
+/// group code + its planes, each with one multiply-add and no branch. No byte carries: every
+/// base + offset is an exponent, at most 255, and the words are equal mod 2³².
 template <int C, int Q>
 GAAC_LANE_INLINE uint32_t quad_exponents(const LaneSlot<C>& s, const LaneEscapes& e, uint32_t base3, uint32_t delta) {
   constexpr int p = Q / 2;
   const uint32_t nibbles = (Q % 2 == 0 ? e.lo : e.hi)[p / 4];
   const uint32_t nibble = prmt(nibbles, 0u, 0x4440u | static_cast<uint32_t>(p % 4));
-  const uint32_t four = (e.four_bit >> (4 * p)) & 1u;
-  return (quad_codes<C, Q>(s) | spread_to_bit3(nibble)) + base3 + four * delta;
+  const uint32_t four = (e.four >> (4 * p)) & 1u, raw = (e.raw >> (4 * p)) & 1u;
+  return (quad_codes<C, Q>(s) | spread_to_bit3(nibble)) + base3 + four * delta + raw * e.corr[Q % 2];
 }
 
 /// Rebuilds the exponent bytes of every 4-bit or raw group of a lane from the escape slot, walking
@@ -234,13 +280,10 @@ GAAC_LANE_INLINE void fix_wide_groups(const LaneSlot<C>& s, const uint8_t* escap
       exponents[2 * p] = (quad_codes<C, 2 * p>(s) | spread_to_bit3(x & 0xFu)) + base3[2 * p] + delta[2 * p];
       exponents[2 * p + 1] = (quad_codes<C, 2 * p + 1>(s) | spread_to_bit3(x >> 4)) + base3[2 * p + 1] + delta[2 * p + 1];
     } else if (mode == 2u) {
-      uint32_t first = 0, second = 0;
-GAAC_LANE_UNROLL
-      for (int k = 0; k < 5; ++k) {
-        const uint32_t x = escapes[at + k];
-        first |= spread_to_bit3(x & 0xFu) << k;
-        second |= spread_to_bit3(x >> 4) << k;
-      }
+      uint32_t planes[5], first, second;
+      GAAC_LANE_UNROLL
+      for (int k = 0; k < 5; ++k) planes[k] = escapes[at + k];
+      raw_planes(planes, first, second);
       at += 5;
       exponents[2 * p] = quad_codes<C, 2 * p>(s) | first;
       exponents[2 * p + 1] = quad_codes<C, 2 * p + 1>(s) | second;
@@ -283,14 +326,16 @@ template <int C, bool Key>
 inline constexpr int kBaseWords = Key ? SlotShape<C>::kSteps : SlotShape<C>::kQuads;
 
 /// Rebuilds every quad's exponent bytes of one lane, given its escape offset (its exclusive prefix
-/// of escape_bytes_of_lane over the warp). `base3w`/`deltaw` are its base words (kBaseWords).
-template <int C, bool Key>
+/// of escape_bytes_of_lane over the warp). `base3w`/`deltaw` are its base words (kBaseWords) in
+/// registers; `base3_at(w)` reads b3 word w at run time (the rare raw-group path).
+template <int C, bool Key, class BaseAt>
 GAAC_LANE_INLINE void lane_exponents(const LaneSlot<C>& s, const uint8_t* escapes, uint32_t offset,
-                                     const uint32_t* base3w, const uint32_t* deltaw, uint32_t* exponents) {
+                                     const uint32_t* base3w, const uint32_t* deltaw, const BaseAt& base3_at,
+                                     uint32_t* exponents) {
   using S = SlotShape<C>;
-  const LaneEscapes e = lane_escapes(s.tags, escapes, offset);
+  const LaneEscapes e = lane_escapes<C, Key>(s.tags, escapes, offset, base3_at);
   uint32_t b3[S::kQuads], dl[S::kQuads];
-GAAC_LANE_UNROLL
+  GAAC_LANE_UNROLL
   for (int q = 0; q < S::kQuads; ++q) {
     b3[q] = base3w[base_word_of_quad<C, Key>(q)];
     dl[q] = deltaw[base_word_of_quad<C, Key>(q)];

@@ -19,7 +19,7 @@ using namespace gaac::cuda::lane;
 /// returns the tile row-major; `fixed_lanes` counts lanes that took the wide-group path.
 template <int C>
 std::vector<uint16_t> decode_like_a_warp(TileShape shape, const std::vector<uint8_t>& slot, const TileBases& bases,
-                                         int* fixed_lanes) {
+                                         int* fixed_lanes, int* single_raw_lanes) {
   using S = SlotShape<C>;
   const bool key = shape.kind == TensorKind::key;
   LaneSlot<C> lanes[kWarpLanes];
@@ -42,9 +42,11 @@ std::vector<uint16_t> decode_like_a_warp(TileShape shape, const std::vector<uint
       deltaw[w] = w4 - w3;
     }
     const uint8_t* escapes = slot.data() + S::kEscapeOffset;
-    if (key) lane_exponents<C, true>(lanes[lane], escapes, offset[lane], base3w, deltaw, exponents);
-    else lane_exponents<C, false>(lanes[lane], escapes, offset[lane], base3w, deltaw, exponents);
+    const auto base3_at = [&](int w) { return base3w[w]; };
+    if (key) lane_exponents<C, true>(lanes[lane], escapes, offset[lane], base3w, deltaw, base3_at, exponents);
+    else lane_exponents<C, false>(lanes[lane], escapes, offset[lane], base3w, deltaw, base3_at, exponents);
     *fixed_lanes += lane_needs_fixing<C>(lanes[lane].tags) ? 1 : 0;
+    *single_raw_lanes += !lane_needs_fixing<C>(lanes[lane].tags) && popc(lanes[lane].tags & S::kHighTagBits) == 1 ? 1 : 0;
     for (int q = 0; q < S::kQuads; ++q) {
       uint32_t r[2];
       compose(lanes[lane].sm[q], exponents[q], r[0], r[1]);
@@ -59,9 +61,11 @@ std::vector<uint16_t> decode_like_a_warp(TileShape shape, const std::vector<uint
 }
 
 std::vector<uint16_t> decode_like_a_warp(TileShape shape, const std::vector<uint8_t>& slot, const TileBases& bases,
-                                         int* fixed_lanes) {
-  return shape.channels == 128 ? decode_like_a_warp<128>(shape, slot, bases, fixed_lanes)
-                               : decode_like_a_warp<64>(shape, slot, bases, fixed_lanes);
+                                         int* fixed_lanes, int* single_raw_lanes = nullptr) {
+  int ignored = 0;
+  if (!single_raw_lanes) single_raw_lanes = &ignored;
+  return shape.channels == 128 ? decode_like_a_warp<128>(shape, slot, bases, fixed_lanes, single_raw_lanes)
+                               : decode_like_a_warp<64>(shape, slot, bases, fixed_lanes, single_raw_lanes);
 }
 
 /// Encodes `tile` with the largest capacity (plus 16 bytes of padding the GPU reads past the slot).
@@ -78,22 +82,24 @@ std::vector<uint8_t> encode(const test::TileCase& tile, size_t* escape_bytes = n
 TEST(LaneDecode, RandomTilesOfEveryModeMix) {
   std::mt19937_64 rng(91);
   // (p3, p4): all 3-bit; the real mix; many 4-bit groups; some raw groups; everything wide.
-  const double mixes[][2] = {{1.0, 0.0}, {0.985, 0.0145}, {0.9, 0.1}, {0.96, 0.03}, {0.6, 0.395}};
-  int fixed = 0;
+  const double mixes[][2] = {{1.0, 0.0}, {0.985, 0.0145}, {0.9, 0.1}, {0.96, 0.03}, {0.6, 0.395}, {0.89, 0.104},
+                             {0.85, 0.13}};
+  int fixed = 0, single_raw = 0;
   for (const TileShape shape : test::all_shapes()) {
     for (const auto& mix : mixes) {
-      for (int rep = 0; rep < 40; ++rep) {
+      for (int rep = 0; rep < 60; ++rep) {
         test::TileCase tile = test::random_tile(shape, rng, mix[0], mix[1]);
         size_t escape_bytes = 0;
         const std::vector<uint8_t> slot = encode(tile, &escape_bytes);
         if (escape_bytes > shape.max_slot_capacity()) continue;
-        const std::vector<uint16_t> got = decode_like_a_warp(shape, slot, tile.bases(), &fixed);
+        const std::vector<uint16_t> got = decode_like_a_warp(shape, slot, tile.bases(), &fixed, &single_raw);
         ASSERT_EQ(got, tile.elements) << "channels " << shape.channels << " kind " << int(shape.kind) << " mix "
                                       << mix[0] << " rep " << rep;
       }
     }
   }
   EXPECT_GT(fixed, 0) << "no lane took the wide-group path: the test does not cover it";
+  EXPECT_GT(single_raw, 0) << "no lane had exactly one raw group: the test does not cover it";
 }
 
 TEST(LaneDecode, EveryBf16Pattern) {
@@ -127,6 +133,41 @@ TEST(LaneDecode, FourBitGroupsAtEveryRank) {
             const ElementSlot at = element_slot(shape, lane, q, byte);
             // Inside the 4-bit window [112, 127] but below the 3-bit one [120, 127] when wide.
             const int e = wide ? 112 + static_cast<int>(rng() % 16) : 120 + static_cast<int>(rng() % 8);
+            tile.elements[static_cast<size_t>(at.token) * shape.channels + at.channel] =
+                test::bf16_bits(static_cast<int>(rng() & 1), e, static_cast<int>(rng() & 0x7F));
+          }
+        }
+      }
+      size_t escape_bytes = 0;
+      const std::vector<uint8_t> slot = encode(tile, &escape_bytes);
+      if (escape_bytes > shape.max_slot_capacity()) continue;
+      int fixed = 0;
+      ASSERT_EQ(decode_like_a_warp(shape, slot, tile.bases(), &fixed), tile.elements) << "rep " << rep;
+    }
+  }
+}
+
+TEST(LaneDecode, OneRawGroupBesideFourBitGroups) {
+  // Every lane: one raw group at a random position and up to three 4-bit groups around it (the
+  // branch-free raw path), or up to five 4-bit groups with a raw one (the fixing path).
+  for (const TileShape shape : test::all_shapes()) {
+    std::mt19937_64 rng(17);
+    const int groups = shape.groups_per_lane();
+    for (int rep = 0; rep < 300; ++rep) {
+      test::TileCase tile = test::uniform_bases_tile(shape, 120, 112);
+      for (int lane = 0; lane < kWarpLanes; ++lane) {
+        const int raw_group = static_cast<int>(rng() % static_cast<uint64_t>(groups));
+        const int fours = static_cast<int>(rng() % (rep % 2 ? 6 : 4));
+        uint32_t four_mask = 0;
+        for (int k = 0; k < fours; ++k) four_mask |= 1u << (rng() % static_cast<uint64_t>(groups));
+        four_mask &= ~(1u << raw_group);
+        for (int q = 0; q < shape.quads_per_lane(); ++q) {
+          const int p = q / 2;
+          for (int byte = 0; byte < 4; ++byte) {
+            const ElementSlot at = element_slot(shape, lane, q, byte);
+            int e = 120 + static_cast<int>(rng() % 8);
+            if (p == raw_group) e = static_cast<int>(rng() % 256);
+            else if (four_mask >> p & 1u) e = 112 + static_cast<int>(rng() % 16);
             tile.elements[static_cast<size_t>(at.token) * shape.channels + at.channel] =
                 test::bf16_bits(static_cast<int>(rng() & 1), e, static_cast<int>(rng() & 0x7F));
           }

@@ -65,6 +65,8 @@ class DeviceCache {
   uint32_t units() const { return units_; }
   /// True for a cache of compressed slots (units smaller than a raw tile); false for a BF16 cache.
   bool compressed() const { return view_.geometry.raw_split(); }
+  /// Copies the pool and the block table back to host memory (for tests and tools).
+  void download(std::vector<uint8_t>& units, std::vector<uint32_t>& entries) const;
   /// Writable device pointers of the pool and the table, for kernels that fill the cache.
   uint8_t* units_data() const { return static_cast<uint8_t*>(units_buffer_.data()); }
   uint32_t* entries_data() const { return static_cast<uint32_t*>(entries_buffer_.data()); }

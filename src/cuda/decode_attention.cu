@@ -32,16 +32,17 @@ KernelChoice choice(uint32_t unit_bytes) {
   return k;
 }
 
-/// Default stages per warp: enough bytes in flight per SM at two or three CTAs per SM.
-template <TileSource Src>
-constexpr int kDefaultStages = Src == TileSource::gaac ? 4 : 3;
+/// Default stages per warp: enough bytes in flight per SM at two CTAs per SM (a head_dim-256 stage holds
+/// four tiles, so two stages).
+template <TileSource Src, int P>
+constexpr int kDefaultStages = P == 2 ? 2 : Src == TileSource::gaac ? 4 : 3;
 
 /// The instances that exist: every head width with the default stages; for head_dim 128 also 2, 3
 /// and 4 stages and the breakdown variants.
 template <int C, int P, TileSource Src>
 KernelChoice pick(detail::Work work, int stages, uint32_t unit_bytes) {
   using detail::Work;
-  constexpr int kDef = kDefaultStages<Src>;
+  constexpr int kDef = kDefaultStages<Src, P>;
   if (stages == 0) stages = kDef;
   if constexpr (C == 128 && P == 1) {
     if (work == Work::full) {

@@ -113,6 +113,14 @@ DeviceCache DeviceCache::bf16_for(const PagedGeometry& like, int window) {
   return cache;
 }
 
+void DeviceCache::download(std::vector<uint8_t>& units, std::vector<uint32_t>& entries) const {
+  const PagedGeometry& geo = view_.geometry;
+  units.resize(static_cast<size_t>(units_) * geo.unit_bytes);
+  entries.resize(geo.table_entries());
+  units_buffer_.download(units.data(), units.size());
+  entries_buffer_.download(entries.data(), entries.size() * 4);
+}
+
 DeviceSequences DeviceSequences::upload(const SequenceTableView& host) {
   DeviceSequences seqs;
   const int n = host.sequences;

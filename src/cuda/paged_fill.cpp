@@ -151,6 +151,7 @@ HostPagedCache fill_paged_cache(std::span<const KvDump* const> sequences, const 
       if (enc.fits) {
         is_slot[i] = 1;
         ++cache.counts.compressed_tiles;
+        cache.counts.exactly_full_slots += enc.escape_bytes == capacity ? 1 : 0;
         needed += 1;
         continue;
       }

@@ -41,6 +41,7 @@ struct FillOptions {
 /// Counts of what a fill stored.
 struct FillCounts {
   uint64_t compressed_tiles = 0;  ///< slots
+  uint64_t exactly_full_slots = 0;  ///< slots whose escapes fill the capacity to the last byte
   uint64_t raw_tiles = 0;         ///< complete blocks' tiles held raw (all of them in a BF16 cache)
   uint64_t tail_tiles = 0;        ///< tiles of incomplete last blocks (raw BF16)
   uint64_t absent_tiles = 0;      ///< tiles released by a sliding window

@@ -23,12 +23,7 @@ __device__ __forceinline__ void fence_barrier_init() {
 
 /// Arrives on `bar` and announces `bytes` more bytes that bulk copies will complete on it.
 __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
-  uint64_t state;
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 %0, [%1], %2;"
-               : "=l"(state)
-               : "r"(smem_address(bar)), "r"(bytes)
-               : "memory");
-  (void)state;
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_address(bar)), "r"(bytes) : "memory");
 }
 
 /// True once the phase of parity `parity` of `bar` has completed.

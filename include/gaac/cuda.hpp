@@ -125,30 +125,42 @@ struct DecodeConfig {
 struct DecodePlan {
   int blocks_per_split = 0;  ///< 16-token blocks per CTA
   int max_splits = 0;        ///< CTAs per (sequence, KV head) for the longest sequence
+  int merge_group = 0;       ///< splits merged together first (then the groups): about sqrt(max_splits)
+  int max_groups = 0;        ///< merge groups of the longest sequence
   int ctas_per_sm = 0;       ///< resident CTAs per SM the split was sized for
   size_t shared_bytes = 0;   ///< dynamic shared memory per CTA
 };
 
-/// Chooses the split for a launch: one wave of CTAs over the whole GPU, every CTA of a sequence with
-/// the same number of blocks (a config's blocks_per_split, when set, wins).
+/// Chooses the split for a launch: one wave of CTAs over the whole GPU, at least two blocks per warp,
+/// every CTA of a sequence with the same number of blocks (a config's blocks_per_split, when set,
+/// wins). Depends on the kernel only through its occupancy: launches given the same blocks_per_split
+/// do the same arithmetic in the same order.
 DecodePlan plan_decode(const DeviceCache& cache, const DeviceSequences& sequences, const DecodeConfig& config);
 
-/// Device scratch memory of decode_attention: partial results of the splits and arrival counters.
+/// Device scratch memory of decode_attention: partial results of the splits and of their merge
+/// groups, and arrival counters (zero between launches).
 class DecodeWorkspace {
  public:
   DecodeWorkspace() = default;
-  /// Room for `sequences` × `kv_heads` × `max_splits` partial results of `group` heads × `head_dim`.
-  DecodeWorkspace(int sequences, int kv_heads, int group, int head_dim, int max_splits);
+  /// Room for `sequences` × `kv_heads` × `max_splits` partial results (and `max_groups` merged
+  /// groups) of `group` heads × `head_dim`.
+  DecodeWorkspace(int sequences, int kv_heads, int group, int head_dim, int max_splits, int max_groups);
   /// True when it has room for that many.
-  bool fits(int sequences, int kv_heads, int group, int head_dim, int max_splits) const;
+  bool fits(int sequences, int kv_heads, int group, int head_dim, int max_splits, int max_groups) const;
 
   float* partial_o() const { return static_cast<float*>(partial_o_.data()); }
   float* partial_ml() const { return static_cast<float*>(partial_ml_.data()); }
+  float* group_o() const { return static_cast<float*>(group_o_.data()); }
+  float* group_ml() const { return static_cast<float*>(group_ml_.data()); }
   uint32_t* counters() const { return static_cast<uint32_t*>(counters_.data()); }
+  /// Partial results per (sequence, KV head) it has room for: the stride the kernels index with.
+  int split_capacity() const { return max_splits_; }
+  /// Merged groups per (sequence, KV head) it has room for.
+  int group_capacity() const { return max_groups_; }
 
  private:
-  int sequences_ = 0, kv_heads_ = 0, group_ = 0, head_dim_ = 0, max_splits_ = 0;
-  DeviceBuffer partial_o_, partial_ml_, counters_;
+  int sequences_ = 0, kv_heads_ = 0, group_ = 0, head_dim_ = 0, max_splits_ = 0, max_groups_ = 0;
+  DeviceBuffer partial_o_, partial_ml_, group_o_, group_ml_, counters_;
 };
 
 /// Decode attention of one query token per sequence over layer `config.layer` of `cache`: the fused

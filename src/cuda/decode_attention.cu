@@ -3,7 +3,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <mutex>
 #include <string>
+#include <unordered_map>
 
 #include "cuda/check.hpp"
 #include "cuda/decode_kernel.cuh"
@@ -78,17 +80,60 @@ KernelChoice pick(const PagedGeometry& geo, bool compressed, detail::Work work, 
   }
 }
 
-int device_sms() {
-  int device = 0, sms = 0;
-  check(cudaGetDevice(&device), "cudaGetDevice");
-  check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
-  return sms;
-}
+/// Per-process facts about the device and the kernel instances (one device per process): the SM
+/// count, each instance's raised shared-memory limit, its occupancy at a given shared-memory size.
+/// Kept, so that a launch makes no runtime call but the launch itself.
+class KernelFacts {
+ public:
+  static KernelFacts& get() {
+    static KernelFacts facts;
+    return facts;
+  }
+  int sms() {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    if (sms_ == 0) {
+      int device = 0;
+      check(cudaGetDevice(&device), "cudaGetDevice");
+      check(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+    }
+    return sms_;
+  }
+  /// Resident CTAs per SM of `kernel` with `shared` bytes of dynamic shared memory (at most `limit`,
+  /// the instance's largest, which it is allowed the first time).
+  int ctas_per_sm(void (*kernel)(DecodeArgs), size_t shared, size_t limit) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    const void* key = reinterpret_cast<const void*>(kernel);
+    if (!limit_set_.count(key)) {
+      check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(limit)),
+            "cudaFuncSetAttribute");
+      limit_set_[key] = true;
+    }
+    const auto at = std::make_pair(key, shared);
+    const auto it = occupancy_.find(at);
+    if (it != occupancy_.end()) return it->second;
+    int n = 0;
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, detail::kDecodeWarps * 32, shared),
+          "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+    occupancy_[at] = std::max(n, 1);
+    return std::max(n, 1);
+  }
 
-size_t shared_bytes(const PagedGeometry& geo, bool compressed, const KernelChoice& k, int blocks, int splits) {
+ private:
+  struct PairHash {
+    size_t operator()(const std::pair<const void*, size_t>& p) const {
+      return std::hash<const void*>()(p.first) ^ (std::hash<size_t>()(p.second) * 0x9E3779B97F4A7C15ull);
+    }
+  };
+  std::mutex mutex_;
+  int sms_ = 0;
+  std::unordered_map<const void*, bool> limit_set_;
+  std::unordered_map<std::pair<const void*, size_t>, int, PairHash> occupancy_;
+};
+
+size_t shared_bytes(const PagedGeometry& geo, bool compressed, const KernelChoice& k, int blocks) {
   const int c = geo.tile_channels(), p = geo.halves();
   return detail::plan_shared_memory(c, p, compressed ? TileSource::gaac : TileSource::bf16, detail::kDecodeWarps,
-                                    k.stages, k.tile_stride, blocks, splits)
+                                    k.stages, k.tile_stride, blocks)
       .total;
 }
 
@@ -113,21 +158,23 @@ DecodePlan plan_decode(const DeviceCache& cache, const DeviceSequences& sequence
   for (int s = 0; s < sequences.sequences(); ++s) longest = std::max(longest, sequences.attended_blocks(s, window));
 
   DecodePlan plan;
-  const size_t worst = shared_bytes(geo, cache.compressed(), k, detail::kMaxBlocksPerSplit, detail::kMaxSplits);
-  check(cudaFuncSetAttribute(k.kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(worst)),
-        "cudaFuncSetAttribute");
-  int per_sm = 0;
-  check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, k.kernel, detail::kDecodeWarps * 32, worst),
-        "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-  plan.ctas_per_sm = std::max(per_sm, 1);
+  KernelFacts& facts = KernelFacts::get();
+  const size_t limit = shared_bytes(geo, cache.compressed(), k, detail::kMaxBlocksPerSplit);
+  const auto occupancy = [&](int blocks) {
+    return facts.ctas_per_sm(k.kernel, shared_bytes(geo, cache.compressed(), k, blocks), limit);
+  };
   if (config.blocks_per_split > 0) {
     plan.blocks_per_split = config.blocks_per_split;
   } else {
-    // One wave: the CTAs a GPU holds at once, shared equally among the (sequence, KV head) pairs.
-    const int slots = device_sms() * plan.ctas_per_sm;
+    // One wave: the CTAs a GPU holds at once, shared equally among the (sequence, KV head) pairs, with
+    // at least two blocks for each warp. The occupancy is taken at a typical split, then at the chosen one.
     const int pairs = sequences.sequences() * geo.kv_heads;
-    const int splits = std::max(1, slots / pairs);
-    plan.blocks_per_split = (longest + splits - 1) / splits;
+    const auto blocks_for = [&](int per_sm) {
+      const int splits = std::max(1, facts.sms() * per_sm / pairs);
+      return std::max((longest + splits - 1) / splits, 2 * detail::kDecodeWarps);
+    };
+    plan.blocks_per_split = std::min(blocks_for(occupancy(128)), detail::kMaxBlocksPerSplit);
+    plan.blocks_per_split = std::min(blocks_for(occupancy(plan.blocks_per_split)), detail::kMaxBlocksPerSplit);
   }
   plan.blocks_per_split = std::clamp(plan.blocks_per_split, 1, detail::kMaxBlocksPerSplit);
   plan.max_splits = (longest + plan.blocks_per_split - 1) / plan.blocks_per_split;
@@ -135,7 +182,10 @@ DecodePlan plan_decode(const DeviceCache& cache, const DeviceSequences& sequence
     plan.blocks_per_split = (longest + detail::kMaxSplits - 1) / detail::kMaxSplits,
     plan.max_splits = (longest + plan.blocks_per_split - 1) / plan.blocks_per_split;
   if (plan.blocks_per_split > detail::kMaxBlocksPerSplit) throw Error("decode_attention: context too long");
-  plan.shared_bytes = shared_bytes(geo, cache.compressed(), k, plan.blocks_per_split, plan.max_splits);
+  plan.merge_group = std::max(2, static_cast<int>(std::ceil(std::sqrt(static_cast<double>(plan.max_splits)))));
+  plan.max_groups = (plan.max_splits + plan.merge_group - 1) / plan.merge_group;
+  plan.shared_bytes = shared_bytes(geo, cache.compressed(), k, plan.blocks_per_split);
+  plan.ctas_per_sm = occupancy(plan.blocks_per_split);
   return plan;
 }
 
@@ -145,8 +195,10 @@ DecodePlan decode_attention(const DeviceCache& cache, const DeviceSequences& seq
   const PagedGeometry& geo = cache.view().geometry;
   const KernelChoice k = pick(geo, cache.compressed(), static_cast<detail::Work>(config.work), config.stages);
   const int group = config.q_heads / geo.kv_heads;
-  if (!workspace.fits(sequences.sequences(), geo.kv_heads, group, geo.head_dim, plan.max_splits))
-    workspace = DecodeWorkspace(sequences.sequences(), geo.kv_heads, group, geo.head_dim, plan.max_splits);
+  if (!workspace.fits(sequences.sequences(), geo.kv_heads, group, geo.head_dim, plan.max_splits, plan.max_groups))
+    workspace = DecodeWorkspace(sequences.sequences(), geo.kv_heads, group, geo.head_dim,
+                                std::max(plan.max_splits, workspace.split_capacity()),
+                                std::max(plan.max_groups, workspace.group_capacity()));
 
   DecodeArgs a;
   a.geometry = geo;
@@ -166,9 +218,13 @@ DecodePlan decode_attention(const DeviceCache& cache, const DeviceSequences& seq
   const float scale = config.softmax_scale > 0.0f ? config.softmax_scale : 1.0f / std::sqrt(static_cast<float>(geo.head_dim));
   a.scale_log2 = scale * 1.4426950408889634f;
   a.blocks_per_split = plan.blocks_per_split;
-  a.max_splits = plan.max_splits;
+  a.max_splits = workspace.split_capacity();  // strides of the workspace; the grid has plan.max_splits
+  a.merge_group = plan.merge_group;
+  a.max_groups = workspace.group_capacity();
   a.partial_o = workspace.partial_o();
   a.partial_ml = workspace.partial_ml();
+  a.group_o = workspace.group_o();
+  a.group_ml = workspace.group_ml();
   a.counters = workspace.counters();
   a.tile_stride = k.tile_stride;
   a.sink_magic = config.work == Work::full ? 0u : 0x9E3779B9u;

@@ -34,16 +34,41 @@ using KeyFragments = uint32_t[2][C / 16][2];
 template <int C>
 using ValueFragments = uint32_t[C / 16][4];
 
-/// Rebuilds a compressed tile's fragments in registers. `base3`/`delta` point at the lane-interleaved
-/// base words of this (kind, half) in shared memory.
+/// The lane's tag field of a slot (as load_lane_slot reads it).
+template <int C>
+__device__ __forceinline__ uint32_t lane_tags(const uint8_t* slot, int lane) {
+  using S = lane::SlotShape<C>;
+  if constexpr (C == 128) return *reinterpret_cast<const uint16_t*>(slot + S::kTagOffset + 2 * lane);
+  else return slot[S::kTagOffset + lane];
+}
+
+/// Where each lane's escapes start in each of a block's tiles: one warp scan for every two tiles (two
+/// 16-bit prefix sums in one word; a lane's escapes are at most 40 bytes, a tile's at most 1,280).
+/// Tiles that are not compressed count zero.
+template <int C, int kTiles>
+__device__ __forceinline__ void escape_offsets(const uint8_t* stage, uint32_t tile_stride, const uint32_t (&ent)[kTiles],
+                                               int lane, uint32_t (&offset)[kTiles]) {
+  uint32_t count[kTiles];
+#pragma unroll
+  for (int j = 0; j < kTiles; ++j)
+    count[j] = entry_class(ent[j]) == TileClass::compressed ? lane::escape_bytes_of_lane(lane_tags<C>(stage + j * tile_stride, lane)) : 0u;
+#pragma unroll
+  for (int j = 0; j < kTiles; j += 2) {
+    const uint32_t both = warp_exclusive_scan(count[j] | count[j + 1] << 16, lane);
+    offset[j] = both & 0xFFFFu;
+    offset[j + 1] = both >> 16;
+  }
+}
+
+/// Rebuilds a compressed tile's fragments in registers, given the lane's escape offset. `base3`/`delta`
+/// point at the lane-interleaved base words of this (kind, half) in shared memory.
 template <int C, bool Key>
-__device__ __forceinline__ void decode_slot(const uint8_t* slot, int lane, const uint4* base3, const uint4* delta,
-                                            uint32_t (&r0)[C / 8], uint32_t (&r1)[C / 8]) {
+__device__ __forceinline__ void decode_slot(const uint8_t* slot, int lane, uint32_t offset, const uint4* base3,
+                                            const uint4* delta, uint32_t (&r0)[C / 8], uint32_t (&r1)[C / 8]) {
   using S = lane::SlotShape<C>;
   constexpr int kWords = lane::kBaseWords<C, Key>;
   lane::LaneSlot<C> s;
   lane::load_lane_slot<C>(slot, lane, s);
-  const uint32_t offset = warp_exclusive_scan(lane::escape_bytes_of_lane(s.tags), lane);
   uint32_t b3[kWords], dl[kWords];
 #pragma unroll
   for (int w = 0; w < kWords / 4; ++w) {
@@ -168,10 +193,84 @@ __device__ __forceinline__ const uint4* base_words(const uint8_t* smem_bases, in
   return reinterpret_cast<const uint4*>(smem_bases) + (half * per_half + section) * 8;
 }
 
+/// Publishes this CTA's writes and counts it in at `counter`; true (for every thread) in the CTA that
+/// arrives `expected`-th.
+__device__ __forceinline__ bool last_to_arrive(uint32_t* counter, int expected, int* flag, int tid) {
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) *flag = atomicAdd(counter, 1u) == static_cast<uint32_t>(expected - 1);
+  __syncthreads();
+  const bool last = *flag != 0;
+  if (last) __threadfence();
+  return last;
+}
+
+/// Merges `count` consecutive partial results (running max m, sum l, unnormalised O of `group` heads ×
+/// kD channels), starting at partial `first` of `po`/`pml`, in index order. Final: writes O / L as
+/// bf16 to `out`; otherwise writes the merged (M, L, O) to `dst_o`/`dst_ml`. `scratch`: shared memory
+/// for 8 × 64 weights and 8 × 2 floats; count ≤ 64.
+template <int NW, int kD, bool Final>
+__device__ void merge_partials(const float* po, const float* pml, size_t first, int count, int group, uint8_t* scratch,
+                               uint16_t* out, float* dst_o, float* dst_ml, int tid) {
+  const int warp = tid / 32, lane = tid % 32;
+  float* weight = reinterpret_cast<float*>(scratch);  // [head][64]
+  float* ml = weight + 8 * 64;                        // [head][M, L]
+  for (int head = warp; head < group; head += NW) {
+    float mx = -INFINITY;
+    for (int i = lane; i < count; i += 32) mx = fmaxf(mx, __ldcg(&pml[2 * (first + static_cast<size_t>(i) * group + head)]));
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, d));
+    float l = 0.0f;
+    for (int i = lane; i < count; i += 32) {
+      const size_t at = 2 * (first + static_cast<size_t>(i) * group + head);
+      const float f = mx == -INFINITY ? 0.0f : ptx::exp2_approx(__ldcg(&pml[at]) - mx);
+      weight[head * 64 + i] = f;
+      l += __ldcg(&pml[at + 1]) * f;
+    }
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) l += __shfl_xor_sync(0xFFFFFFFFu, l, d);
+    __syncwarp();
+    if (Final) {
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      for (int i = lane; i < count; i += 32) weight[head * 64 + i] *= inv;
+    } else if (lane == 0) {
+      ml[2 * head] = mx, ml[2 * head + 1] = l;
+    }
+  }
+  __syncthreads();
+  for (int idx = tid; idx < group * kD; idx += NW * 32) {
+    const int head = idx / kD;
+    const float* src = po + first * kD + idx;
+    const float* w = weight + head * 64;
+    float acc0 = 0.0f, acc1 = 0.0f, acc2 = 0.0f, acc3 = 0.0f;
+    int i = 0;
+    for (; i + 4 <= count; i += 4) {
+      acc0 += __ldcg(src + static_cast<size_t>(i) * group * kD) * w[i];
+      acc1 += __ldcg(src + static_cast<size_t>(i + 1) * group * kD) * w[i + 1];
+      acc2 += __ldcg(src + static_cast<size_t>(i + 2) * group * kD) * w[i + 2];
+      acc3 += __ldcg(src + static_cast<size_t>(i + 3) * group * kD) * w[i + 3];
+    }
+    for (; i < count; ++i) acc0 += __ldcg(src + static_cast<size_t>(i) * group * kD) * w[i];
+    const float acc = (acc0 + acc1) + (acc2 + acc3);
+    if (Final) {
+      out[idx] = static_cast<uint16_t>(ptx::pack_bf16(acc, 0.0f) & 0xFFFFu);
+    } else {
+      dst_o[idx] = acc;
+      if (idx % kD == 0) dst_ml[2 * head] = ml[2 * head], dst_ml[2 * head + 1] = ml[2 * head + 1];
+    }
+  }
+}
+
+/// CTAs per SM the compiler is asked to make room for (registers ≤ 65536 / (CTAs · threads)): as many
+/// as the stages' shared memory allows for head_dim ≤ 128 with two stages, else no constraint.
+constexpr int min_ctas_per_sm(int channels, int halves, TileSource source, int stages) {
+  return halves == 1 && stages == 2 && channels == 128 && source == TileSource::gaac ? 4 : 1;
+}
+
 /// The decode-attention kernel; see the top of this file. C: tile channels, P: tiles per head,
 /// NW warps, STAGES stages per warp.
 template <int C, int P, TileSource Src, Work W, int NW, int STAGES>
-__global__ void __launch_bounds__(NW * 32) decode_attention_kernel(const DecodeArgs a) {
+__global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, Src, STAGES)) decode_attention_kernel(const DecodeArgs a) {
   constexpr int kSteps = C / 16;  // k16 steps of Q·Kᵀ per tile, m16 blocks of Vᵀ·Pᵀ per tile
   constexpr int kD = C * P;
   constexpr int kTiles = 2 * P;
@@ -193,13 +292,13 @@ __global__ void __launch_bounds__(NW * 32) decode_attention_kernel(const DecodeA
   const int cta_blocks = max(0, min(cta_first + a.blocks_per_split, end_block) - cta_first);
 
   const SmemPlan plan =
-      plan_shared_memory(C, P, Src, NW, STAGES, a.tile_stride, a.blocks_per_split, a.max_splits);
+      plan_shared_memory(C, P, Src, NW, STAGES, a.tile_stride, a.blocks_per_split);
   const uint32_t stage_bytes = kTiles * a.tile_stride;
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + plan.bars);
   uint32_t* ents = reinterpret_cast<uint32_t*>(smem + plan.entries);
   const uint8_t* bases = smem + plan.bases;
 
-  // The CTA's entries, the lane-interleaved base words, the warps' barriers.
+  // The CTA's entries and the warps' barriers first, so the first copies start early.
   for (int i = tid; i < cta_blocks; i += NW * 32) {
     const uint32_t row = a.rows[row0 + cta_first + i];
     if (row == kNoRow) {
@@ -214,23 +313,6 @@ __global__ void __launch_bounds__(NW * 32) decode_attention_kernel(const DecodeA
     } else {
       const uint4 x = *reinterpret_cast<const uint4*>(e);
       ents[4 * i] = x.x, ents[4 * i + 1] = x.y, ents[4 * i + 2] = x.z, ents[4 * i + 3] = x.w;
-    }
-  }
-  if constexpr (Src == TileSource::gaac) {
-    constexpr int kPerHalf = 2 * (kSteps + C / 8);
-    uint32_t* words = reinterpret_cast<uint32_t*>(smem + plan.bases);
-    for (int i = tid; i < P * kPerHalf * 32; i += NW * 32) {
-      const int l = i % 32, w = (i / 32) % kPerHalf, half = i / 32 / kPerHalf;
-      const bool key = w < 2 * kSteps;
-      const int k = key ? w % kSteps : (w - 2 * kSteps) % (C / 8);
-      const bool delta = key ? w >= kSteps : w - 2 * kSteps >= C / 8;
-      const TensorKind kind = key ? TensorKind::key : TensorKind::value;
-      const uint8_t* b3 = a.bases + a.geometry.bases_index(a.layer, kind, 0, kvh) + half * C;
-      const uint8_t* b4 = a.bases + a.geometry.bases_index(a.layer, kind, 1, kvh) + half * C;
-      const uint32_t w3 = key ? lane::base_word<C, true>(b3, l, k) : lane::base_word<C, false>(b3, l, k);
-      const uint32_t w4 = key ? lane::base_word<C, true>(b4, l, k) : lane::base_word<C, false>(b4, l, k);
-      const int section = w - k;  // word offset of the section inside the half
-      words[(half * kPerHalf + section) * 32 + ((k / 4) * 32 + l) * 4 + k % 4] = delta ? w4 - w3 : w3;
     }
   }
   if (lane == 0) {
@@ -305,6 +387,26 @@ __global__ void __launch_bounds__(NW * 32) decode_attention_kernel(const DecodeA
 
   for (int i = 0; i < STAGES && i < mine; ++i) issue(i);
 
+  // The lane-interleaved base words, while the first tiles are in flight.
+  if constexpr (Src == TileSource::gaac) {
+    constexpr int kPerHalf = 2 * (kSteps + C / 8);
+    uint32_t* words = reinterpret_cast<uint32_t*>(smem + plan.bases);
+    for (int i = tid; i < P * kPerHalf * 32; i += NW * 32) {
+      const int l = i % 32, w = (i / 32) % kPerHalf, half = i / 32 / kPerHalf;
+      const bool key = w < 2 * kSteps;
+      const int k = key ? w % kSteps : (w - 2 * kSteps) % (C / 8);
+      const bool delta = key ? w >= kSteps : w - 2 * kSteps >= C / 8;
+      const TensorKind kind = key ? TensorKind::key : TensorKind::value;
+      const uint8_t* b3 = a.bases + a.geometry.bases_index(a.layer, kind, 0, kvh) + half * C;
+      const uint8_t* b4 = a.bases + a.geometry.bases_index(a.layer, kind, 1, kvh) + half * C;
+      const uint32_t w3 = key ? lane::base_word<C, true>(b3, l, k) : lane::base_word<C, false>(b3, l, k);
+      const uint32_t w4 = key ? lane::base_word<C, true>(b4, l, k) : lane::base_word<C, false>(b4, l, k);
+      const int section = w - k;  // word offset of the section inside the half
+      words[(half * kPerHalf + section) * 32 + ((k / 4) * 32 + l) * 4 + k % 4] = delta ? w4 - w3 : w3;
+    }
+  }
+  __syncthreads();
+
   for (int i = 0; i < mine; ++i) {
     ptx::mbarrier_wait(&bars[warp * STAGES + i % STAGES], static_cast<uint32_t>(i / STAGES) & 1u);
     const uint8_t* stage = my_stages + static_cast<uint32_t>(i % STAGES) * stage_bytes;
@@ -321,6 +423,8 @@ __global__ void __launch_bounds__(NW * 32) decode_attention_kernel(const DecodeA
       bool key_absent = false;
 #pragma unroll
       for (int h = 0; h < P; ++h) key_absent |= entry_class(ent[h]) == TileClass::absent;
+      uint32_t offset[kTiles];
+      if constexpr (Src == TileSource::gaac && W != Work::no_decode) escape_offsets<C, kTiles>(stage, a.tile_stride, ent, lane, offset);
 
       // S = Q·Kᵀ: two accumulation chains per token half.
       float sacc[2][2][4];
@@ -341,8 +445,8 @@ __global__ void __launch_bounds__(NW * 32) decode_attention_kernel(const DecodeA
 #pragma unroll
             for (int q = 0; q < C / 8; ++q) r0[q] = s.sm[q], r1[q] = s.sm[q] ^ s.words[q % 3];
           } else {
-            decode_slot<C, true>(tile, lane, base_words<C>(bases, half, true, false), base_words<C>(bases, half, true, true),
-                                 r0, r1);
+            decode_slot<C, true>(tile, lane, offset[half], base_words<C>(bases, half, true, false),
+                                 base_words<C>(bases, half, true, true), r0, r1);
           }
           key_from_quads<C>(r0, r1, kf);
         } else if (cls == TileClass::raw) {
@@ -415,7 +519,7 @@ __global__ void __launch_bounds__(NW * 32) decode_attention_kernel(const DecodeA
 #pragma unroll
             for (int q = 0; q < C / 8; ++q) r0[q] = s.sm[q], r1[q] = s.sm[q] ^ s.words[q % 3];
           } else {
-            decode_slot<C, false>(tile, lane, base_words<C>(bases, half, false, false),
+            decode_slot<C, false>(tile, lane, offset[P + half], base_words<C>(bases, half, false, false),
                                   base_words<C>(bases, half, false, true), r0, r1);
           }
           value_from_quads<C>(r0, r1, vf);
@@ -485,43 +589,30 @@ __global__ void __launch_bounds__(NW * 32) decode_attention_kernel(const DecodeA
   }
   if (splits == 1) return;
 
-  // The last CTA of this (sequence, KV head) to finish merges the splits.
-  __threadfence();
-  __syncthreads();
+  // Two-level merge: the last CTA of each merge group merges the group's splits; the last group to be
+  // merged merges the groups. Arrival order changes who merges, never the order of the sums.
+  const int per_group = a.merge_group;
+  const int groups = (splits + per_group - 1) / per_group;
+  const int my_group = split / per_group;
+  const int group_first = my_group * per_group;
+  const int group_count = min(per_group, splits - group_first);
+  uint32_t* counters = a.counters + pair * (a.max_groups + 1);
   int* flag = reinterpret_cast<int*>(smem + plan.flag);
-  if (tid == 0) *flag = atomicAdd(&a.counters[pair], 1u) == static_cast<uint32_t>(splits - 1);
-  __syncthreads();
-  if (!*flag) return;
-  __threadfence();
-  float* weight = reinterpret_cast<float*>(smem + plan.stages);  // [head][split]
-  for (int head = warp; head < group; head += NW) {
-    const size_t at0 = pair * a.max_splits * group + head;
-    float mx = -INFINITY;
-    for (int s = lane; s < splits; s += 32) mx = fmaxf(mx, __ldcg(&a.partial_ml[2 * (at0 + s * group)]));
-#pragma unroll
-    for (int d = 16; d > 0; d >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, d));
-    float l = 0.0f;
-    for (int s = lane; s < splits; s += 32) {
-      const float ms = __ldcg(&a.partial_ml[2 * (at0 + s * group)]);
-      const float f = mx == -INFINITY ? 0.0f : ptx::exp2_approx(ms - mx);
-      weight[head * splits + s] = f;
-      l += __ldcg(&a.partial_ml[2 * (at0 + s * group) + 1]) * f;
-    }
-#pragma unroll
-    for (int d = 16; d > 0; d >>= 1) l += __shfl_xor_sync(0xFFFFFFFFu, l, d);
-    __syncwarp();
-    const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    for (int s = lane; s < splits; s += 32) weight[head * splits + s] *= inv;
+  const size_t part0 = pair * a.max_splits * group;   // partial (split 0, head 0) of this pair
+  const size_t group0 = pair * a.max_groups * group;  // merged group 0 of this pair
+  if (!last_to_arrive(&counters[my_group], group_count, flag, tid)) return;
+  if (groups == 1) {
+    merge_partials<NW, kD, true>(a.partial_o, a.partial_ml, part0 + group_first * group, group_count, group, smem + plan.stages,
+                                 out, nullptr, nullptr, tid);
+    if (tid == 0) counters[my_group] = 0u;
+    return;
   }
-  __syncthreads();
-  for (int idx = tid; idx < group * kD; idx += NW * 32) {
-    const int head = idx / kD, channel = idx % kD;
-    float acc = 0.0f;
-    for (int s = 0; s < splits; ++s)
-      acc += __ldcg(&a.partial_o[((pair * a.max_splits + s) * group + head) * kD + channel]) * weight[head * splits + s];
-    out[idx] = static_cast<uint16_t>(ptx::pack_bf16(acc, 0.0f) & 0xFFFFu);
-  }
-  if (tid == 0) a.counters[pair] = 0u;
+  merge_partials<NW, kD, false>(a.partial_o, a.partial_ml, part0 + group_first * group, group_count, group, smem + plan.stages,
+                                nullptr, a.group_o + (group0 + my_group * group) * kD, a.group_ml + 2 * (group0 + my_group * group), tid);
+  if (tid == 0) counters[my_group] = 0u;
+  if (!last_to_arrive(&counters[a.max_groups], groups, flag, tid)) return;
+  merge_partials<NW, kD, true>(a.group_o, a.group_ml, group0, groups, group, smem + plan.stages, out, nullptr, nullptr, tid);
+  if (tid == 0) counters[a.max_groups] = 0u;
 }
 
 }  // namespace gaac::cuda::detail

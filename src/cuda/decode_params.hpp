@@ -41,11 +41,16 @@ struct DecodeArgs {
   float scale_log2 = 0.0f;      ///< softmax scale × log2(e)
   // The split of each sequence's blocks over CTAs.
   int blocks_per_split = 1;
-  int max_splits = 1;           ///< gridDim.x; the workspace holds this many partial results per head
-  // Workspace (device): partial outputs of the splits and one arrival counter per (sequence, KV head).
+  int max_splits = 1;           ///< partial results the workspace holds per (sequence, KV head), ≥ gridDim.x
+  // Workspace (device). The splits of a (sequence, KV head) merge in two levels: the last CTA of each
+  // merge group of `merge_group` consecutive splits merges the group, the last group merges the groups.
+  int merge_group = 1;          ///< splits per merge group
+  int max_groups = 1;           ///< merged groups the workspace holds per (sequence, KV head)
   float* partial_o = nullptr;   ///< [sequences][kv_heads][max_splits][group][head_dim]
   float* partial_ml = nullptr;  ///< [sequences][kv_heads][max_splits][group][2]: running max (log2), sum
-  uint32_t* counters = nullptr; ///< [sequences][kv_heads], zero between launches
+  float* group_o = nullptr;     ///< [sequences][kv_heads][max_groups][group][head_dim]: merged groups
+  float* group_ml = nullptr;    ///< [sequences][kv_heads][max_groups][group][2]
+  uint32_t* counters = nullptr; ///< [sequences][kv_heads][max_groups + 1], zero between launches
   // Shared-memory layout (bytes).
   uint32_t tile_stride = 0;     ///< bytes of one tile in a pipeline stage
   uint32_t sink_magic = 0;      ///< value the no_math / load_only sinks are compared with (never equal)
@@ -60,7 +65,7 @@ inline constexpr int kDecodeWarps = 4;
 /// Largest number of blocks one CTA takes (its entries are staged in shared memory).
 inline constexpr int kMaxBlocksPerSplit = 512;
 /// Largest number of splits per (sequence, KV head) the final merge handles.
-inline constexpr int kMaxSplits = 1024;
+inline constexpr int kMaxSplits = 1024;  // merge groups of at most 32, at most 32 groups
 /// Padded row of a BF16 tile in shared memory: 2·C bytes + 16, so ldmatrix's eight rows of a matrix
 /// fall in different banks.
 GAAC_HOST_DEVICE constexpr uint32_t bf16_row_stride(int channels) { return 2u * static_cast<uint32_t>(channels) + 16u; }
@@ -75,16 +80,16 @@ struct SmemPlan {
   uint32_t total = 0;
 };
 
-/// Shared-memory plan for a CTA of `warps` warps with `stages` stages of tiles of `tile_stride` bytes,
-/// up to `blocks` blocks and `splits` splits, tiles of C channels, P halves.
+/// Shared-memory plan for a CTA of `warps` warps with `stages` stages of tiles of `tile_stride` bytes
+/// and up to `blocks` blocks, tiles of C channels, P halves.
 GAAC_HOST_DEVICE constexpr SmemPlan plan_shared_memory(int channels, int halves, TileSource source, int warps,
-                                                       int stages, uint32_t tile_stride, int blocks, int splits) {
+                                                       int stages, uint32_t tile_stride, int blocks) {
   const auto align16 = [](uint32_t x) { return (x + 15u) & ~15u; };
   const uint32_t tiles = 2u * static_cast<uint32_t>(halves);
   const uint32_t head_dim = static_cast<uint32_t>(channels * halves);
   const uint32_t stage_bytes = static_cast<uint32_t>(warps * stages) * tiles * tile_stride;
   const uint32_t warp_merge = static_cast<uint32_t>(warps) * 8u * (2u + head_dim) * 4u;
-  const uint32_t split_merge = 8u * static_cast<uint32_t>(splits) * 4u;
+  const uint32_t split_merge = 8u * 64u * 4u + 8u * 2u * 4u;  // weights of up to 64 partials per head, M and L
   SmemPlan plan;
   plan.stages = 0;
   const uint32_t region = align16(stage_bytes > warp_merge ? (stage_bytes > split_merge ? stage_bytes : split_merge)

@@ -151,18 +151,21 @@ int DeviceSequences::attended_blocks(int s, int window) const {
   return std::min(blocks(s), (len + kTileTokens - 1) / kTileTokens) - first;
 }
 
-DecodeWorkspace::DecodeWorkspace(int sequences, int kv_heads, int group, int head_dim, int max_splits)
-    : sequences_(sequences), kv_heads_(kv_heads), group_(group), head_dim_(head_dim), max_splits_(max_splits) {
-  const size_t partials = static_cast<size_t>(sequences) * kv_heads * max_splits * group;
-  partial_o_ = DeviceBuffer(partials * head_dim * 4);
-  partial_ml_ = DeviceBuffer(partials * 2 * 4);
-  counters_ = DeviceBuffer(static_cast<size_t>(sequences) * kv_heads * 4);
+DecodeWorkspace::DecodeWorkspace(int sequences, int kv_heads, int group, int head_dim, int max_splits, int max_groups)
+    : sequences_(sequences), kv_heads_(kv_heads), group_(group), head_dim_(head_dim), max_splits_(max_splits),
+      max_groups_(max_groups) {
+  const size_t pairs = static_cast<size_t>(sequences) * kv_heads;
+  partial_o_ = DeviceBuffer(pairs * max_splits * group * head_dim * 4);
+  partial_ml_ = DeviceBuffer(pairs * max_splits * group * 2 * 4);
+  group_o_ = DeviceBuffer(pairs * max_groups * group * head_dim * 4);
+  group_ml_ = DeviceBuffer(pairs * max_groups * group * 2 * 4);
+  counters_ = DeviceBuffer(pairs * (max_groups + 1) * 4);
   check(cudaMemset(counters_.data(), 0, counters_.bytes()), "cudaMemset");
 }
 
-bool DecodeWorkspace::fits(int sequences, int kv_heads, int group, int head_dim, int max_splits) const {
+bool DecodeWorkspace::fits(int sequences, int kv_heads, int group, int head_dim, int max_splits, int max_groups) const {
   return sequences <= sequences_ && kv_heads == kv_heads_ && group <= group_ && head_dim <= head_dim_ &&
-         max_splits <= max_splits_;
+         max_splits <= max_splits_ && max_groups <= max_groups_;
 }
 
 }  // namespace gaac::cuda

@@ -34,10 +34,11 @@ KernelChoice choice(uint32_t unit_bytes) {
   return k;
 }
 
-/// Default stages per warp: enough bytes in flight per SM at two CTAs per SM (a head_dim-256 stage holds
-/// four tiles, so two stages).
+/// Default stages per warp (measured, docs/performance.md): the GAAC kernel is bound by instruction
+/// latency, so it takes two stages and three CTAs per SM; the twin three stages, two CTAs per SM; a
+/// head_dim-256 stage holds four tiles, so two.
 template <TileSource Src, int P>
-constexpr int kDefaultStages = P == 2 ? 2 : Src == TileSource::gaac ? 4 : 3;
+constexpr int kDefaultStages = P == 2 ? 2 : Src == TileSource::gaac ? 2 : 3;
 
 /// The instances that exist: every head width with the default stages; for head_dim 128 also 2, 3
 /// and 4 stages and the breakdown variants.
@@ -98,14 +99,16 @@ class KernelFacts {
     }
     return sms_;
   }
-  /// Resident CTAs per SM of `kernel` with `shared` bytes of dynamic shared memory (at most `limit`,
-  /// the instance's largest, which it is allowed the first time).
-  int ctas_per_sm(void (*kernel)(DecodeArgs), size_t shared, size_t limit) {
+  /// Resident CTAs per SM of `kernel` with `shared` bytes of dynamic shared memory (the first time,
+  /// the instance is allowed the device's largest).
+  int ctas_per_sm(void (*kernel)(DecodeArgs), size_t shared) {
     const std::lock_guard<std::mutex> lock(mutex_);
     const void* key = reinterpret_cast<const void*>(kernel);
     if (!limit_set_.count(key)) {
-      check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, static_cast<int>(limit)),
-            "cudaFuncSetAttribute");
+      int device = 0, most = 0;
+      check(cudaGetDevice(&device), "cudaGetDevice");
+      check(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "cudaDeviceGetAttribute");
+      check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, most), "cudaFuncSetAttribute");
       limit_set_[key] = true;
     }
     const auto at = std::make_pair(key, shared);
@@ -159,9 +162,8 @@ DecodePlan plan_decode(const DeviceCache& cache, const DeviceSequences& sequence
 
   DecodePlan plan;
   KernelFacts& facts = KernelFacts::get();
-  const size_t limit = shared_bytes(geo, cache.compressed(), k, detail::kMaxBlocksPerSplit);
   const auto occupancy = [&](int blocks) {
-    return facts.ctas_per_sm(k.kernel, shared_bytes(geo, cache.compressed(), k, blocks), limit);
+    return facts.ctas_per_sm(k.kernel, shared_bytes(geo, cache.compressed(), k, blocks));
   };
   if (config.blocks_per_split > 0) {
     plan.blocks_per_split = config.blocks_per_split;
@@ -182,7 +184,9 @@ DecodePlan plan_decode(const DeviceCache& cache, const DeviceSequences& sequence
     plan.blocks_per_split = (longest + detail::kMaxSplits - 1) / detail::kMaxSplits,
     plan.max_splits = (longest + plan.blocks_per_split - 1) / plan.blocks_per_split;
   if (plan.blocks_per_split > detail::kMaxBlocksPerSplit) throw Error("decode_attention: context too long");
-  plan.merge_group = std::max(2, static_cast<int>(std::ceil(std::sqrt(static_cast<double>(plan.max_splits)))));
+  // One merge level up to 48 splits (one CTA reads them all); beyond, groups of about sqrt(splits).
+  plan.merge_group = plan.max_splits <= 48 ? std::max(plan.max_splits, 1)
+                                           : static_cast<int>(std::ceil(std::sqrt(static_cast<double>(plan.max_splits))));
   plan.max_groups = (plan.max_splits + plan.merge_group - 1) / plan.merge_group;
   plan.shared_bytes = shared_bytes(geo, cache.compressed(), k, plan.blocks_per_split);
   plan.ctas_per_sm = occupancy(plan.blocks_per_split);

@@ -60,11 +60,13 @@ __device__ __forceinline__ void escape_offsets(const uint8_t* stage, uint32_t ti
   }
 }
 
-/// Rebuilds a compressed tile's fragments in registers, given the lane's escape offset. `base3`/`delta`
-/// point at the lane-interleaved base words of this (kind, half) in shared memory.
-template <int C, bool Key>
+/// Rebuilds a compressed tile in registers one octet of quads at a time (fewer live registers), given
+/// the lane's escape offset; `use(octet, r0, r1)` receives octet O's eight quads as bf16x2 registers
+/// (quad 8O + q: r0[q] its elements 0 and 2, r1[q] 1 and 3). `base3`/`delta` point at the
+/// lane-interleaved base words of this (kind, half) in shared memory.
+template <int C, bool Key, class Use>
 __device__ __forceinline__ void decode_slot(const uint8_t* slot, int lane, uint32_t offset, const uint4* base3,
-                                            const uint4* delta, uint32_t (&r0)[C / 8], uint32_t (&r1)[C / 8]) {
+                                            const uint4* delta, const Use& use) {
   using S = lane::SlotShape<C>;
   constexpr int kWords = lane::kBaseWords<C, Key>;
   lane::LaneSlot<C> s;
@@ -76,13 +78,22 @@ __device__ __forceinline__ void decode_slot(const uint8_t* slot, int lane, uint3
     b3[4 * w] = x.x, b3[4 * w + 1] = x.y, b3[4 * w + 2] = x.z, b3[4 * w + 3] = x.w;
     dl[4 * w] = y.x, dl[4 * w + 1] = y.y, dl[4 * w + 2] = y.z, dl[4 * w + 3] = y.w;
   }
-  uint32_t exponents[S::kQuads];
   const auto base3_at = [&](int w) {
     return reinterpret_cast<const uint32_t*>(base3)[((w / 4) * 32 + lane) * 4 + w % 4];
   };
-  lane::lane_exponents<C, Key>(s, slot + S::kEscapeOffset, offset, b3, dl, base3_at, exponents);
+  const uint8_t* escapes = slot + S::kEscapeOffset;
+  const lane::LaneEscapes e = lane::lane_escapes<C, Key>(s.tags, escapes, offset, base3_at);
+  [&]<int... O>(std::integer_sequence<int, O...>) {
+    (
+        [&] {
+          uint32_t exponents[8], r0[8], r1[8];
+          lane::octet_exponents<C, Key, O>(s, e, escapes, offset, b3, dl, exponents);
 #pragma unroll
-  for (int q = 0; q < S::kQuads; ++q) lane::compose(s.sm[q], exponents[q], r0[q], r1[q]);
+          for (int q = 0; q < 8; ++q) lane::compose(s.sm[8 * O + q], exponents[q], r0[q], r1[q]);
+          use(std::integral_constant<int, O>{}, r0, r1);
+        }(),
+        ...);
+  }(std::make_integer_sequence<int, S::kOctets>{});
 }
 
 /// Key fragments from the rebuilt quads: quad h·(C/16) + s is (token half h, channel step s).
@@ -261,10 +272,10 @@ __device__ void merge_partials(const float* po, const float* pml, size_t first, 
   }
 }
 
-/// CTAs per SM the compiler is asked to make room for (registers ≤ 65536 / (CTAs · threads)): as many
-/// as the stages' shared memory allows for head_dim ≤ 128 with two stages, else no constraint.
+/// CTAs per SM the compiler is asked to make room for (registers ≤ 65536 / (CTAs · threads)): three,
+/// as the shared memory of two stages allows, for the GAAC kernel at head_dim 128; else no constraint.
 constexpr int min_ctas_per_sm(int channels, int halves, TileSource source, int stages) {
-  return halves == 1 && stages == 2 && channels == 128 && source == TileSource::gaac ? 4 : 1;
+  return halves == 1 && stages == 2 && channels == 128 && source == TileSource::gaac ? 3 : 1;
 }
 
 /// The decode-attention kernel; see the top of this file. C: tile channels, P: tiles per head,
@@ -434,20 +445,31 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, Src, STAGES)) d
         for (int c = 0; c < 2; ++c) sacc[h][c][0] = sacc[h][c][1] = sacc[h][c][2] = sacc[h][c][3] = 0.0f;
 #pragma unroll
       for (int half = 0; half < P; ++half) {
-        KeyFragments<C> kf;
         const TileClass cls = entry_class(ent[half]);
         const uint8_t* tile = stage + half * a.tile_stride;
-        if (Src == TileSource::gaac && cls == TileClass::compressed) {
-          uint32_t r0[C / 8], r1[C / 8];
-          if constexpr (W == Work::no_decode) {
-            lane::LaneSlot<C> s;
-            lane::load_lane_slot<C>(tile, lane, s);
+        if (Src == TileSource::gaac && W != Work::no_decode && cls == TileClass::compressed) {
+          decode_slot<C, true>(tile, lane, offset[half], base_words<C>(bases, half, true, false),
+                               base_words<C>(bases, half, true, true),
+                               [&](auto octet, const uint32_t (&r0)[8], const uint32_t (&r1)[8]) {
 #pragma unroll
-            for (int q = 0; q < C / 8; ++q) r0[q] = s.sm[q], r1[q] = s.sm[q] ^ s.words[q % 3];
-          } else {
-            decode_slot<C, true>(tile, lane, offset[half], base_words<C>(bases, half, true, false),
-                                 base_words<C>(bases, half, true, true), r0, r1);
-          }
+                                 for (int q = 0; q < 8; ++q) {
+                                   constexpr int oct = decltype(octet)::value;
+                                   const int quad = 8 * oct + q, h = quad / kSteps, st = quad % kSteps;
+                                   if constexpr (kMath)
+                                     ptx::mma_bf16(sacc[h][st & 1], qf[half][st][0], 0u, qf[half][st][1], 0u, r0[q], r1[q]);
+                                   else
+                                     sink ^= r0[q] ^ r1[q];
+                                 }
+                               });
+          continue;
+        }
+        KeyFragments<C> kf;
+        if (Src == TileSource::gaac && cls == TileClass::compressed) {  // Work::no_decode
+          uint32_t r0[C / 8], r1[C / 8];
+          lane::LaneSlot<C> s;
+          lane::load_lane_slot<C>(tile, lane, s);
+#pragma unroll
+          for (int q = 0; q < C / 8; ++q) r0[q] = s.sm[q], r1[q] = s.sm[q] ^ s.words[q % 3];
           key_from_quads<C>(r0, r1, kf);
         } else if (cls == TileClass::raw) {
           if constexpr (Src == TileSource::bf16) key_from_bf16_tile<C>(tile, lane, kf);
@@ -508,20 +530,30 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, Src, STAGES)) d
       // Oᵀ += Vᵀ·Pᵀ.
 #pragma unroll
       for (int half = 0; half < P; ++half) {
-        ValueFragments<C> vf;
         const TileClass cls = entry_class(ent[P + half]);
         const uint8_t* tile = stage + (P + half) * a.tile_stride;
-        if (Src == TileSource::gaac && cls == TileClass::compressed) {
-          uint32_t r0[C / 8], r1[C / 8];
-          if constexpr (W == Work::no_decode) {
-            lane::LaneSlot<C> s;
-            lane::load_lane_slot<C>(tile, lane, s);
+        if (Src == TileSource::gaac && W != Work::no_decode && cls == TileClass::compressed) {
+          decode_slot<C, false>(tile, lane, offset[P + half], base_words<C>(bases, half, false, false),
+                                base_words<C>(bases, half, false, true),
+                                [&](auto octet, const uint32_t (&r0)[8], const uint32_t (&r1)[8]) {
 #pragma unroll
-            for (int q = 0; q < C / 8; ++q) r0[q] = s.sm[q], r1[q] = s.sm[q] ^ s.words[q % 3];
-          } else {
-            decode_slot<C, false>(tile, lane, offset[P + half], base_words<C>(bases, half, false, false),
-                                  base_words<C>(bases, half, false, true), r0, r1);
-          }
+                                  for (int q = 0; q < 4; ++q) {
+                                    constexpr int oct = decltype(octet)::value;
+                                    if constexpr (kMath)
+                                      ptx::mma_bf16(o[half][4 * oct + q], r0[2 * q], r0[2 * q + 1], r1[2 * q], r1[2 * q + 1], pb0, pb1);
+                                    else
+                                      sink ^= r0[2 * q] ^ r0[2 * q + 1] ^ r1[2 * q] ^ r1[2 * q + 1];
+                                  }
+                                });
+          continue;
+        }
+        ValueFragments<C> vf;
+        if (Src == TileSource::gaac && cls == TileClass::compressed) {  // Work::no_decode
+          uint32_t r0[C / 8], r1[C / 8];
+          lane::LaneSlot<C> s;
+          lane::load_lane_slot<C>(tile, lane, s);
+#pragma unroll
+          for (int q = 0; q < C / 8; ++q) r0[q] = s.sm[q], r1[q] = s.sm[q] ^ s.words[q % 3];
           value_from_quads<C>(r0, r1, vf);
         } else if (cls == TileClass::raw) {
           if constexpr (Src == TileSource::bf16) value_from_bf16_tile<C>(tile, lane, vf);

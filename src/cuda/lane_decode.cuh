@@ -7,8 +7,9 @@
 //   1. load_lane_slot: its sign+mantissa words (C/8 quads), code words and tag field;
 //   2. escape_bytes_of_lane, then an exclusive scan over the warp: where its escapes start;
 //   3. lane_escapes: its 4-bit groups' escape bytes spread per group, branch-free;
-//   4. quad_exponents: base + code for four exponents at once, with the 4-bit correction folded in;
-//   5. fix_wide_groups, only in lanes with a raw group or more than four 4-bit groups (rare);
+//   4. quad_exponents (octet_exponents for eight): base + code for four exponents at once, the 4-bit
+//      and single-raw-group corrections folded in;
+//   5. fix_wide_groups, only in lanes with two raw groups or many 4-bit groups (rare);
 //   6. compose: two bf16x2 registers per quad (PRMT sign spread + LOP3 select).
 #pragma once
 
@@ -263,34 +264,36 @@ GAAC_LANE_INLINE uint32_t quad_exponents(const LaneSlot<C>& s, const LaneEscapes
   return (quad_codes<C, Q>(s) | spread_to_bit3(nibble)) + base3 + four * delta + raw * e.corr[Q % 2];
 }
 
-/// Rebuilds the exponent bytes of every 4-bit or raw group of a lane from the escape slot, walking
-/// its groups in order from `offset`. `base3[Q]` and `delta[Q]` are the words quad_exponents took.
+/// Rebuilds the exponent bytes of the 4-bit and raw groups of octet O (groups 4O..4O+3) of a lane
+/// from the escape slot, walking them in order; the lane's escapes start at `offset`. `base3[q]` and
+/// `delta[q]` are the words quad_exponents took for quad 8O + q; `exponents[q]` is that quad's.
 /// Used only in lanes that lane_needs_fixing selects.
-template <int C>
+template <int C, int O>
 GAAC_LANE_INLINE void fix_wide_groups(const LaneSlot<C>& s, const uint8_t* escapes, uint32_t offset,
                                       const uint32_t* base3, const uint32_t* delta, uint32_t* exponents) {
-  using S = SlotShape<C>;
-  uint32_t at = offset;
-  const auto fix = [&](auto group) {
-    constexpr int p = decltype(group)::value;
+  constexpr int kFirst = 4 * O;  // first group of the octet
+  constexpr int kGroups = SlotShape<C>::kGroups < 4 ? SlotShape<C>::kGroups : 4;
+  uint32_t at = offset + escape_bytes_of_lane(s.tags & ((1u << (2 * kFirst)) - 1u));
+  const auto fix = [&](auto local) {
+    constexpr int g = decltype(local)::value, p = kFirst + g;
     const uint32_t mode = (s.tags >> (2 * p)) & 3u;
     if (mode == 1u) {
       const uint32_t x = escapes[at];
       at += 1;
-      exponents[2 * p] = (quad_codes<C, 2 * p>(s) | spread_to_bit3(x & 0xFu)) + base3[2 * p] + delta[2 * p];
-      exponents[2 * p + 1] = (quad_codes<C, 2 * p + 1>(s) | spread_to_bit3(x >> 4)) + base3[2 * p + 1] + delta[2 * p + 1];
+      exponents[2 * g] = (quad_codes<C, 2 * p>(s) | spread_to_bit3(x & 0xFu)) + base3[2 * g] + delta[2 * g];
+      exponents[2 * g + 1] = (quad_codes<C, 2 * p + 1>(s) | spread_to_bit3(x >> 4)) + base3[2 * g + 1] + delta[2 * g + 1];
     } else if (mode == 2u) {
       uint32_t planes[5], first, second;
       GAAC_LANE_UNROLL
       for (int k = 0; k < 5; ++k) planes[k] = escapes[at + k];
       raw_planes(planes, first, second);
       at += 5;
-      exponents[2 * p] = quad_codes<C, 2 * p>(s) | first;
-      exponents[2 * p + 1] = quad_codes<C, 2 * p + 1>(s) | second;
+      exponents[2 * g] = quad_codes<C, 2 * p>(s) | first;
+      exponents[2 * g + 1] = quad_codes<C, 2 * p + 1>(s) | second;
     }
   };
-  [&]<int... P>(std::integer_sequence<int, P...>) { (fix(std::integral_constant<int, P>{}), ...); }(
-      std::make_integer_sequence<int, S::kGroups>{});
+  [&]<int... G>(std::integer_sequence<int, G...>) { (fix(std::integral_constant<int, G>{}), ...); }(
+      std::make_integer_sequence<int, kGroups>{});
 }
 
 /// The two bf16x2 registers of a quad from its sign+mantissa word and exponent bytes: register 0
@@ -325,6 +328,24 @@ GAAC_LANE_INLINE uint32_t base_word(const uint8_t* bases, int lane, int word) {
 template <int C, bool Key>
 inline constexpr int kBaseWords = Key ? SlotShape<C>::kSteps : SlotShape<C>::kQuads;
 
+/// Exponent bytes of the eight quads 8O..8O+7 of a lane (an octet: one token half of a key tile of
+/// 128 channels, eight channels of a value tile). `base3w`/`deltaw` are the lane's base words
+/// (kBaseWords, in registers); `escapes`/`offset` as for lane_escapes, whose result `e` is.
+template <int C, bool Key, int O>
+GAAC_LANE_INLINE void octet_exponents(const LaneSlot<C>& s, const LaneEscapes& e, const uint8_t* escapes, uint32_t offset,
+                                      const uint32_t* base3w, const uint32_t* deltaw, uint32_t (&exponents)[8]) {
+  uint32_t b3[8], dl[8];
+  GAAC_LANE_UNROLL
+  for (int q = 0; q < 8; ++q) {
+    b3[q] = base3w[base_word_of_quad<C, Key>(8 * O + q)];
+    dl[q] = deltaw[base_word_of_quad<C, Key>(8 * O + q)];
+  }
+  [&]<int... Q>(std::integer_sequence<int, Q...>) {
+    ((exponents[Q] = quad_exponents<C, 8 * O + Q>(s, e, b3[Q], dl[Q])), ...);
+  }(std::make_integer_sequence<int, 8>{});
+  if (lane_needs_fixing<C>(s.tags)) fix_wide_groups<C, O>(s, escapes, offset, b3, dl, exponents);
+}
+
 /// Rebuilds every quad's exponent bytes of one lane, given its escape offset (its exclusive prefix
 /// of escape_bytes_of_lane over the warp). `base3w`/`deltaw` are its base words (kBaseWords) in
 /// registers; `base3_at(w)` reads b3 word w at run time (the rare raw-group path).
@@ -332,18 +353,16 @@ template <int C, bool Key, class BaseAt>
 GAAC_LANE_INLINE void lane_exponents(const LaneSlot<C>& s, const uint8_t* escapes, uint32_t offset,
                                      const uint32_t* base3w, const uint32_t* deltaw, const BaseAt& base3_at,
                                      uint32_t* exponents) {
-  using S = SlotShape<C>;
   const LaneEscapes e = lane_escapes<C, Key>(s.tags, escapes, offset, base3_at);
-  uint32_t b3[S::kQuads], dl[S::kQuads];
-  GAAC_LANE_UNROLL
-  for (int q = 0; q < S::kQuads; ++q) {
-    b3[q] = base3w[base_word_of_quad<C, Key>(q)];
-    dl[q] = deltaw[base_word_of_quad<C, Key>(q)];
-  }
-  [&]<int... Q>(std::integer_sequence<int, Q...>) {
-    ((exponents[Q] = quad_exponents<C, Q>(s, e, b3[Q], dl[Q])), ...);
-  }(std::make_integer_sequence<int, S::kQuads>{});
-  if (lane_needs_fixing<C>(s.tags)) fix_wide_groups<C>(s, escapes, offset, b3, dl, exponents);
+  [&]<int... O>(std::integer_sequence<int, O...>) {
+    (
+        [&] {
+          uint32_t octet[8];
+          octet_exponents<C, Key, O>(s, e, escapes, offset, base3w, deltaw, octet);
+          for (int q = 0; q < 8; ++q) exponents[8 * O + q] = octet[q];
+        }(),
+        ...);
+  }(std::make_integer_sequence<int, SlotShape<C>::kOctets>{});
 }
 
 }  // namespace gaac::cuda::lane

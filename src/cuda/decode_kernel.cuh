@@ -453,12 +453,12 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, Src, STAGES)) d
                                [&](auto octet, const uint32_t (&r0)[8], const uint32_t (&r1)[8]) {
 #pragma unroll
                                  for (int q = 0; q < 8; ++q) {
-                                   constexpr int oct = decltype(octet)::value;
-                                   const int quad = 8 * oct + q, h = quad / kSteps, st = quad % kSteps;
-                                   if constexpr (kMath)
+                                   if constexpr (kMath) {
+                                     const int quad = 8 * decltype(octet)::value + q, h = quad / kSteps, st = quad % kSteps;
                                      ptx::mma_bf16(sacc[h][st & 1], qf[half][st][0], 0u, qf[half][st][1], 0u, r0[q], r1[q]);
-                                   else
+                                   } else {
                                      sink ^= r0[q] ^ r1[q];
+                                   }
                                  }
                                });
           continue;
@@ -538,9 +538,9 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, Src, STAGES)) d
                                 [&](auto octet, const uint32_t (&r0)[8], const uint32_t (&r1)[8]) {
 #pragma unroll
                                   for (int q = 0; q < 4; ++q) {
-                                    constexpr int oct = decltype(octet)::value;
                                     if constexpr (kMath)
-                                      ptx::mma_bf16(o[half][4 * oct + q], r0[2 * q], r0[2 * q + 1], r1[2 * q], r1[2 * q + 1], pb0, pb1);
+                                      ptx::mma_bf16(o[half][4 * decltype(octet)::value + q], r0[2 * q], r0[2 * q + 1], r1[2 * q],
+                                                    r1[2 * q + 1], pb0, pb1);
                                     else
                                       sink ^= r0[2 * q] ^ r0[2 * q + 1] ^ r1[2 * q] ^ r1[2 * q + 1];
                                   }

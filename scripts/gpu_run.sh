@@ -9,7 +9,7 @@
 # libxxhash is missing).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-prebuilt="" data="" bench_args="" skip_tests=0 skip_sanitizer=0
+prebuilt="" data="" bench_args="" skip_tests=0 skip_sanitizer=0 profile="" skip_bench=0
 while [ $# -gt 0 ]; do
   case $1 in
     --prebuilt) prebuilt=$2; shift 2 ;;
@@ -17,6 +17,8 @@ while [ $# -gt 0 ]; do
     --bench-args) bench_args=$2; shift 2 ;;
     --skip-tests) skip_tests=1; shift ;;
     --skip-sanitizer) skip_sanitizer=1; shift ;;
+    --skip-bench) skip_bench=1; shift ;;
+    --profile) profile=$2; shift 2 ;;  # SHAPE:CTX:BS: Nsight Compute on one GAAC and one twin launch
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -64,6 +66,19 @@ if [ $skip_sanitizer -eq 0 ]; then
     echo "$tool: exit $?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|hazard|Invalid" "$out/sanitizer-$tool.log" | head -5
   done
 fi
+
+if [ -n "$profile" ]; then
+  stage "nsight compute $profile"
+  timeout 240 ncu --clock-control none --kernel-name regex:decode_attention_kernel --launch-skip 2 --launch-count 2 \
+    --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section InstructionStats \
+    --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis --section SchedulerStats \
+    --metrics sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_fmaheavy.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
+    python3 bench/gpu/bench_decode.py --lib "$bin/libgaac_gpu_bench.so" --out "$out/profile.json" --profile "$profile" \
+    >"$out/ncu.txt" 2>&1
+  echo "ncu: exit $?"
+  grep -E "decode_attention_kernel|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Issue Slots Busy|Issued Ipc|Achieved Occupancy|Registers Per|No Eligible|pipe_alu|pipe_fma|inst_executed.sum|hmma|Warp Cycles Per Issued|Stall" "$out/ncu.txt" | head -60
+fi
+[ $skip_bench -eq 1 ] && { stage "done"; exit $status; }
 
 stage "benchmark"
 if [ -n "$data" ] && [ -f "$data/flashinfer-site.tar.xz" ]; then

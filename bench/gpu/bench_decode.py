@@ -272,6 +272,28 @@ def run_case(g, shape_name, context, batch, args, flashinfer, results, log):
     results.append(case)
 
 
+def profile(args):
+    """One launch of the fused GAAC kernel and one of the twin on a case, for a profiler to catch."""
+    shape, context, batch = args.profile.split(":")
+    context, batch = int(context), int(batch)
+    Hq, KVH, d, source = SHAPES[shape]
+    g = Gaac(args.lib)
+    if source == "synthetic":
+        src, calib = b"synthetic", b""
+    else:
+        src = os.path.join(args.kv_dir, f"{source}-gpl3-2048.safetensors").encode()
+        calib = os.path.join(args.kv_dir, f"{source}-calibration.safetensors").encode()
+    h = g.lib.gaac_bench_create(batch, context, KVH, d, src, 0, calib, 7, 0, 1)
+    if not h:
+        raise RuntimeError(g.lib.gaac_bench_error().decode())
+    q = torch.randn(batch, Hq, d, device="cuda").to(torch.bfloat16)
+    out = torch.empty_like(q)
+    for path in (0, 1, 0, 1):  # warm (plans, attributes), then the launches to profile
+        g.check(g.lib.gaac_bench_run(h, 0, path, 0, 0, 0, Hq, q.data_ptr(), out.data_ptr(), None, None))
+    torch.cuda.synchronize()
+    g.lib.gaac_bench_free(h)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--lib", required=True)
@@ -282,7 +304,12 @@ def main():
     ap.add_argument("--quick-variants", action="store_true", help="skip the stage sweep and breakdown variants")
     ap.add_argument("--no-flashinfer", action="store_true")
     ap.add_argument("--budget-s", type=float, default=1e9, help="stop starting new cases after this many seconds")
+    ap.add_argument("--profile", metavar="SHAPE:CTX:BS",
+                    help="only launch GAAC and the twin once each on this case (for ncu), then exit")
     args = ap.parse_args()
+    if args.profile:
+        profile(args)
+        return
     t_start = time.time()
     logf = open(os.path.splitext(args.out)[0] + ".log", "w")
 

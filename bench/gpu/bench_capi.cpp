@@ -38,22 +38,71 @@ struct BenchCase {
   std::string describe;
 };
 
-/// Base values: a synthetic layer or one layer of a KV dump; tiled along tokens to each sequence.
-KvDump base_values(const std::string& source, int layer, int kv_heads, int head_dim, uint64_t seed) {
-  KvDump one;
+/// Values and calibration of a case: a synthetic layer (calibrated on itself); one layer of a KV dump
+/// (with its calibration table's layer, or calibrated on itself); or, when the dump's heads are half
+/// as wide as the case's, heads made of two of the dump's (layer, head) pairs side by side — real KV
+/// statistics in a shape no dumped model has — with the table's bases arranged the same way and
+/// slot capacities chosen for the wider tiles.
+void base_values(const std::string& source, int layer, const std::string& calibration, int kv_heads, int head_dim,
+                 uint64_t seed, KvDump& out, CalibrationTable& table) {
   if (source == "synthetic") {
     SyntheticKvSpec spec;
     spec.layers = 1, spec.kv_heads = kv_heads, spec.head_dim = head_dim, spec.tokens = 4096, spec.seed = seed;
-    one = make_synthetic_kv(spec);
-  } else {
-    KvDump all = load_kv_dump(source);
-    one.layers.push_back(std::move(all.layers.at(static_cast<size_t>(layer))));
+    out = make_synthetic_kv(spec);
+    const KvDump* b = &out;
+    table = calibrate(std::span<const KvDump* const>(&b, 1));
+    return;
   }
-  if (one.kv_heads() != kv_heads || one.head_dim() != head_dim)
-    throw Error("bench: source has " + std::to_string(one.kv_heads()) + " KV heads of width " +
-                std::to_string(one.head_dim()) + ", the case asks for " + std::to_string(kv_heads) + " of " +
-                std::to_string(head_dim));
-  return one;
+  KvDump all = load_kv_dump(source);
+  const bool has_table = !calibration.empty();
+  const CalibrationTable file = has_table ? load_calibration(calibration) : CalibrationTable();
+  out = KvDump();
+  if (all.head_dim() == head_dim) {
+    out.layers.push_back(std::move(all.layers.at(static_cast<size_t>(layer))));
+    if (out.kv_heads() != kv_heads)
+      throw Error("bench: the dump has " + std::to_string(out.kv_heads()) + " KV heads, the case " + std::to_string(kv_heads));
+    if (has_table) {
+      table = calibration_of_layer(file, layer);
+    } else {
+      const KvDump* b = &out;
+      table = calibrate(std::span<const KvDump* const>(&b, 1));
+    }
+    return;
+  }
+  const int narrow = all.head_dim(), heads = all.kv_heads();
+  if (2 * narrow != head_dim || static_cast<int>(all.layers.size()) * heads < 2 * kv_heads)
+    throw Error("bench: cannot build " + std::to_string(kv_heads) + " heads of width " + std::to_string(head_dim) +
+                " from the dump's " + std::to_string(all.layers.size()) + " layers of " + std::to_string(heads) +
+                " heads of width " + std::to_string(narrow));
+  const int tokens = all.layers.front().k.tokens;
+  out.layers.resize(1);
+  table = CalibrationTable(1, kv_heads, head_dim);
+  for (int kind = 0; kind < 2; ++kind) {
+    KvTensor& dst = kind ? out.layers[0].v : out.layers[0].k;
+    dst.tokens = tokens, dst.kv_heads = kv_heads, dst.head_dim = head_dim;
+    dst.data.resize(dst.elements());
+    const TensorKind tk = kind ? TensorKind::value : TensorKind::key;
+    for (int h = 0; h < kv_heads; ++h)
+      for (int part = 0; part < 2; ++part) {
+        const int pair = 2 * h + part, l = pair / heads, hh = pair % heads;
+        const KvTensor& src = kind ? all.layers[static_cast<size_t>(l)].v : all.layers[static_cast<size_t>(l)].k;
+        for (int t = 0; t < tokens; ++t)
+          for (int c = 0; c < narrow; ++c)
+            dst.data[(static_cast<size_t>(t) * kv_heads + h) * head_dim + part * narrow + c] = src.at(t, hh, c);
+        if (has_table) {
+          std::ranges::copy(file.b3(tk, l, hh), table.b3(tk, 0, h).begin() + part * narrow);
+          std::ranges::copy(file.b4(tk, l, hh), table.b4(tk, 0, h).begin() + part * narrow);
+        }
+      }
+  }
+  const KvDump* b = &out;
+  if (!has_table) {
+    table = calibrate(std::span<const KvDump* const>(&b, 1));
+    return;
+  }
+  Calibrator capacities(1, kv_heads, head_dim);
+  capacities.add_escape_sizes(out, table);
+  capacities.choose_capacities(table);
 }
 
 KvDump tiled(const KvDump& base, int tokens, int shift) {
@@ -109,23 +158,18 @@ extern "C" {
 const char* gaac_bench_error() { return last_error.c_str(); }
 
 /// Builds a case: `batch` sequences of `context` tokens, `kv_heads` heads of width `head_dim`, values
-/// from `source` ("synthetic", or a KV dump whose layer `layer` is used), calibrated with the table
-/// at `calibration` (its layer `layer`) or, when empty, on the values themselves. Returns null on
-/// failure (see gaac_bench_error).
+/// from `source` ("synthetic", or a KV dump: its layer `layer`, or heads of half the width paired up),
+/// calibrated with the table at `calibration` or, when empty, on the values themselves; each sequence
+/// is the values tiled along tokens. Returns null on failure (see gaac_bench_error).
 void* gaac_bench_create(int batch, int context, int kv_heads, int head_dim, const char* source, int layer,
                         const char* calibration, uint64_t seed, int window, int copies) {
   auto c = std::make_unique<BenchCase>();
   const int status = guarded([&] {
     c->batch = batch, c->context = context, c->kv_heads = kv_heads, c->head_dim = head_dim, c->window = window;
-    const KvDump base = base_values(source, layer, kv_heads, head_dim, seed);
-    for (int s = 0; s < batch; ++s) c->sequences.push_back(tiled(base, context, 1237 * s));
+    KvDump base;
     CalibrationTable table;
-    if (calibration && *calibration) {
-      table = calibration_of_layer(load_calibration(calibration), layer);
-    } else {
-      const KvDump* b = &base;
-      table = calibrate(std::span<const KvDump* const>(&b, 1));
-    }
+    base_values(source, layer, calibration ? calibration : "", kv_heads, head_dim, seed, base, table);
+    for (int s = 0; s < batch; ++s) c->sequences.push_back(tiled(base, context, 1237 * s));
     std::vector<const KvDump*> ptrs;
     for (const KvDump& d : c->sequences) ptrs.push_back(&d);
     FillOptions options;

@@ -26,10 +26,11 @@ import torch.nn.functional as F
 # name: (q heads, kv heads, head_dim, KV source)
 SHAPES = {
     "llama": (32, 8, 128, "synthetic"),      # Llama-3.1-8B / Qwen3-8B attention shape
+    "llama_realkv": (32, 8, 128, "smollm2x6"),  # the same shape, heads paired from SmolLM2's real KV
     "gemma3": (4, 1, 256, "gemma3"),         # Gemma 3 270M, real KV
     "smollm2": (9, 3, 64, "smollm2"),        # SmolLM2-135M, real KV
 }
-REAL_LAYER = {"gemma3": 0, "smollm2": 0}  # files cut by cut_layer.py from layers 8 and 12
+REAL_LAYER = {"gemma3": 0, "smollm2": 0, "smollm2x6": 0}  # files cut by cut_layer.py: layers 8, 12, 10..15
 CASES = [(4096, 1), (16384, 1), (32768, 1), (65536, 1), (131072, 1), (65536, 2), (65536, 4), (32768, 8)]
 QUICK_CASES = [(4096, 1), (65536, 1), (131072, 1), (65536, 4), (32768, 8)]
 L2_ROTATION_BYTES = 256 << 20
@@ -207,7 +208,7 @@ def run_case(g, shape_name, context, batch, args, flashinfer, results, log):
         case["bit_exact_vs_twin"] = f"error: {e}"
     measure("decompress_first", gaac_fn(2), gaac_bytes + 2 * twin_bytes)
     measure("decompress_only", gaac_fn(3), gaac_bytes + twin_bytes, validate=False)
-    if d == 128 and not args.quick_variants:
+    if shape_name == "llama" and not args.quick_variants:
         for stages in (2, 3, 4):
             measure(f"gaac_stages{stages}", gaac_fn(0, stages=stages), gaac_bytes, extra={"plan": plan(0, 0, stages)})
             measure(f"bf16_twin_stages{stages}", gaac_fn(1, stages=stages), twin_bytes, extra={"plan": plan(1, 0, stages)})
@@ -241,7 +242,7 @@ def run_case(g, shape_name, context, batch, args, flashinfer, results, log):
         indices = torch.arange(0, batch * pages, dtype=torch.int32, device="cuda")
         last = torch.full((batch,), 16, dtype=torch.int32, device="cuda")
         workspace = torch.empty(256 << 20, dtype=torch.uint8, device="cuda")
-        for tc in ((True, False) if shape_name == "llama" else (True,)):
+        for tc in ((True, False) if d == 128 else (True,)):
             name = "flashinfer_tc" if tc else "flashinfer"
             try:
                 w = flashinfer.BatchDecodeWithPagedKVCacheWrapper(workspace, "NHD", use_tensor_cores=tc)
@@ -299,7 +300,7 @@ def main():
     ap.add_argument("--lib", required=True)
     ap.add_argument("--out", required=True)
     ap.add_argument("--kv-dir", default=os.path.expanduser("~/.cache/gaac/kv"))
-    ap.add_argument("--shapes", default="llama,gemma3,smollm2")
+    ap.add_argument("--shapes", default="llama,llama_realkv,gemma3,smollm2")
     ap.add_argument("--quick", action="store_true", help="fewer contexts")
     ap.add_argument("--quick-variants", action="store_true", help="skip the stage sweep and breakdown variants")
     ap.add_argument("--no-flashinfer", action="store_true")

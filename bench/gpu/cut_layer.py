@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Cuts one layer out of a KV dump and its calibration table (docs/format.md sections 9 and 10), so the
-GPU benchmark's real KV fits a small transfer: writes <out>/<name>-gpl3-2048.safetensors (layer L as
-layer 0) and <out>/<name>-calibration.safetensors (one layer).
+"""Cuts layers out of a KV dump and its calibration table (docs/format.md sections 9 and 10), so the
+GPU benchmark's real KV fits a small transfer: writes <out>/<name>-gpl3-2048.safetensors (the given
+layers as layers 0, 1, ...) and <out>/<name>-calibration.safetensors (the same layers).
 
-  python3 bench/gpu/cut_layer.py DUMP CALIBRATION LAYER OUTDIR NAME
+  python3 bench/gpu/cut_layer.py DUMP CALIBRATION LAYER[,LAYER...] OUTDIR NAME
 """
 import json
 import os
@@ -31,30 +31,33 @@ def write(path, header, blobs):
 
 
 def main():
-    dump, calibration, layer, outdir, name = sys.argv[1], sys.argv[2], int(sys.argv[3]), sys.argv[4], sys.argv[5]
+    dump, calibration, outdir, name = sys.argv[1], sys.argv[2], sys.argv[4], sys.argv[5]
+    layers = [int(x) for x in sys.argv[3].split(",")]
     os.makedirs(outdir, exist_ok=True)
     header, body = read(dump)
     blobs = {}
-    for kind in ("k", "v"):
-        t = header[f"{kind}.{layer}"]
-        a, b = t["data_offsets"]
-        blobs[f"{kind}.0"] = (t["dtype"], t["shape"], body[a:b])
+    for i, layer in enumerate(layers):
+        for kind in ("k", "v"):
+            t = header[f"{kind}.{layer}"]
+            a, b = t["data_offsets"]
+            blobs[f"{kind}.{i}"] = (t["dtype"], t["shape"], body[a:b])
     meta = dict(header.get("__metadata__", {}))
-    meta["cut_from_layer"] = str(layer)
+    meta["cut_from_layers"] = ",".join(map(str, layers))
     write(os.path.join(outdir, f"{name}-gpl3-2048.safetensors"), meta, blobs)
 
     header, body = read(calibration)
     meta = dict(header["__metadata__"])
-    layers, kv, hd = int(meta["layers"]), int(meta["kv_heads"]), int(meta["head_dim"])
+    kv, hd = int(meta["kv_heads"]), int(meta["head_dim"])
+    per = kv * hd
     blobs = {}
     for t in ("k.b3", "k.b4", "v.b3", "v.b4"):
         a, _ = header[t]["data_offsets"]
-        per = kv * hd
-        blobs[t] = ("U8", [1, kv, hd], body[a + layer * per:a + (layer + 1) * per])
+        blobs[t] = ("U8", [len(layers), kv, hd], b"".join(body[a + l * per:a + (l + 1) * per] for l in layers))
     for kind in ("k", "v"):
-        meta[f"{kind}.escape_capacity"] = json.dumps([json.loads(meta[f"{kind}.escape_capacity"])[layer]])
-    meta["layers"] = "1"
-    meta["info.cut_from_layer"] = str(layer)
+        caps = json.loads(meta[f"{kind}.escape_capacity"])
+        meta[f"{kind}.escape_capacity"] = json.dumps([caps[l] for l in layers])
+    meta["layers"] = str(len(layers))
+    meta["info.cut_from_layers"] = ",".join(map(str, layers))
     write(os.path.join(outdir, f"{name}-calibration.safetensors"), meta, blobs)
 
 

@@ -22,17 +22,17 @@ enum class Work : uint8_t {
 /// Arguments of one decode-attention launch (one layer, a batch of sequences, one query token each).
 struct DecodeArgs {
   // The cache (device pointers), docs/format.md section 13.
-  PagedGeometry geometry;
-  const uint8_t* units = nullptr;
-  const uint32_t* entries = nullptr;
-  const uint8_t* bases = nullptr;  ///< null for a BF16 cache
-  int layer = 0;
-  int window = 0;  ///< sliding window of the layer in tokens, 0 for full attention
-  // The batch.
-  int sequences = 0;
-  const int32_t* indptr = nullptr;
-  const uint32_t* rows = nullptr;
-  const int32_t* lengths = nullptr;
+  PagedGeometry geometry;            ///< layout numbers of the cache
+  const uint8_t* units = nullptr;    ///< the unit pool
+  const uint32_t* entries = nullptr; ///< the block table
+  const uint8_t* bases = nullptr;    ///< exponent bases [layers][K, V][b3, b4][kv_heads][head_dim]; null for a BF16 cache
+  int layer = 0;                     ///< the layer attended
+  int window = 0;                    ///< sliding window of the layer in tokens, 0 for full attention
+  // The batch (CSR sequence table, device pointers).
+  int sequences = 0;                 ///< sequences in the batch (gridDim.z)
+  const int32_t* indptr = nullptr;   ///< sequences + 1 offsets into rows
+  const uint32_t* rows = nullptr;    ///< block rows of every sequence's blocks
+  const int32_t* lengths = nullptr;  ///< tokens per sequence; the query is the newest token
   // The problem.
   const uint16_t* q = nullptr;  ///< [sequences][q_heads][head_dim] bf16
   uint16_t* out = nullptr;      ///< [sequences][q_heads][head_dim] bf16

@@ -1,0 +1,265 @@
+// A small C entry point into gaac_cuda for the Python benchmark harness (ctypes on device pointers):
+// builds the caches of one benchmark case on the device and launches its paths. Not a public API:
+// the project's Python binding comes later.
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <exception>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cuda/paged_fill.hpp"
+#include "gaac/calibration.hpp"
+#include "gaac/cuda.hpp"
+#include "gaac/error.hpp"
+#include "gaac/kv_dump.hpp"
+#include "gaac/synthetic.hpp"
+
+namespace {
+
+using namespace gaac;
+using namespace gaac::cuda;
+
+thread_local std::string last_error;
+
+/// One benchmark case: `copies` device copies of the same caches (rotated so the L2 never serves a
+/// call from the previous one), the batch's sequence table, a workspace.
+struct BenchCase {
+  int batch = 0, context = 0, kv_heads = 0, head_dim = 0, window = 0;
+  std::vector<KvDump> sequences;  // the values, for export to the baselines
+  std::vector<DeviceCache> gaac, bf16, decompressed;
+  std::unique_ptr<DeviceSequences> seqs;
+  DecodeWorkspace workspace;
+  FillCounts counts;
+  uint32_t unit_bytes = 0;
+  uint64_t gaac_bytes = 0, bf16_bytes = 0;  // bytes of units the attended tiles occupy
+  std::string describe;
+};
+
+/// Values and calibration of a case: a synthetic layer (calibrated on itself); one layer of a KV dump
+/// (with its calibration table's layer, or calibrated on itself); or, when the dump's heads are half
+/// as wide as the case's, heads made of two of the dump's (layer, head) pairs side by side — real KV
+/// statistics in a shape no dumped model has — with the table's bases arranged the same way and
+/// slot capacities chosen for the wider tiles.
+void base_values(const std::string& source, int layer, const std::string& calibration, int kv_heads, int head_dim,
+                 uint64_t seed, KvDump& out, CalibrationTable& table) {
+  if (source == "synthetic") {
+    SyntheticKvSpec spec;
+    spec.layers = 1, spec.kv_heads = kv_heads, spec.head_dim = head_dim, spec.tokens = 4096, spec.seed = seed;
+    out = make_synthetic_kv(spec);
+    const KvDump* b = &out;
+    table = calibrate(std::span<const KvDump* const>(&b, 1));
+    return;
+  }
+  KvDump all = load_kv_dump(source);
+  const bool has_table = !calibration.empty();
+  const CalibrationTable file = has_table ? load_calibration(calibration) : CalibrationTable();
+  out = KvDump();
+  if (all.head_dim() == head_dim) {
+    out.layers.push_back(std::move(all.layers.at(static_cast<size_t>(layer))));
+    if (out.kv_heads() != kv_heads)
+      throw Error("bench: the dump has " + std::to_string(out.kv_heads()) + " KV heads, the case " + std::to_string(kv_heads));
+    if (has_table) {
+      table = calibration_of_layer(file, layer);
+    } else {
+      const KvDump* b = &out;
+      table = calibrate(std::span<const KvDump* const>(&b, 1));
+    }
+    return;
+  }
+  const int narrow = all.head_dim(), heads = all.kv_heads();
+  if (2 * narrow != head_dim || static_cast<int>(all.layers.size()) * heads < 2 * kv_heads)
+    throw Error("bench: cannot build " + std::to_string(kv_heads) + " heads of width " + std::to_string(head_dim) +
+                " from the dump's " + std::to_string(all.layers.size()) + " layers of " + std::to_string(heads) +
+                " heads of width " + std::to_string(narrow));
+  const int tokens = all.layers.front().k.tokens;
+  out.layers.resize(1);
+  table = CalibrationTable(1, kv_heads, head_dim);
+  for (int kind = 0; kind < 2; ++kind) {
+    KvTensor& dst = kind ? out.layers[0].v : out.layers[0].k;
+    dst.tokens = tokens, dst.kv_heads = kv_heads, dst.head_dim = head_dim;
+    dst.data.resize(dst.elements());
+    const TensorKind tk = kind ? TensorKind::value : TensorKind::key;
+    for (int h = 0; h < kv_heads; ++h)
+      for (int part = 0; part < 2; ++part) {
+        const int pair = 2 * h + part, l = pair / heads, hh = pair % heads;
+        const KvTensor& src = kind ? all.layers[static_cast<size_t>(l)].v : all.layers[static_cast<size_t>(l)].k;
+        for (int t = 0; t < tokens; ++t)
+          for (int c = 0; c < narrow; ++c)
+            dst.data[(static_cast<size_t>(t) * kv_heads + h) * head_dim + part * narrow + c] = src.at(t, hh, c);
+        if (has_table) {
+          std::ranges::copy(file.b3(tk, l, hh), table.b3(tk, 0, h).begin() + part * narrow);
+          std::ranges::copy(file.b4(tk, l, hh), table.b4(tk, 0, h).begin() + part * narrow);
+        }
+      }
+  }
+  const KvDump* b = &out;
+  if (!has_table) {
+    table = calibrate(std::span<const KvDump* const>(&b, 1));
+    return;
+  }
+  Calibrator capacities(1, kv_heads, head_dim);
+  capacities.add_escape_sizes(out, table);
+  capacities.choose_capacities(table);
+}
+
+KvDump tiled(const KvDump& base, int tokens, int shift) {
+  KvDump d;
+  d.layers.resize(1);
+  const int n = base.layers[0].k.tokens;
+  const size_t row = static_cast<size_t>(base.kv_heads()) * base.head_dim();
+  for (int kind = 0; kind < 2; ++kind) {
+    const KvTensor& src = kind ? base.layers[0].v : base.layers[0].k;
+    KvTensor& dst = kind ? d.layers[0].v : d.layers[0].k;
+    dst.tokens = tokens, dst.kv_heads = src.kv_heads, dst.head_dim = src.head_dim;
+    dst.data.resize(static_cast<size_t>(tokens) * row);
+    for (int t = 0; t < tokens; ++t)
+      std::memcpy(dst.data.data() + static_cast<size_t>(t) * row, src.data.data() + static_cast<size_t>((t + shift) % n) * row, row * 2);
+  }
+  return d;
+}
+
+uint64_t attended_unit_bytes(const HostPagedCache& c, const HostSequenceTable& t, int window) {
+  uint64_t bytes = 0;
+  const PagedGeometry& g = c.geometry;
+  for (size_t s = 0; s < t.lengths.size(); ++s) {
+    const int first = first_attended(t.lengths[s] - 1, window) / kTileTokens;
+    for (int b = t.indptr[s] + first; b < t.indptr[s + 1]; ++b)
+      for (int h = 0; h < g.kv_heads; ++h)
+        for (const TensorKind kind : {TensorKind::key, TensorKind::value})
+          for (int half = 0; half < g.halves(); ++half) {
+            const uint32_t e = c.entries[g.entry_index(0, t.rows[static_cast<size_t>(b)], h, kind, half)];
+            bytes += entry_class(e) == TileClass::compressed ? g.unit_bytes
+                     : entry_class(e) == TileClass::raw      ? g.raw_tile_bytes()
+                                                             : 0;
+          }
+  }
+  return bytes;
+}
+
+template <class F>
+int guarded(F&& f) {
+  try {
+    f();
+    return 0;
+  } catch (const std::exception& e) {
+    last_error = e.what();
+    return -1;
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+/// Message of the last failure of this thread.
+const char* gaac_bench_error() { return last_error.c_str(); }
+
+/// Builds a case: `batch` sequences of `context` tokens, `kv_heads` heads of width `head_dim`, values
+/// from `source` ("synthetic", or a KV dump: its layer `layer`, or heads of half the width paired up),
+/// calibrated with the table at `calibration` or, when empty, on the values themselves; each sequence
+/// is the values tiled along tokens. Returns null on failure (see gaac_bench_error).
+void* gaac_bench_create(int batch, int context, int kv_heads, int head_dim, const char* source, int layer,
+                        const char* calibration, uint64_t seed, int window, int copies) {
+  auto c = std::make_unique<BenchCase>();
+  const int status = guarded([&] {
+    c->batch = batch, c->context = context, c->kv_heads = kv_heads, c->head_dim = head_dim, c->window = window;
+    KvDump base;
+    CalibrationTable table;
+    base_values(source, layer, calibration ? calibration : "", kv_heads, head_dim, seed, base, table);
+    for (int s = 0; s < batch; ++s) c->sequences.push_back(tiled(base, context, 1237 * s));
+    std::vector<const KvDump*> ptrs;
+    for (const KvDump& d : c->sequences) ptrs.push_back(&d);
+    FillOptions options;
+    options.calibration = &table;
+    options.windows = {window};
+    HostSequenceTable t_gaac, t_bf16;
+    const HostPagedCache h_gaac = fill_paged_cache(ptrs, options, t_gaac);
+    options.format = FillFormat::bf16;
+    const HostPagedCache h_bf16 = fill_paged_cache(ptrs, options, t_bf16);
+    c->counts = h_gaac.counts;
+    c->unit_bytes = h_gaac.geometry.unit_bytes;
+    c->gaac_bytes = attended_unit_bytes(h_gaac, t_gaac, window);
+    c->bf16_bytes = attended_unit_bytes(h_bf16, t_bf16, window);
+    c->seqs = std::make_unique<DeviceSequences>(DeviceSequences::upload(t_gaac.view()));
+    for (int i = 0; i < copies; ++i) {
+      c->gaac.push_back(DeviceCache::upload(h_gaac.view(), h_gaac.unit_count));
+      c->bf16.push_back(DeviceCache::upload(h_bf16.view(), h_bf16.unit_count));
+      c->decompressed.push_back(DeviceCache::bf16_for(h_gaac.geometry, window));
+    }
+    std::ostringstream js;
+    js << "{\"unit_bytes\": " << c->unit_bytes << ", \"escape_capacity\": " << h_gaac.geometry.escape_capacity()
+       << ", \"compressed_tiles\": " << c->counts.compressed_tiles << ", \"raw_tiles\": " << c->counts.raw_tiles
+       << ", \"tail_tiles\": " << c->counts.tail_tiles << ", \"absent_tiles\": " << c->counts.absent_tiles
+       << ", \"gaac_bytes\": " << c->gaac_bytes << ", \"bf16_bytes\": " << c->bf16_bytes
+       << ", \"device\": \"" << device_description() << "\"}";
+    c->describe = js.str();
+  });
+  return status == 0 ? c.release() : nullptr;
+}
+
+/// JSON describing the case (tile counts, unit size, bytes each path's tiles occupy, device).
+const char* gaac_bench_describe(void* handle) { return static_cast<BenchCase*>(handle)->describe.c_str(); }
+
+/// Copies the values to host arrays `k` and `v`, `[batch][context][kv_heads][head_dim]` BF16.
+int gaac_bench_export(void* handle, uint16_t* k, uint16_t* v) {
+  return guarded([&] {
+    const BenchCase& c = *static_cast<BenchCase*>(handle);
+    const size_t per = static_cast<size_t>(c.context) * c.kv_heads * c.head_dim;
+    for (int s = 0; s < c.batch; ++s) {
+      std::memcpy(k + s * per, c.sequences[static_cast<size_t>(s)].layers[0].k.data.data(), per * 2);
+      std::memcpy(v + s * per, c.sequences[static_cast<size_t>(s)].layers[0].v.data.data(), per * 2);
+    }
+  });
+}
+
+/// Runs one path on copy `copy`: 0 the fused GAAC kernel, 1 the BF16 twin, 2 decompress-first
+/// (decompress, then the twin on the result), 3 the decompression alone. `work` selects a breakdown
+/// variant (gaac::cuda::Work), `stages` and `blocks_per_split` override the kernel's defaults when
+/// nonzero. `q` and `out` are device pointers `[batch][q_heads][head_dim]` BF16; `stream` a
+/// cudaStream_t (0: default). Writes the split used to `*used_blocks_per_split` when not null.
+int gaac_bench_run(void* handle, int copy, int path, int work, int stages, int blocks_per_split, int q_heads,
+                   const void* q, void* out, void* stream, int* used_blocks_per_split) {
+  return guarded([&] {
+    BenchCase& c = *static_cast<BenchCase*>(handle);
+    const size_t i = static_cast<size_t>(copy);
+    DecodeConfig config;
+    config.q_heads = q_heads;
+    config.work = static_cast<Work>(work);
+    config.stages = stages;
+    config.blocks_per_split = blocks_per_split;
+    const auto qp = static_cast<const uint16_t*>(q);
+    const auto op = static_cast<uint16_t*>(out);
+    const auto st = static_cast<Stream>(stream);
+    DecodePlan plan{};
+    if (path == 0) plan = decode_attention(c.gaac.at(i), *c.seqs, config, qp, op, c.workspace, st);
+    if (path == 1) plan = decode_attention(c.bf16.at(i), *c.seqs, config, qp, op, c.workspace, st);
+    if (path == 2 || path == 3) decompress(c.gaac.at(i), *c.seqs, 0, c.decompressed.at(i), st);
+    if (path == 2) plan = decode_attention(c.decompressed.at(i), *c.seqs, config, qp, op, c.workspace, st);
+    if (path < 0 || path > 3) throw Error("bench: unknown path " + std::to_string(path));
+    if (used_blocks_per_split) *used_blocks_per_split = plan.blocks_per_split;
+  });
+}
+
+/// The split plan of a path (0 GAAC, 1 twin) as JSON, written to `buffer` (`size` bytes).
+int gaac_bench_plan(void* handle, int path, int work, int stages, int q_heads, char* buffer, int size) {
+  return guarded([&] {
+    BenchCase& c = *static_cast<BenchCase*>(handle);
+    DecodeConfig config;
+    config.q_heads = q_heads;
+    config.work = static_cast<Work>(work);
+    config.stages = stages;
+    const DecodePlan p = plan_decode(path == 0 ? c.gaac.at(0) : c.bf16.at(0), *c.seqs, config);
+    const std::string js = "{\"blocks_per_split\": " + std::to_string(p.blocks_per_split) +
+                           ", \"max_splits\": " + std::to_string(p.max_splits) + ", \"ctas_per_sm\": " +
+                           std::to_string(p.ctas_per_sm) + ", \"shared_bytes\": " + std::to_string(p.shared_bytes) + "}";
+    std::snprintf(buffer, static_cast<size_t>(size), "%s", js.c_str());
+  });
+}
+
+/// Frees a case.
+void gaac_bench_free(void* handle) { delete static_cast<BenchCase*>(handle); }
+
+}  // extern "C"

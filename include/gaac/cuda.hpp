@@ -1,0 +1,178 @@
+// CUDA decode attention over the paged cache (docs/format.md, section 13): the device mirror of a
+// cache, the fused GAAC kernel, its BF16 twin and the decompress-first path. Host API only: nothing
+// here needs a CUDA compiler, and every function throws gaac::Error on a CUDA failure or bad input.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "gaac/paged_layout.hpp"
+
+struct CUstream_st;
+
+namespace gaac::cuda {
+
+/// A CUDA stream (cudaStream_t); null is the default stream.
+using Stream = CUstream_st*;
+
+/// True when the CUDA runtime finds at least one device (false, never an error, without a driver).
+bool device_available();
+/// "name, N SMs, compute capability X.Y" of the current device.
+std::string device_description();
+
+/// An owning, move-only device allocation from cudaMalloc.
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  /// Allocates `bytes` bytes (none for 0).
+  explicit DeviceBuffer(size_t bytes);
+  ~DeviceBuffer();
+  DeviceBuffer(DeviceBuffer&& other) noexcept;
+  DeviceBuffer& operator=(DeviceBuffer&& other) noexcept;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  void* data() const { return data_; }
+  size_t bytes() const { return bytes_; }
+  /// Copies `bytes` bytes from host memory at `src` to offset `offset`.
+  void upload(const void* src, size_t bytes, size_t offset = 0);
+  /// Copies `bytes` bytes from offset `offset` to host memory at `dst`.
+  void download(void* dst, size_t bytes, size_t offset = 0) const;
+
+ private:
+  void* data_ = nullptr;
+  size_t bytes_ = 0;
+};
+
+/// A paged cache in device memory: its unit pool, block table, bases and per-layer windows, in the
+/// layout of the host cache it was copied from.
+class DeviceCache {
+ public:
+  /// Copies a host cache (its pointers are host memory) holding `units` units to the device. The pool
+  /// gets 16 bytes of padding past its last unit: the kernels may read that far.
+  static DeviceCache upload(const PagedCacheView& host, uint32_t units);
+  /// An empty BF16 cache of one layer with the given KV heads, head width and rows, one unit for every
+  /// entry: what decompress() writes.
+  static DeviceCache bf16_for(const PagedGeometry& like, int window);
+
+  /// The device pointers (windows stay on the host: see window()).
+  const PagedCacheView& view() const { return view_; }
+  /// Sliding window of a layer in tokens (0: full attention).
+  int window(int layer) const { return windows_.at(static_cast<size_t>(layer)); }
+  /// Units in the pool.
+  uint32_t units() const { return units_; }
+  /// True for a cache of compressed slots (units smaller than a raw tile); false for a BF16 cache.
+  bool compressed() const { return view_.geometry.raw_split(); }
+  /// Copies the pool and the block table back to host memory (for tests and tools).
+  void download(std::vector<uint8_t>& units, std::vector<uint32_t>& entries) const;
+  /// Writable device pointers of the pool and the table, for kernels that fill the cache.
+  uint8_t* units_data() const { return static_cast<uint8_t*>(units_buffer_.data()); }
+  uint32_t* entries_data() const { return static_cast<uint32_t*>(entries_buffer_.data()); }
+
+ private:
+  PagedCacheView view_;
+  std::vector<int32_t> windows_;
+  uint32_t units_ = 0;
+  DeviceBuffer units_buffer_, entries_buffer_, bases_buffer_, windows_buffer_;
+};
+
+/// The sequence tables of a batch in device memory, with the host-side numbers a launch needs.
+class DeviceSequences {
+ public:
+  /// Copies a host table (its pointers are host memory) to the device.
+  static DeviceSequences upload(const SequenceTableView& host);
+
+  const SequenceTableView& view() const { return view_; }
+  int sequences() const { return view_.sequences; }
+  /// Length of sequence s in tokens.
+  int length(int s) const { return lengths_.at(static_cast<size_t>(s)); }
+  /// Blocks of sequence s.
+  int blocks(int s) const { return blocks_.at(static_cast<size_t>(s)); }
+  /// Blocks of sequence s attended by its newest token under a sliding window (0: none).
+  int attended_blocks(int s, int window) const;
+  /// Total block rows listed (indptr[sequences]).
+  int total_blocks() const { return total_blocks_; }
+
+ private:
+  SequenceTableView view_;
+  std::vector<int32_t> lengths_, blocks_;
+  int total_blocks_ = 0;
+  DeviceBuffer indptr_, rows_, lengths_buffer_;
+};
+
+/// Which parts of decode attention a launch does; anything but `full` is for time breakdowns and
+/// leaves the output meaningless.
+enum class Work : uint8_t {
+  full = 0,       ///< attention
+  no_math = 1,    ///< load tiles and rebuild operand registers, no products or softmax
+  no_decode = 2,  ///< load tiles and multiply their stored words as they are (compressed caches only)
+  load_only = 3,  ///< bring tiles to shared memory only
+};
+
+/// One decode-attention call: a layer of the cache, one query token per sequence.
+struct DecodeConfig {
+  int layer = 0;
+  int q_heads = 0;             ///< query heads: a multiple of the KV heads, at most 8 per KV head
+  float softmax_scale = 0.0f;  ///< 0: 1/sqrt(head_dim)
+  int blocks_per_split = 0;    ///< blocks per CTA; 0: chosen from the context and the SM count
+  int stages = 0;              ///< pipeline stages per warp; 0: the kernel's default (2, 3 or 4 exist)
+  Work work = Work::full;
+};
+
+/// How a launch splits the context over CTAs.
+struct DecodePlan {
+  int blocks_per_split = 0;  ///< 16-token blocks per CTA
+  int max_splits = 0;        ///< CTAs per (sequence, KV head) for the longest sequence
+  int merge_group = 0;       ///< splits merged together first (then the groups): about sqrt(max_splits)
+  int max_groups = 0;        ///< merge groups of the longest sequence
+  int ctas_per_sm = 0;       ///< resident CTAs per SM the split was sized for
+  size_t shared_bytes = 0;   ///< dynamic shared memory per CTA
+};
+
+/// Chooses the split for a launch: one wave of CTAs over the whole GPU, at least two blocks per warp,
+/// every CTA of a sequence with the same number of blocks (a config's blocks_per_split, when set,
+/// wins). Depends on the kernel only through its occupancy: launches given the same blocks_per_split
+/// do the same arithmetic in the same order.
+DecodePlan plan_decode(const DeviceCache& cache, const DeviceSequences& sequences, const DecodeConfig& config);
+
+/// Device scratch memory of decode_attention: partial results of the splits and of their merge
+/// groups, and arrival counters (zero between launches).
+class DecodeWorkspace {
+ public:
+  DecodeWorkspace() = default;
+  /// Room for `sequences` × `kv_heads` × `max_splits` partial results (and `max_groups` merged
+  /// groups) of `group` heads × `head_dim`.
+  DecodeWorkspace(int sequences, int kv_heads, int group, int head_dim, int max_splits, int max_groups);
+  /// True when it has room for that many.
+  bool fits(int sequences, int kv_heads, int group, int head_dim, int max_splits, int max_groups) const;
+
+  float* partial_o() const { return static_cast<float*>(partial_o_.data()); }
+  float* partial_ml() const { return static_cast<float*>(partial_ml_.data()); }
+  float* group_o() const { return static_cast<float*>(group_o_.data()); }
+  float* group_ml() const { return static_cast<float*>(group_ml_.data()); }
+  uint32_t* counters() const { return static_cast<uint32_t*>(counters_.data()); }
+  /// Partial results per (sequence, KV head) it has room for: the stride the kernels index with.
+  int split_capacity() const { return max_splits_; }
+  /// Merged groups per (sequence, KV head) it has room for.
+  int group_capacity() const { return max_groups_; }
+
+ private:
+  int sequences_ = 0, kv_heads_ = 0, group_ = 0, head_dim_ = 0, max_splits_ = 0, max_groups_ = 0;
+  DeviceBuffer partial_o_, partial_ml_, group_o_, group_ml_, counters_;
+};
+
+/// Decode attention of one query token per sequence over layer `config.layer` of `cache`: the fused
+/// GAAC kernel for a compressed cache, the BF16 twin for a BF16 cache. `q` and `out` are device
+/// arrays `[sequences][q_heads][head_dim]` of BF16 bit patterns; query head h reads KV head
+/// h / (q_heads / kv_heads). The workspace grows when too small. Asynchronous on `stream`.
+DecodePlan decode_attention(const DeviceCache& cache, const DeviceSequences& sequences, const DecodeConfig& config,
+                            const uint16_t* q, uint16_t* out, DecodeWorkspace& workspace, Stream stream = nullptr);
+
+/// Decompress-first: writes every tile that the sequences' blocks hold in `layer` of `compressed`
+/// into `bf16` (made by DeviceCache::bf16_for) as a raw BF16 tile, entries included.
+void decompress(const DeviceCache& compressed, const DeviceSequences& sequences, int layer, DeviceCache& bf16,
+                Stream stream = nullptr);
+
+}  // namespace gaac::cuda

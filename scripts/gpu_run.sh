@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# One call on a GPU machine: take the prebuilt CUDA binaries if they run there (else build them), run
+# the GPU tests, compute-sanitizer memcheck and racecheck on a small case, then the decode-attention
+# benchmark against PyTorch SDPA and FlashInfer. Logs and JSON go to $OUT (default ./gpu-out); a
+# short table is printed last.
+#   scripts/gpu_run.sh [--prebuilt DIR] [--data DIR] [--bench-args "..."] [--skip-tests] [--skip-sanitizer]
+# DATA holds kv/ (bench/gpu/cut_layer.py output), flashinfer-site.tar.xz (optional: FlashInfer and
+# apache-tvm-ffi unpacked from their wheels) and xxhash/ (xxhash.h, for building where pkg-config's
+# libxxhash is missing).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+prebuilt="" data="" bench_args="" skip_tests=0 skip_sanitizer=0 profile="" skip_bench=0
+while [ $# -gt 0 ]; do
+  case $1 in
+    --prebuilt) prebuilt=$2; shift 2 ;;
+    --data) data=$2; shift 2 ;;
+    --bench-args) bench_args=$2; shift 2 ;;
+    --skip-tests) skip_tests=1; shift ;;
+    --skip-sanitizer) skip_sanitizer=1; shift ;;
+    --skip-bench) skip_bench=1; shift ;;
+    --profile) profile=$2; shift 2 ;;  # SHAPE:CTX:BS: Nsight Compute on one GAAC and one twin launch
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+out=${OUT:-$PWD/gpu-out}
+mkdir -p "$out"
+stage() { printf '\n=== %s (t=%ds)\n' "$*" "$SECONDS"; }
+
+stage "device"
+nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit --format=csv
+nvcc --version | tail -1
+
+bin=""
+if [ -n "$prebuilt" ] && "$prebuilt/cuda_decode_test" --gtest_list_tests >/dev/null 2>&1; then
+  bin=$prebuilt
+  echo "using prebuilt binaries from $prebuilt"
+else
+  stage "build"
+  xx=()
+  [ -n "$data" ] && [ -f "$data/xxhash/xxhash.h" ] && xx=(-DGAAC_XXHASH_INCLUDE_DIR="$PWD/$data/xxhash")
+  cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DGAAC_BUILD_BENCHMARKS=OFF -DGAAC_BUILD_TOOLS=OFF \
+    "${xx[@]}" >"$out/cmake.log" 2>&1 || { tail -30 "$out/cmake.log"; exit 1; }
+  ninja -C build-gpu cuda_decode_test lane_decode_test paged_fill_test gaac_gpu_bench >"$out/build.log" 2>&1 ||
+    { tail -40 "$out/build.log"; exit 1; }
+  mkdir -p build-gpu/collected
+  cp build-gpu/tests/cuda_decode_test build-gpu/tests/lane_decode_test build-gpu/tests/paged_fill_test \
+    build-gpu/bench/gpu/libgaac_gpu_bench.so build-gpu/collected/
+  bin=build-gpu/collected
+fi
+
+status=0
+if [ $skip_tests -eq 0 ]; then
+  stage "tests"
+  for t in lane_decode_test paged_fill_test cuda_decode_test; do
+    timeout 300 "$bin/$t" --gtest_brief=1 >"$out/$t.log" 2>&1
+    rc=$?
+    echo "$t: exit $rc"; tail -3 "$out/$t.log"
+    [ $rc -ne 0 ] && { status=1; grep -E "Failure|error|Expected|Which is|differ" "$out/$t.log" | head -30; }
+  done
+fi
+if [ $skip_sanitizer -eq 0 ]; then
+  stage "compute-sanitizer"
+  for tool in memcheck racecheck; do
+    timeout 300 compute-sanitizer --tool $tool --error-exitcode 3 "$bin/cuda_decode_test" \
+      --gtest_filter=GpuDecode.SmallCaseForTheSanitizers >"$out/sanitizer-$tool.log" 2>&1
+    echo "$tool: exit $?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|hazard|Invalid" "$out/sanitizer-$tool.log" | head -5
+  done
+fi
+
+if [ -n "$profile" ]; then
+  stage "nsight compute $profile"
+  timeout 240 ncu --clock-control none --kernel-name regex:decode_attention_kernel --launch-skip 2 --launch-count 2 \
+    --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section InstructionStats \
+    --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis --section SchedulerStats \
+    --metrics sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_fmaheavy.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
+    python3 bench/gpu/bench_decode.py --lib "$bin/libgaac_gpu_bench.so" --out "$out/profile.json" --profile "$profile" \
+    >"$out/ncu.txt" 2>&1
+  echo "ncu: exit $?"
+  grep -E "decode_attention_kernel|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Issue Slots Busy|Issued Ipc|Achieved Occupancy|Registers Per|No Eligible|pipe_alu|pipe_fma|inst_executed.sum|hmma|Warp Cycles Per Issued|Stall" "$out/ncu.txt" | head -60
+fi
+[ $skip_bench -eq 1 ] && { stage "done"; exit $status; }
+
+stage "benchmark"
+if [ -n "$data" ] && [ -f "$data/flashinfer-site.tar.xz" ]; then
+  mkdir -p /tmp/gaac-site && tar -xJf "$data/flashinfer-site.tar.xz" -C /tmp/gaac-site && export PYTHONPATH=/tmp/gaac-site
+fi
+if [ -n "$data" ] && [ -f "$data/flashinfer-jit.tar.xz" ]; then
+  mkdir -p ~/.cache && tar -xJf "$data/flashinfer-jit.tar.xz" -C ~/.cache  # kernels compiled by an earlier call
+fi
+kv_dir=${data:+$data/kv}
+left=$((570 - SECONDS))  # the machine gives a call 600 s
+# shellcheck disable=SC2086
+PYTHONUNBUFFERED=1 timeout $left python3 bench/gpu/bench_decode.py --lib "$bin/libgaac_gpu_bench.so" \
+  --out "$out/bench.json" ${kv_dir:+--kv-dir "$kv_dir"} --budget-s $((left - 75)) $bench_args 2>&1 |
+  grep -v "^  \(gaac\|bf16\)_.*stages\|^$" | tail -70
+if [ -d ~/.cache/flashinfer ]; then
+  tar -cJf "$out/flashinfer-jit.tar.xz" -C ~/.cache flashinfer 2>/dev/null
+  ls -la "$out/flashinfer-jit.tar.xz"
+fi
+stage "done"
+exit $status

@@ -1,0 +1,650 @@
+// The split-context decode-attention kernel over a paged cache (docs/format.md, section 13), in two
+// forms that differ only in how a tile becomes operand registers:
+//   * TileSource::gaac — compressed slots are rebuilt in registers (lane_decode.cuh), raw tiles read
+//     from global memory;
+//   * TileSource::bf16 — its twin over a BF16 cache: tiles read from shared memory with ldmatrix.
+// Everything else — the pipeline, the products, the online softmax, the merges — is the same code,
+// so on the same values both give the same bits.
+//
+// Work split: CTA (split, KV head, sequence) takes up to blocks_per_split consecutive attended
+// blocks of one sequence; its warps take every NW-th block, each streaming its blocks through its own
+// ring of shared-memory stages filled by the copy engine (cp.async.bulk, completion on an mbarrier).
+// Per block, one warp computes S = Q·Kᵀ for all the KV head's query heads (rows of the m16n8k16 A
+// operand) with the tile as B operand, an online softmax, and Oᵀ += Vᵀ·Pᵀ with the value tile as A
+// operand and P straight from the score registers as B operand. The warps' states meet in shared
+// memory, the splits' in global memory, merged by the last CTA of each (sequence, KV head).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+
+#include "cuda/decode_params.hpp"
+#include "cuda/lane_decode.cuh"
+#include "cuda/ptx.cuh"
+#include "cuda/warp.cuh"
+
+namespace gaac::cuda::detail {
+
+/// Fragments of one key tile (B operand of S = Q·Kᵀ): [token half h][channel step s][b0, b1].
+template <int C>
+using KeyFragments = uint32_t[2][C / 16][2];
+/// Fragments of one value tile (A operand of Oᵀ = Vᵀ·Pᵀ): [16-channel block][a0..a3].
+template <int C>
+using ValueFragments = uint32_t[C / 16][4];
+
+/// The lane's tag field of a slot (as load_lane_slot reads it).
+template <int C>
+__device__ __forceinline__ uint32_t lane_tags(const uint8_t* slot, int lane) {
+  using S = lane::SlotShape<C>;
+  if constexpr (C == 128) return *reinterpret_cast<const uint16_t*>(slot + S::kTagOffset + 2 * lane);
+  else return slot[S::kTagOffset + lane];
+}
+
+/// Where each lane's escapes start in each of a block's tiles: one warp scan for every two tiles (two
+/// 16-bit prefix sums in one word; a lane's escapes are at most 40 bytes, a tile's at most 1,280).
+/// Tiles that are not compressed count zero.
+template <int C, int kTiles>
+__device__ __forceinline__ void escape_offsets(const uint8_t* stage, uint32_t tile_stride, const uint32_t (&ent)[kTiles],
+                                               int lane, uint32_t (&offset)[kTiles]) {
+  uint32_t count[kTiles];
+#pragma unroll
+  for (int j = 0; j < kTiles; ++j)
+    count[j] = entry_class(ent[j]) == TileClass::compressed ? lane::escape_bytes_of_lane(lane_tags<C>(stage + j * tile_stride, lane)) : 0u;
+#pragma unroll
+  for (int j = 0; j < kTiles; j += 2) {
+    const uint32_t both = warp_exclusive_scan(count[j] | count[j + 1] << 16, lane);
+    offset[j] = both & 0xFFFFu;
+    offset[j + 1] = both >> 16;
+  }
+}
+
+/// Rebuilds a compressed tile in registers one octet of quads at a time (fewer live registers), given
+/// the lane's escape offset; `use(octet, r0, r1)` receives octet O's eight quads as bf16x2 registers
+/// (quad 8O + q: r0[q] its elements 0 and 2, r1[q] 1 and 3). `base3`/`delta` point at the
+/// lane-interleaved base words of this (kind, half) in shared memory.
+template <int C, bool Key, class Use>
+__device__ __forceinline__ void decode_slot(const uint8_t* slot, int lane, uint32_t offset, const uint4* base3,
+                                            const uint4* delta, const Use& use) {
+  using S = lane::SlotShape<C>;
+  constexpr int kWords = lane::kBaseWords<C, Key>;
+  lane::LaneSlot<C> s;
+  lane::load_lane_slot<C>(slot, lane, s);
+  uint32_t b3[kWords], dl[kWords];
+#pragma unroll
+  for (int w = 0; w < kWords / 4; ++w) {
+    const uint4 x = base3[w * 32 + lane], y = delta[w * 32 + lane];
+    b3[4 * w] = x.x, b3[4 * w + 1] = x.y, b3[4 * w + 2] = x.z, b3[4 * w + 3] = x.w;
+    dl[4 * w] = y.x, dl[4 * w + 1] = y.y, dl[4 * w + 2] = y.z, dl[4 * w + 3] = y.w;
+  }
+  const auto base3_at = [&](int w) {
+    return reinterpret_cast<const uint32_t*>(base3)[((w / 4) * 32 + lane) * 4 + w % 4];
+  };
+  const uint8_t* escapes = slot + S::kEscapeOffset;
+  const lane::LaneEscapes e = lane::lane_escapes<C, Key>(s.tags, escapes, offset, base3_at);
+  [&]<int... O>(std::integer_sequence<int, O...>) {
+    (
+        [&] {
+          uint32_t exponents[8], r0[8], r1[8];
+          lane::octet_exponents<C, Key, O>(s, e, escapes, offset, b3, dl, exponents);
+#pragma unroll
+          for (int q = 0; q < 8; ++q) lane::compose(s.sm[8 * O + q], exponents[q], r0[q], r1[q]);
+          use(std::integral_constant<int, O>{}, r0, r1);
+        }(),
+        ...);
+  }(std::make_integer_sequence<int, S::kOctets>{});
+}
+
+/// Key fragments from the rebuilt quads: quad h·(C/16) + s is (token half h, channel step s).
+template <int C>
+__device__ __forceinline__ void key_from_quads(const uint32_t (&r0)[C / 8], const uint32_t (&r1)[C / 8],
+                                               KeyFragments<C>& kf) {
+#pragma unroll
+  for (int q = 0; q < C / 8; ++q) {
+    kf[q / (C / 16)][q % (C / 16)][0] = r0[q];
+    kf[q / (C / 16)][q % (C / 16)][1] = r1[q];
+  }
+}
+
+/// Value fragments from the rebuilt quads: quads 2p and 2p+1 are rows g and g+8 of A block p.
+template <int C>
+__device__ __forceinline__ void value_from_quads(const uint32_t (&r0)[C / 8], const uint32_t (&r1)[C / 8],
+                                                 ValueFragments<C>& vf) {
+#pragma unroll
+  for (int q = 0; q < C / 8; ++q) {
+    vf[q / 2][q % 2] = r0[q];
+    vf[q / 2][2 + q % 2] = r1[q];
+  }
+}
+
+/// Key fragments of a BF16 tile staged in shared memory (rows of bf16_row_stride(C) bytes).
+template <int C>
+__device__ __forceinline__ void key_from_bf16_tile(const uint8_t* tile, int lane, KeyFragments<C>& kf) {
+  const int m = lane / 8, r = lane % 8;
+  const uint8_t* row = tile + (8 * (m / 2) + r) * bf16_row_stride(C) + (m % 2) * 16;
+#pragma unroll
+  for (int s = 0; s < C / 16; ++s) {
+    uint32_t x[4];
+    ptx::ldmatrix_x4(x, row + 32 * s);
+    kf[0][s][0] = x[0], kf[0][s][1] = x[1], kf[1][s][0] = x[2], kf[1][s][1] = x[3];
+  }
+}
+
+/// Value fragments of a BF16 tile staged in shared memory.
+template <int C>
+__device__ __forceinline__ void value_from_bf16_tile(const uint8_t* tile, int lane, ValueFragments<C>& vf) {
+  const int m = lane / 8, r = lane % 8;
+  const uint8_t* row = tile + (8 * (m / 2) + r) * bf16_row_stride(C) + (m % 2) * 16;
+#pragma unroll
+  for (int p = 0; p < C / 16; ++p) ptx::ldmatrix_x4_trans(vf[p], row + 32 * p);
+}
+
+/// Rows 0..7 and 8..15 of a raw tile in global memory: one unit, or two (the second's index stored
+/// in the first at 16·C) in a cache whose units are smaller than a raw tile.
+struct RawRows {
+  const uint8_t* low;
+  const uint8_t* high;
+};
+
+template <int C>
+__device__ __forceinline__ RawRows raw_rows(const DecodeArgs& a, uint32_t entry) {
+  const uint8_t* first = a.units + a.geometry.unit_offset(entry_unit(entry));
+  if (!a.geometry.raw_split()) return {first, first + 16 * C};
+  const uint32_t second = *reinterpret_cast<const uint32_t*>(first + 16 * C);
+  return {first, a.units + a.geometry.unit_offset(second)};
+}
+
+/// Key fragments of a raw tile read from global memory (the rare path of the GAAC kernel).
+template <int C>
+__device__ __forceinline__ void key_from_raw(const RawRows& rows, int lane, KeyFragments<C>& kf) {
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t* row = reinterpret_cast<const uint32_t*>((h ? rows.high : rows.low) + g * 2 * C);
+#pragma unroll
+    for (int s = 0; s < C / 16; ++s) {
+      kf[h][s][0] = row[8 * s + t];
+      kf[h][s][1] = row[8 * s + 4 + t];
+    }
+  }
+}
+
+/// Value fragments of a raw tile read from global memory.
+template <int C>
+__device__ __forceinline__ void value_from_raw(const RawRows& rows, int lane, ValueFragments<C>& vf) {
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int p = 0; p < C / 16; ++p) {
+#pragma unroll
+    for (int m = 0; m < 4; ++m) {
+      const int channel = 8 * (2 * p + m % 2) + g;
+      const uint16_t* lo = reinterpret_cast<const uint16_t*>((m / 2 ? rows.high : rows.low) + (2 * t) * 2 * C);
+      const uint16_t* hi = reinterpret_cast<const uint16_t*>((m / 2 ? rows.high : rows.low) + (2 * t + 1) * 2 * C);
+      vf[p][m] = static_cast<uint32_t>(lo[channel]) | static_cast<uint32_t>(hi[channel]) << 16;
+    }
+  }
+}
+
+/// Folds fragments into a word the compiler cannot drop (variants that skip the products).
+template <int N>
+__device__ __forceinline__ uint32_t fold(const uint32_t* x) {
+  uint32_t acc = 0;
+#pragma unroll
+  for (int i = 0; i < N; ++i) acc ^= x[i];
+  return acc;
+}
+
+/// Shared-memory base words of (half, key/value, b3/delta).
+template <int C>
+__device__ __forceinline__ const uint4* base_words(const uint8_t* smem_bases, int half, bool key, bool delta) {
+  constexpr int kSteps = C / 16, kQuads = C / 8;
+  const int per_half = 2 * (kSteps + kQuads);
+  const int section = key ? (delta ? kSteps : 0) : (delta ? 2 * kSteps + kQuads : 2 * kSteps);
+  return reinterpret_cast<const uint4*>(smem_bases) + (half * per_half + section) * 8;
+}
+
+/// Publishes this CTA's writes and counts it in at `counter`; true (for every thread) in the CTA that
+/// arrives `expected`-th.
+__device__ __forceinline__ bool last_to_arrive(uint32_t* counter, int expected, int* flag, int tid) {
+  __threadfence();
+  __syncthreads();
+  if (tid == 0) *flag = atomicAdd(counter, 1u) == static_cast<uint32_t>(expected - 1);
+  __syncthreads();
+  const bool last = *flag != 0;
+  if (last) __threadfence();
+  return last;
+}
+
+/// Merges `count` consecutive partial results (running max m, sum l, unnormalised O of `group` heads ×
+/// kD channels), starting at partial `first` of `po`/`pml`, in index order. Final: writes O / L as
+/// bf16 to `out`; otherwise writes the merged (M, L, O) to `dst_o`/`dst_ml`. `scratch`: shared memory
+/// for 8 × 64 weights and 8 × 2 floats; count ≤ 64.
+template <int NW, int kD, bool Final>
+__device__ void merge_partials(const float* po, const float* pml, size_t first, int count, int group, uint8_t* scratch,
+                               uint16_t* out, float* dst_o, float* dst_ml, int tid) {
+  const int warp = tid / 32, lane = tid % 32;
+  float* weight = reinterpret_cast<float*>(scratch);  // [head][64]
+  float* ml = weight + 8 * 64;                        // [head][M, L]
+  for (int head = warp; head < group; head += NW) {
+    float mx = -INFINITY;
+    for (int i = lane; i < count; i += 32) mx = fmaxf(mx, __ldcg(&pml[2 * (first + static_cast<size_t>(i) * group + head)]));
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, d));
+    float l = 0.0f;
+    for (int i = lane; i < count; i += 32) {
+      const size_t at = 2 * (first + static_cast<size_t>(i) * group + head);
+      const float f = mx == -INFINITY ? 0.0f : ptx::exp2_approx(__ldcg(&pml[at]) - mx);
+      weight[head * 64 + i] = f;
+      l += __ldcg(&pml[at + 1]) * f;
+    }
+#pragma unroll
+    for (int d = 16; d > 0; d >>= 1) l += __shfl_xor_sync(0xFFFFFFFFu, l, d);
+    __syncwarp();
+    if (Final) {
+      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      for (int i = lane; i < count; i += 32) weight[head * 64 + i] *= inv;
+    } else if (lane == 0) {
+      ml[2 * head] = mx, ml[2 * head + 1] = l;
+    }
+  }
+  __syncthreads();
+  for (int idx = tid; idx < group * kD; idx += NW * 32) {
+    const int head = idx / kD;
+    const float* src = po + first * kD + idx;
+    const float* w = weight + head * 64;
+    float acc0 = 0.0f, acc1 = 0.0f, acc2 = 0.0f, acc3 = 0.0f;
+    int i = 0;
+    for (; i + 4 <= count; i += 4) {
+      acc0 += __ldcg(src + static_cast<size_t>(i) * group * kD) * w[i];
+      acc1 += __ldcg(src + static_cast<size_t>(i + 1) * group * kD) * w[i + 1];
+      acc2 += __ldcg(src + static_cast<size_t>(i + 2) * group * kD) * w[i + 2];
+      acc3 += __ldcg(src + static_cast<size_t>(i + 3) * group * kD) * w[i + 3];
+    }
+    for (; i < count; ++i) acc0 += __ldcg(src + static_cast<size_t>(i) * group * kD) * w[i];
+    const float acc = (acc0 + acc1) + (acc2 + acc3);
+    if (Final) {
+      out[idx] = static_cast<uint16_t>(ptx::pack_bf16(acc, 0.0f) & 0xFFFFu);
+    } else {
+      dst_o[idx] = acc;
+      if (idx % kD == 0) dst_ml[2 * head] = ml[2 * head], dst_ml[2 * head + 1] = ml[2 * head + 1];
+    }
+  }
+}
+
+/// CTAs per SM the compiler is asked to make room for (registers ≤ 65536 / (CTAs · threads)): three,
+/// as the shared memory of two stages allows, for the GAAC kernel at head_dim 128; else no constraint.
+constexpr int min_ctas_per_sm(int channels, int halves, TileSource source, int stages) {
+  return halves == 1 && stages == 2 && channels == 128 && source == TileSource::gaac ? 3 : 1;
+}
+
+/// The decode-attention kernel; see the top of this file. C: tile channels, P: tiles per head,
+/// NW warps, STAGES stages per warp.
+template <int C, int P, TileSource Src, Work W, int NW, int STAGES>
+__global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, Src, STAGES)) decode_attention_kernel(const DecodeArgs a) {
+  constexpr int kSteps = C / 16;  // k16 steps of Q·Kᵀ per tile, m16 blocks of Vᵀ·Pᵀ per tile
+  constexpr int kD = C * P;
+  constexpr int kTiles = 2 * P;
+  constexpr bool kMath = W == Work::full || W == Work::no_decode;
+  extern __shared__ __align__(128) uint8_t smem[];
+
+  const int seq = static_cast<int>(blockIdx.z), kvh = static_cast<int>(blockIdx.y), split = static_cast<int>(blockIdx.x);
+  const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+
+  const int len = a.lengths[seq];
+  const int row0 = a.indptr[seq];
+  const int first = len > 0 ? first_attended(len - 1, a.window) : 0;
+  const int first_block = first / kTileTokens;
+  const int end_block = min(a.indptr[seq + 1] - row0, (len + kTileTokens - 1) / kTileTokens);
+  const int attended = max(0, end_block - first_block);
+  const int splits = max(1, (attended + a.blocks_per_split - 1) / a.blocks_per_split);
+  if (split >= splits) return;
+  const int cta_first = first_block + split * a.blocks_per_split;
+  const int cta_blocks = max(0, min(cta_first + a.blocks_per_split, end_block) - cta_first);
+
+  const SmemPlan plan =
+      plan_shared_memory(C, P, Src, NW, STAGES, a.tile_stride, a.blocks_per_split);
+  const uint32_t stage_bytes = kTiles * a.tile_stride;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + plan.bars);
+  uint32_t* ents = reinterpret_cast<uint32_t*>(smem + plan.entries);
+  const uint8_t* bases = smem + plan.bases;
+
+  // The CTA's entries and the warps' barriers first, so the first copies start early.
+  for (int i = tid; i < cta_blocks; i += NW * 32) {
+    const uint32_t row = a.rows[row0 + cta_first + i];
+    if (row == kNoRow) {
+#pragma unroll
+      for (int j = 0; j < kTiles; ++j) ents[i * kTiles + j] = kAbsentEntry;
+      continue;
+    }
+    const uint32_t* e = a.entries + a.geometry.entry_index(a.layer, row, kvh, TensorKind::key, 0);
+    if constexpr (kTiles == 2) {
+      const uint2 x = *reinterpret_cast<const uint2*>(e);
+      ents[2 * i] = x.x, ents[2 * i + 1] = x.y;
+    } else {
+      const uint4 x = *reinterpret_cast<const uint4*>(e);
+      ents[4 * i] = x.x, ents[4 * i + 1] = x.y, ents[4 * i + 2] = x.z, ents[4 * i + 3] = x.w;
+    }
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (int s = 0; s < STAGES; ++s) ptx::mbarrier_init(&bars[warp * STAGES + s], 1);
+    ptx::fence_barrier_init();
+  }
+  __syncthreads();
+
+  // Q fragments (A operand, rows = query heads of this KV head; rows ≥ group are zero).
+  uint32_t qf[P][kSteps][2];
+  {
+    const bool real = g < a.group;
+    const uint32_t* qrow =
+        reinterpret_cast<const uint32_t*>(a.q + (static_cast<size_t>(seq) * a.q_heads + kvh * a.group + (real ? g : 0)) * kD);
+#pragma unroll
+    for (int h = 0; h < P; ++h)
+#pragma unroll
+      for (int s = 0; s < kSteps; ++s) {
+        qf[h][s][0] = real ? qrow[(h * C + 16 * s) / 2 + t] : 0u;
+        qf[h][s][1] = real ? qrow[(h * C + 16 * s + 8) / 2 + t] : 0u;
+      }
+  }
+
+  const int mine = cta_blocks > warp ? (cta_blocks - warp + NW - 1) / NW : 0;
+  uint8_t* my_stages = smem + plan.stages + static_cast<uint32_t>(warp * STAGES) * stage_bytes;
+
+  // Starts the copies of the warp's i-th block into stage i % STAGES.
+  const auto issue = [&](int i) {
+    const uint32_t* e = ents + (warp + NW * i) * kTiles;
+    uint8_t* stage = my_stages + static_cast<uint32_t>(i % STAGES) * stage_bytes;
+    uint64_t* bar = &bars[warp * STAGES + i % STAGES];
+    if constexpr (Src == TileSource::gaac) {
+      if (lane == 0) {
+        uint32_t bytes = 0;
+#pragma unroll
+        for (int j = 0; j < kTiles; ++j) bytes += entry_class(e[j]) == TileClass::compressed ? a.geometry.unit_bytes : 0u;
+        ptx::mbarrier_arrive_expect_tx(bar, bytes);
+#pragma unroll
+        for (int j = 0; j < kTiles; ++j)
+          if (entry_class(e[j]) == TileClass::compressed)
+            ptx::bulk_copy_to_shared(stage + j * a.tile_stride, a.units + a.geometry.unit_offset(entry_unit(e[j])),
+                                     a.geometry.unit_bytes, bar);
+      }
+    } else {
+      constexpr uint32_t kRowBytes = 2 * C;
+      if (lane == 0) {
+        uint32_t bytes = 0;
+#pragma unroll
+        for (int j = 0; j < kTiles; ++j) bytes += entry_class(e[j]) == TileClass::raw ? 16 * kRowBytes : 0u;
+        ptx::mbarrier_arrive_expect_tx(bar, bytes);
+      }
+      __syncwarp();
+#pragma unroll
+      for (int r = lane; r < 16 * kTiles; r += 32) {
+        const uint32_t entry = e[r / 16];
+        if (entry_class(entry) == TileClass::raw)
+          ptx::bulk_copy_to_shared(stage + (r / 16) * a.tile_stride + (r % 16) * bf16_row_stride(C),
+                                   a.units + a.geometry.unit_offset(entry_unit(entry)) + (r % 16) * kRowBytes, kRowBytes,
+                                   bar);
+      }
+    }
+  };
+
+  float m_run = -INFINITY, l_run = 0.0f;
+  float o[P][kSteps][4];
+#pragma unroll
+  for (int h = 0; h < P; ++h)
+#pragma unroll
+    for (int p = 0; p < kSteps; ++p) o[h][p][0] = o[h][p][1] = o[h][p][2] = o[h][p][3] = 0.0f;
+  uint32_t sink = 0;
+
+  for (int i = 0; i < STAGES && i < mine; ++i) issue(i);
+
+  // The lane-interleaved base words, while the first tiles are in flight.
+  if constexpr (Src == TileSource::gaac) {
+    constexpr int kPerHalf = 2 * (kSteps + C / 8);
+    uint32_t* words = reinterpret_cast<uint32_t*>(smem + plan.bases);
+    for (int i = tid; i < P * kPerHalf * 32; i += NW * 32) {
+      const int l = i % 32, w = (i / 32) % kPerHalf, half = i / 32 / kPerHalf;
+      const bool key = w < 2 * kSteps;
+      const int k = key ? w % kSteps : (w - 2 * kSteps) % (C / 8);
+      const bool delta = key ? w >= kSteps : w - 2 * kSteps >= C / 8;
+      const TensorKind kind = key ? TensorKind::key : TensorKind::value;
+      const uint8_t* b3 = a.bases + a.geometry.bases_index(a.layer, kind, 0, kvh) + half * C;
+      const uint8_t* b4 = a.bases + a.geometry.bases_index(a.layer, kind, 1, kvh) + half * C;
+      const uint32_t w3 = key ? lane::base_word<C, true>(b3, l, k) : lane::base_word<C, false>(b3, l, k);
+      const uint32_t w4 = key ? lane::base_word<C, true>(b4, l, k) : lane::base_word<C, false>(b4, l, k);
+      const int section = w - k;  // word offset of the section inside the half
+      words[(half * kPerHalf + section) * 32 + ((k / 4) * 32 + l) * 4 + k % 4] = delta ? w4 - w3 : w3;
+    }
+  }
+  __syncthreads();
+
+  for (int i = 0; i < mine; ++i) {
+    ptx::mbarrier_wait(&bars[warp * STAGES + i % STAGES], static_cast<uint32_t>(i / STAGES) & 1u);
+    const uint8_t* stage = my_stages + static_cast<uint32_t>(i % STAGES) * stage_bytes;
+    const uint32_t* e = ents + (warp + NW * i) * kTiles;
+    uint32_t ent[kTiles];
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j) ent[j] = e[j];
+    const int tok0 = (cta_first + warp + NW * i) * kTileTokens;
+
+    if constexpr (W == Work::load_only) {
+#pragma unroll
+      for (int j = 0; j < kTiles; ++j) sink ^= *reinterpret_cast<const uint32_t*>(stage + j * a.tile_stride + 4 * lane);
+    } else {
+      bool key_absent = false;
+#pragma unroll
+      for (int h = 0; h < P; ++h) key_absent |= entry_class(ent[h]) == TileClass::absent;
+      uint32_t offset[kTiles];
+      if constexpr (Src == TileSource::gaac && W != Work::no_decode) escape_offsets<C, kTiles>(stage, a.tile_stride, ent, lane, offset);
+
+      // S = Q·Kᵀ: two accumulation chains per token half.
+      float sacc[2][2][4];
+#pragma unroll
+      for (int h = 0; h < 2; ++h)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) sacc[h][c][0] = sacc[h][c][1] = sacc[h][c][2] = sacc[h][c][3] = 0.0f;
+#pragma unroll
+      for (int half = 0; half < P; ++half) {
+        const TileClass cls = entry_class(ent[half]);
+        const uint8_t* tile = stage + half * a.tile_stride;
+        if (Src == TileSource::gaac && W != Work::no_decode && cls == TileClass::compressed) {
+          decode_slot<C, true>(tile, lane, offset[half], base_words<C>(bases, half, true, false),
+                               base_words<C>(bases, half, true, true),
+                               [&](auto octet, const uint32_t (&r0)[8], const uint32_t (&r1)[8]) {
+#pragma unroll
+                                 for (int q = 0; q < 8; ++q) {
+                                   if constexpr (kMath) {
+                                     const int quad = 8 * decltype(octet)::value + q, h = quad / kSteps, st = quad % kSteps;
+                                     ptx::mma_bf16(sacc[h][st & 1], qf[half][st][0], 0u, qf[half][st][1], 0u, r0[q], r1[q]);
+                                   } else {
+                                     sink ^= r0[q] ^ r1[q];
+                                   }
+                                 }
+                               });
+          continue;
+        }
+        KeyFragments<C> kf;
+        if (Src == TileSource::gaac && cls == TileClass::compressed) {  // Work::no_decode
+          uint32_t r0[C / 8], r1[C / 8];
+          lane::LaneSlot<C> s;
+          lane::load_lane_slot<C>(tile, lane, s);
+#pragma unroll
+          for (int q = 0; q < C / 8; ++q) r0[q] = s.sm[q], r1[q] = s.sm[q] ^ s.words[q % 3];
+          key_from_quads<C>(r0, r1, kf);
+        } else if (cls == TileClass::raw) {
+          if constexpr (Src == TileSource::bf16) key_from_bf16_tile<C>(tile, lane, kf);
+          else key_from_raw<C>(raw_rows<C>(a, ent[half]), lane, kf);
+        } else {
+#pragma unroll
+          for (int h = 0; h < 2; ++h)
+#pragma unroll
+            for (int s = 0; s < kSteps; ++s) kf[h][s][0] = kf[h][s][1] = 0u;
+        }
+        if constexpr (kMath) {
+#pragma unroll
+          for (int s = 0; s < kSteps; ++s)
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+              ptx::mma_bf16(sacc[h][s & 1], qf[half][s][0], 0u, qf[half][s][1], 0u, kf[h][s][0], kf[h][s][1]);
+        } else {
+          sink ^= fold<4 * kSteps>(&kf[0][0][0]);
+        }
+      }
+
+      // Online softmax over the block's 16 tokens (scores in the log2 domain).
+      uint32_t pb0 = 0u, pb1 = 0u;
+      if constexpr (kMath) {
+        float x[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) x[k] = (sacc[k / 2][0][k % 2] + sacc[k / 2][1][k % 2]) * a.scale_log2;
+        if (key_absent || tok0 < first || tok0 + kTileTokens > len) {
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const int pos = tok0 + 8 * (k / 2) + 2 * t + k % 2;
+            if (key_absent || pos < first || pos >= len) x[k] = -INFINITY;
+          }
+        }
+        float tmax = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
+        tmax = fmaxf(tmax, __shfl_xor_sync(0xFFFFFFFFu, tmax, 1));
+        tmax = fmaxf(tmax, __shfl_xor_sync(0xFFFFFFFFu, tmax, 2));
+        const float m_new = fmaxf(m_run, tmax);
+        const float base = m_new == -INFINITY ? 0.0f : m_new;
+        const float alpha = ptx::exp2_approx(m_run - base);
+        float pr[4];
+#pragma unroll
+        for (int k = 0; k < 4; ++k) pr[k] = ptx::exp2_approx(x[k] - base);
+        l_run = l_run * alpha + ((pr[0] + pr[1]) + (pr[2] + pr[3]));
+        m_run = m_new;
+        const float alpha_lo = __shfl_sync(0xFFFFFFFFu, alpha, 8 * t);
+        const float alpha_hi = __shfl_sync(0xFFFFFFFFu, alpha, 8 * t + 4);
+#pragma unroll
+        for (int h = 0; h < P; ++h)
+#pragma unroll
+          for (int p = 0; p < kSteps; ++p) {
+            o[h][p][0] *= alpha_lo, o[h][p][1] *= alpha_hi, o[h][p][2] *= alpha_lo, o[h][p][3] *= alpha_hi;
+          }
+        pb0 = ptx::pack_bf16(pr[0], pr[1]);
+        pb1 = ptx::pack_bf16(pr[2], pr[3]);
+      }
+
+      // Oᵀ += Vᵀ·Pᵀ.
+#pragma unroll
+      for (int half = 0; half < P; ++half) {
+        const TileClass cls = entry_class(ent[P + half]);
+        const uint8_t* tile = stage + (P + half) * a.tile_stride;
+        if (Src == TileSource::gaac && W != Work::no_decode && cls == TileClass::compressed) {
+          decode_slot<C, false>(tile, lane, offset[P + half], base_words<C>(bases, half, false, false),
+                                base_words<C>(bases, half, false, true),
+                                [&](auto octet, const uint32_t (&r0)[8], const uint32_t (&r1)[8]) {
+#pragma unroll
+                                  for (int q = 0; q < 4; ++q) {
+                                    if constexpr (kMath)
+                                      ptx::mma_bf16(o[half][4 * decltype(octet)::value + q], r0[2 * q], r0[2 * q + 1], r1[2 * q],
+                                                    r1[2 * q + 1], pb0, pb1);
+                                    else
+                                      sink ^= r0[2 * q] ^ r0[2 * q + 1] ^ r1[2 * q] ^ r1[2 * q + 1];
+                                  }
+                                });
+          continue;
+        }
+        ValueFragments<C> vf;
+        if (Src == TileSource::gaac && cls == TileClass::compressed) {  // Work::no_decode
+          uint32_t r0[C / 8], r1[C / 8];
+          lane::LaneSlot<C> s;
+          lane::load_lane_slot<C>(tile, lane, s);
+#pragma unroll
+          for (int q = 0; q < C / 8; ++q) r0[q] = s.sm[q], r1[q] = s.sm[q] ^ s.words[q % 3];
+          value_from_quads<C>(r0, r1, vf);
+        } else if (cls == TileClass::raw) {
+          if constexpr (Src == TileSource::bf16) value_from_bf16_tile<C>(tile, lane, vf);
+          else value_from_raw<C>(raw_rows<C>(a, ent[P + half]), lane, vf);
+        } else {
+#pragma unroll
+          for (int p = 0; p < kSteps; ++p) vf[p][0] = vf[p][1] = vf[p][2] = vf[p][3] = 0u;
+        }
+        if constexpr (kMath) {
+#pragma unroll
+          for (int p = 0; p < kSteps; ++p) ptx::mma_bf16(o[half][p], vf[p][0], vf[p][1], vf[p][2], vf[p][3], pb0, pb1);
+        } else {
+          sink ^= fold<4 * kSteps>(&vf[0][0]);
+        }
+      }
+    }
+    __syncwarp();
+    if (i + STAGES < mine) issue(i + STAGES);
+  }
+  if (sink == a.sink_magic && a.sink_magic != 0u) a.partial_ml[0] = 1.0f;  // keeps the sink alive
+
+  // Warps meet in shared memory (the stages are idle now: every copy issued has been waited for).
+  float l_sum = l_run + __shfl_xor_sync(0xFFFFFFFFu, l_run, 1);
+  l_sum += __shfl_xor_sync(0xFFFFFFFFu, l_sum, 2);
+  __syncthreads();
+  float* wm = reinterpret_cast<float*>(smem + plan.stages);
+  float* wl = wm + NW * 8;
+  float* wo = wl + NW * 8;
+  if (t == 0) wm[warp * 8 + g] = m_run, wl[warp * 8 + g] = l_sum;
+#pragma unroll
+  for (int h = 0; h < P; ++h)
+#pragma unroll
+    for (int p = 0; p < kSteps; ++p)
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        const int head = 2 * t + k % 2, channel = h * C + 16 * p + g + 8 * (k / 2);
+        wo[(warp * 8 + head) * kD + channel] = o[h][p][k];
+      }
+  __syncthreads();
+
+  const int group = a.group;
+  const size_t pair = static_cast<size_t>(seq) * a.geometry.kv_heads + kvh;
+  uint16_t* out = a.out + (static_cast<size_t>(seq) * a.q_heads + kvh * group) * kD;
+  for (int idx = tid; idx < group * kD; idx += NW * 32) {
+    const int head = idx / kD, channel = idx % kD;
+    float mx = -INFINITY;
+#pragma unroll
+    for (int w = 0; w < NW; ++w) mx = fmaxf(mx, wm[w * 8 + head]);
+    float l = 0.0f, acc = 0.0f;
+    if (mx != -INFINITY) {
+#pragma unroll
+      for (int w = 0; w < NW; ++w) {
+        const float f = ptx::exp2_approx(wm[w * 8 + head] - mx);
+        l += wl[w * 8 + head] * f;
+        acc += wo[(w * 8 + head) * kD + channel] * f;
+      }
+    }
+    if (splits == 1) {
+      out[idx] = static_cast<uint16_t>(ptx::pack_bf16(l > 0.0f ? acc / l : 0.0f, 0.0f) & 0xFFFFu);
+    } else {
+      const size_t at = (pair * a.max_splits + split) * group + head;
+      a.partial_o[at * kD + channel] = acc;
+      if (channel == 0) a.partial_ml[2 * at] = mx, a.partial_ml[2 * at + 1] = l;
+    }
+  }
+  if (splits == 1) return;
+
+  // Two-level merge: the last CTA of each merge group merges the group's splits; the last group to be
+  // merged merges the groups. Arrival order changes who merges, never the order of the sums.
+  const int per_group = a.merge_group;
+  const int groups = (splits + per_group - 1) / per_group;
+  const int my_group = split / per_group;
+  const int group_first = my_group * per_group;
+  const int group_count = min(per_group, splits - group_first);
+  uint32_t* counters = a.counters + pair * (a.max_groups + 1);
+  int* flag = reinterpret_cast<int*>(smem + plan.flag);
+  const size_t part0 = pair * a.max_splits * group;   // partial (split 0, head 0) of this pair
+  const size_t group0 = pair * a.max_groups * group;  // merged group 0 of this pair
+  if (!last_to_arrive(&counters[my_group], group_count, flag, tid)) return;
+  if (groups == 1) {
+    merge_partials<NW, kD, true>(a.partial_o, a.partial_ml, part0 + group_first * group, group_count, group, smem + plan.stages,
+                                 out, nullptr, nullptr, tid);
+    if (tid == 0) counters[my_group] = 0u;
+    return;
+  }
+  merge_partials<NW, kD, false>(a.partial_o, a.partial_ml, part0 + group_first * group, group_count, group, smem + plan.stages,
+                                nullptr, a.group_o + (group0 + my_group * group) * kD, a.group_ml + 2 * (group0 + my_group * group), tid);
+  if (tid == 0) counters[my_group] = 0u;
+  if (!last_to_arrive(&counters[a.max_groups], groups, flag, tid)) return;
+  merge_partials<NW, kD, true>(a.group_o, a.group_ml, group0, groups, group, smem + plan.stages, out, nullptr, nullptr, tid);
+  if (tid == 0) counters[a.max_groups] = 0u;
+}
+
+}  // namespace gaac::cuda::detail

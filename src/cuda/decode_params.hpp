@@ -1,0 +1,108 @@
+// What the host hands the decode-attention kernels: plain data shared by the launcher (.cu, host
+// side) and the kernels. No device code.
+#pragma once
+
+#include <cstdint>
+
+#include "gaac/paged_layout.hpp"
+
+namespace gaac::cuda::detail {
+
+/// Where a kernel's tiles come from: compressed slots (with raw tiles beside them) or a BF16 cache.
+enum class TileSource : uint8_t { gaac = 0, bf16 = 1 };
+
+/// Parts of the work a kernel variant does (for time breakdowns); `full` is attention.
+enum class Work : uint8_t {
+  full = 0,       ///< load, rebuild, Q·Kᵀ, softmax, P·V
+  no_math = 1,    ///< load and rebuild the operand registers; no products, no softmax
+  no_decode = 2,  ///< load, then products on the stored words as if they were operands (GAAC only)
+  load_only = 3,  ///< bring every tile into shared memory, touch one word per lane
+};
+
+/// Arguments of one decode-attention launch (one layer, a batch of sequences, one query token each).
+struct DecodeArgs {
+  // The cache (device pointers), docs/format.md section 13.
+  PagedGeometry geometry;            ///< layout numbers of the cache
+  const uint8_t* units = nullptr;    ///< the unit pool
+  const uint32_t* entries = nullptr; ///< the block table
+  const uint8_t* bases = nullptr;    ///< exponent bases [layers][K, V][b3, b4][kv_heads][head_dim]; null for a BF16 cache
+  int layer = 0;                     ///< the layer attended
+  int window = 0;                    ///< sliding window of the layer in tokens, 0 for full attention
+  // The batch (CSR sequence table, device pointers).
+  int sequences = 0;                 ///< sequences in the batch (gridDim.z)
+  const int32_t* indptr = nullptr;   ///< sequences + 1 offsets into rows
+  const uint32_t* rows = nullptr;    ///< block rows of every sequence's blocks
+  const int32_t* lengths = nullptr;  ///< tokens per sequence; the query is the newest token
+  // The problem.
+  const uint16_t* q = nullptr;  ///< [sequences][q_heads][head_dim] bf16
+  uint16_t* out = nullptr;      ///< [sequences][q_heads][head_dim] bf16
+  int q_heads = 0;
+  int group = 0;                ///< query heads per KV head (q_heads / kv_heads, at most 8)
+  float scale_log2 = 0.0f;      ///< softmax scale × log2(e)
+  // The split of each sequence's blocks over CTAs.
+  int blocks_per_split = 1;
+  int max_splits = 1;           ///< partial results the workspace holds per (sequence, KV head), ≥ gridDim.x
+  // Workspace (device). The splits of a (sequence, KV head) merge in two levels: the last CTA of each
+  // merge group of `merge_group` consecutive splits merges the group, the last group merges the groups.
+  int merge_group = 1;          ///< splits per merge group
+  int max_groups = 1;           ///< merged groups the workspace holds per (sequence, KV head)
+  float* partial_o = nullptr;   ///< [sequences][kv_heads][max_splits][group][head_dim]
+  float* partial_ml = nullptr;  ///< [sequences][kv_heads][max_splits][group][2]: running max (log2), sum
+  float* group_o = nullptr;     ///< [sequences][kv_heads][max_groups][group][head_dim]: merged groups
+  float* group_ml = nullptr;    ///< [sequences][kv_heads][max_groups][group][2]
+  uint32_t* counters = nullptr; ///< [sequences][kv_heads][max_groups + 1], zero between launches
+  // Shared-memory layout (bytes).
+  uint32_t tile_stride = 0;     ///< bytes of one tile in a pipeline stage
+  uint32_t sink_magic = 0;      ///< value the no_math / load_only sinks are compared with (never equal)
+};
+
+}  // namespace gaac::cuda::detail
+
+namespace gaac::cuda::detail {
+
+/// Warps per CTA of the decode kernels: each streams its own blocks through its own stages.
+inline constexpr int kDecodeWarps = 4;
+/// Largest number of blocks one CTA takes (its entries are staged in shared memory).
+inline constexpr int kMaxBlocksPerSplit = 512;
+/// Largest number of splits per (sequence, KV head) the final merge handles.
+inline constexpr int kMaxSplits = 1024;  // merge groups of at most 32, at most 32 groups
+/// Padded row of a BF16 tile in shared memory: 2·C bytes + 16, so ldmatrix's eight rows of a matrix
+/// fall in different banks.
+GAAC_HOST_DEVICE constexpr uint32_t bf16_row_stride(int channels) { return 2u * static_cast<uint32_t>(channels) + 16u; }
+
+/// Byte offsets of the parts of a decode CTA's dynamic shared memory.
+struct SmemPlan {
+  uint32_t stages = 0;   ///< NW × STAGES stages of 2·P tiles each (reused by the merges afterwards)
+  uint32_t bars = 0;     ///< one mbarrier per stage
+  uint32_t entries = 0;  ///< block-table entries of the CTA's blocks
+  uint32_t bases = 0;    ///< per half: key b3, key b4−b3, value b3, value b4−b3 words, lane-interleaved
+  uint32_t flag = 0;     ///< the last-CTA flag of the final merge
+  uint32_t total = 0;
+};
+
+/// Shared-memory plan for a CTA of `warps` warps with `stages` stages of tiles of `tile_stride` bytes
+/// and up to `blocks` blocks, tiles of C channels, P halves.
+GAAC_HOST_DEVICE constexpr SmemPlan plan_shared_memory(int channels, int halves, TileSource source, int warps,
+                                                       int stages, uint32_t tile_stride, int blocks) {
+  const auto align16 = [](uint32_t x) { return (x + 15u) & ~15u; };
+  const uint32_t tiles = 2u * static_cast<uint32_t>(halves);
+  const uint32_t head_dim = static_cast<uint32_t>(channels * halves);
+  const uint32_t stage_bytes = static_cast<uint32_t>(warps * stages) * tiles * tile_stride;
+  const uint32_t warp_merge = static_cast<uint32_t>(warps) * 8u * (2u + head_dim) * 4u;
+  const uint32_t split_merge = 8u * 64u * 4u + 8u * 2u * 4u;  // weights of up to 64 partials per head, M and L
+  SmemPlan plan;
+  plan.stages = 0;
+  const uint32_t region = align16(stage_bytes > warp_merge ? (stage_bytes > split_merge ? stage_bytes : split_merge)
+                                                           : (warp_merge > split_merge ? warp_merge : split_merge));
+  plan.bars = region;
+  plan.entries = plan.bars + static_cast<uint32_t>(warps * stages) * 8u;
+  plan.bases = align16(plan.entries + static_cast<uint32_t>(blocks) * tiles * 4u);
+  const uint32_t base_words = source == TileSource::gaac
+                                  ? static_cast<uint32_t>(halves) * 2u * static_cast<uint32_t>(channels / 16 + channels / 8)
+                                  : 0u;
+  plan.flag = plan.bases + base_words * 32u * 4u;
+  plan.total = plan.flag + 16u;
+  return plan;
+}
+
+}  // namespace gaac::cuda::detail

@@ -1,0 +1,171 @@
+// Device memory for the paged cache and the sequence tables: plain cudaMalloc allocations and copies.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <string>
+
+#include "cuda/check.hpp"
+#include "gaac/cuda.hpp"
+#include "gaac/error.hpp"
+
+namespace gaac::cuda {
+
+bool device_available() {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();  // clear the sticky "no driver" error
+    return false;
+  }
+  return count > 0;
+}
+
+std::string device_description() {
+  int device = 0;
+  check(cudaGetDevice(&device), "cudaGetDevice");
+  cudaDeviceProp prop{};
+  check(cudaGetDeviceProperties(&prop, device), "cudaGetDeviceProperties");
+  return std::string(prop.name) + ", " + std::to_string(prop.multiProcessorCount) + " SMs, compute capability " +
+         std::to_string(prop.major) + "." + std::to_string(prop.minor);
+}
+
+DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
+  if (bytes > 0) check(cudaMalloc(&data_, bytes), "cudaMalloc of " + std::to_string(bytes) + " bytes");
+}
+
+DeviceBuffer::~DeviceBuffer() {
+  if (data_) cudaFree(data_);
+}
+
+DeviceBuffer::DeviceBuffer(DeviceBuffer&& other) noexcept : data_(other.data_), bytes_(other.bytes_) {
+  other.data_ = nullptr;
+  other.bytes_ = 0;
+}
+
+DeviceBuffer& DeviceBuffer::operator=(DeviceBuffer&& other) noexcept {
+  if (this != &other) {
+    if (data_) cudaFree(data_);
+    data_ = other.data_;
+    bytes_ = other.bytes_;
+    other.data_ = nullptr;
+    other.bytes_ = 0;
+  }
+  return *this;
+}
+
+void DeviceBuffer::upload(const void* src, size_t bytes, size_t offset) {
+  if (offset + bytes > bytes_) throw Error("DeviceBuffer::upload past the end of the allocation");
+  if (bytes > 0) check(cudaMemcpy(static_cast<char*>(data_) + offset, src, bytes, cudaMemcpyHostToDevice), "cudaMemcpy to device");
+}
+
+void DeviceBuffer::download(void* dst, size_t bytes, size_t offset) const {
+  if (offset + bytes > bytes_) throw Error("DeviceBuffer::download past the end of the allocation");
+  if (bytes > 0)
+    check(cudaMemcpy(dst, static_cast<const char*>(data_) + offset, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy to host");
+}
+
+namespace {
+constexpr size_t kPoolPadding = 16;  // kernels read up to 8 bytes past a slot's escapes
+}
+
+DeviceCache DeviceCache::upload(const PagedCacheView& host, uint32_t units) {
+  const PagedGeometry& geo = host.geometry;
+  if (geo.unit_bytes % 16 != 0) throw Error("DeviceCache: unit size is not a multiple of 16 bytes");
+  DeviceCache cache;
+  cache.units_ = units;
+  const size_t pool = static_cast<size_t>(units) * geo.unit_bytes;
+  cache.units_buffer_ = DeviceBuffer(pool + kPoolPadding);
+  cache.units_buffer_.upload(host.units, pool);
+  check(cudaMemset(static_cast<char*>(cache.units_buffer_.data()) + pool, 0, kPoolPadding), "cudaMemset");
+  cache.entries_buffer_ = DeviceBuffer(geo.table_entries() * 4);
+  cache.entries_buffer_.upload(host.entries, geo.table_entries() * 4);
+  if (host.bases) {
+    cache.bases_buffer_ = DeviceBuffer(geo.bases_bytes());
+    cache.bases_buffer_.upload(host.bases, geo.bases_bytes());
+  }
+  cache.windows_.assign(static_cast<size_t>(geo.layers), 0);
+  if (host.windows) std::copy(host.windows, host.windows + geo.layers, cache.windows_.begin());
+  cache.windows_buffer_ = DeviceBuffer(cache.windows_.size() * 4);
+  cache.windows_buffer_.upload(cache.windows_.data(), cache.windows_.size() * 4);
+  cache.view_ = {geo, static_cast<const uint8_t*>(cache.units_buffer_.data()),
+                 static_cast<const uint32_t*>(cache.entries_buffer_.data()),
+                 static_cast<const uint8_t*>(cache.bases_buffer_.data()),
+                 static_cast<const int32_t*>(cache.windows_buffer_.data())};
+  return cache;
+}
+
+DeviceCache DeviceCache::bf16_for(const PagedGeometry& like, int window) {
+  PagedGeometry geo = like;
+  geo.layers = 1;
+  geo.unit_bytes = static_cast<uint32_t>(geo.raw_tile_bytes());
+  const size_t entries = geo.table_entries();
+  if (entries > kMaxUnits) throw Error("DeviceCache::bf16_for: too many entries for one unit each");
+  DeviceCache cache;
+  cache.units_ = static_cast<uint32_t>(entries);
+  cache.units_buffer_ = DeviceBuffer(entries * geo.unit_bytes + kPoolPadding);
+  cache.entries_buffer_ = DeviceBuffer(entries * 4);
+  check(cudaMemset(cache.entries_buffer_.data(), 0xFF, entries * 4), "cudaMemset");  // invalid until written
+  cache.windows_ = {window};
+  cache.windows_buffer_ = DeviceBuffer(4);
+  cache.windows_buffer_.upload(cache.windows_.data(), 4);
+  cache.view_ = {geo, static_cast<const uint8_t*>(cache.units_buffer_.data()),
+                 static_cast<const uint32_t*>(cache.entries_buffer_.data()), nullptr,
+                 static_cast<const int32_t*>(cache.windows_buffer_.data())};
+  return cache;
+}
+
+void DeviceCache::download(std::vector<uint8_t>& units, std::vector<uint32_t>& entries) const {
+  const PagedGeometry& geo = view_.geometry;
+  units.resize(static_cast<size_t>(units_) * geo.unit_bytes);
+  entries.resize(geo.table_entries());
+  units_buffer_.download(units.data(), units.size());
+  entries_buffer_.download(entries.data(), entries.size() * 4);
+}
+
+DeviceSequences DeviceSequences::upload(const SequenceTableView& host) {
+  DeviceSequences seqs;
+  const int n = host.sequences;
+  if (n < 1) throw Error("DeviceSequences: a batch needs at least one sequence");
+  seqs.lengths_.assign(host.lengths, host.lengths + n);
+  seqs.blocks_.resize(static_cast<size_t>(n));
+  for (int s = 0; s < n; ++s) {
+    seqs.blocks_[static_cast<size_t>(s)] = host.indptr[s + 1] - host.indptr[s];
+    if (seqs.blocks_[static_cast<size_t>(s)] * kTileTokens < host.lengths[s] || host.lengths[s] < 0)
+      throw Error("DeviceSequences: sequence " + std::to_string(s) + " has fewer blocks than its length needs");
+  }
+  seqs.total_blocks_ = host.indptr[n];
+  seqs.indptr_ = DeviceBuffer(static_cast<size_t>(n + 1) * 4);
+  seqs.indptr_.upload(host.indptr, static_cast<size_t>(n + 1) * 4);
+  seqs.rows_ = DeviceBuffer(static_cast<size_t>(std::max(seqs.total_blocks_, 1)) * 4);
+  seqs.rows_.upload(host.rows, static_cast<size_t>(seqs.total_blocks_) * 4);
+  seqs.lengths_buffer_ = DeviceBuffer(static_cast<size_t>(n) * 4);
+  seqs.lengths_buffer_.upload(host.lengths, static_cast<size_t>(n) * 4);
+  seqs.view_ = {n, static_cast<const int32_t*>(seqs.indptr_.data()), static_cast<const uint32_t*>(seqs.rows_.data()),
+                static_cast<const int32_t*>(seqs.lengths_buffer_.data())};
+  return seqs;
+}
+
+int DeviceSequences::attended_blocks(int s, int window) const {
+  const int len = length(s);
+  if (len <= 0) return 0;
+  const int first = first_attended(len - 1, window) / kTileTokens;
+  return std::min(blocks(s), (len + kTileTokens - 1) / kTileTokens) - first;
+}
+
+DecodeWorkspace::DecodeWorkspace(int sequences, int kv_heads, int group, int head_dim, int max_splits, int max_groups)
+    : sequences_(sequences), kv_heads_(kv_heads), group_(group), head_dim_(head_dim), max_splits_(max_splits),
+      max_groups_(max_groups) {
+  const size_t pairs = static_cast<size_t>(sequences) * kv_heads;
+  partial_o_ = DeviceBuffer(pairs * max_splits * group * head_dim * 4);
+  partial_ml_ = DeviceBuffer(pairs * max_splits * group * 2 * 4);
+  group_o_ = DeviceBuffer(pairs * max_groups * group * head_dim * 4);
+  group_ml_ = DeviceBuffer(pairs * max_groups * group * 2 * 4);
+  counters_ = DeviceBuffer(pairs * (max_groups + 1) * 4);
+  check(cudaMemset(counters_.data(), 0, counters_.bytes()), "cudaMemset");
+}
+
+bool DecodeWorkspace::fits(int sequences, int kv_heads, int group, int head_dim, int max_splits, int max_groups) const {
+  return sequences <= sequences_ && kv_heads == kv_heads_ && group <= group_ && head_dim <= head_dim_ &&
+         max_splits <= max_splits_ && max_groups <= max_groups_;
+}
+
+}  // namespace gaac::cuda

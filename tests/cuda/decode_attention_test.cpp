@@ -1,0 +1,294 @@
+// Decode attention on the GPU: the fused GAAC kernel gives the same bits as its BF16 twin on the same
+// values, decompress-first gives them too, and all are within bf16 rounding of an fp64 reference —
+// on realistic caches and adversarial ones (all raw, slots exactly full, every mode in one lane,
+// short and odd lengths, splits that do not divide the context, sliding windows, shuffled units).
+// Skipped, with a message, where no CUDA device exists.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "cuda/paged_fill.hpp"
+#include "gaac/bf16.hpp"
+#include "gaac/calibration.hpp"
+#include "gaac/cuda.hpp"
+#include "gaac/synthetic.hpp"
+
+namespace gaac {
+namespace {
+
+using namespace gaac::cuda;
+
+class GpuDecode : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    if (!device_available()) GTEST_SKIP() << "no CUDA device: GPU decode-attention tests skipped";
+  }
+};
+
+/// One cache and batch to check.
+struct Case {
+  int kv_heads = 8;
+  int group = 4;
+  int head_dim = 128;
+  std::vector<int> lengths = {1000};
+  int window = 0;
+  int blocks_per_split = 0;  // 0: the planner's
+  enum class Data { synthetic, every_mode } data = Data::synthetic;
+  bool zero_bases = false;           // every group raw: every tile falls back to raw
+  int escape_capacity = -1;          // -1: the calibration's
+  uint64_t shuffle_seed = 12345;
+  uint64_t seed = 1;
+};
+
+/// A one-layer dump whose exponents lie, per group of channels, in the 3-bit window with
+/// probability p3, else the 4-bit one with p4, else anywhere in [100, 140]: every mode in every lane.
+KvDump every_mode_dump(int tokens, int kv, int hd, uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  KvDump d;
+  d.layers.resize(1);
+  for (KvTensor* t : {&d.layers[0].k, &d.layers[0].v}) {
+    t->tokens = tokens, t->kv_heads = kv, t->head_dim = hd;
+    t->data.resize(t->elements());
+    for (size_t i = 0; i < t->data.size(); ++i) {
+      const double u = std::uniform_real_distribution<double>(0, 1)(rng);
+      const int centre = 118 + static_cast<int>(i % static_cast<size_t>(hd)) % 5;
+      const int e = u < 0.6 ? centre + static_cast<int>(rng() % 8)
+                    : u < 0.97 ? centre - 4 + static_cast<int>(rng() % 16)
+                               : 100 + static_cast<int>(rng() % 41);
+      t->data[i] = static_cast<uint16_t>((rng() & 1) << 15 | e << 7 | (rng() & 0x7F));
+    }
+  }
+  return d;
+}
+
+std::vector<KvDump> make_sequences(const Case& c) {
+  std::vector<KvDump> seqs;
+  for (size_t s = 0; s < c.lengths.size(); ++s) {
+    if (c.data == Case::Data::every_mode) {
+      seqs.push_back(every_mode_dump(c.lengths[s], c.kv_heads, c.head_dim, c.seed * 977 + s));
+    } else {
+      SyntheticKvSpec spec;
+      spec.layers = 1, spec.kv_heads = c.kv_heads, spec.head_dim = c.head_dim, spec.tokens = c.lengths[s];
+      spec.seed = c.seed * 131 + s;
+      seqs.push_back(make_synthetic_kv(spec));
+    }
+  }
+  return seqs;
+}
+
+/// fp64 attention of sequence s, query head h over positions first..len-1.
+std::vector<double> reference(const KvDump& d, const std::vector<uint16_t>& q, int s, int h, const Case& c) {
+  const int len = d.layers[0].k.tokens, hd = c.head_dim, kvh = h / c.group, heads = c.kv_heads * c.group;
+  const int first = first_attended(len - 1, c.window);
+  const double scale = 1.0 / std::sqrt(static_cast<double>(hd));
+  std::vector<double> scores;
+  double mx = -INFINITY;
+  for (int pos = first; pos < len; ++pos) {
+    double dot = 0;
+    for (int ch = 0; ch < hd; ++ch)
+      dot += static_cast<double>(bf16_to_float(q[(static_cast<size_t>(s) * heads + h) * hd + ch])) *
+             bf16_to_float(d.layers[0].k.at(pos, kvh, ch));
+    scores.push_back(dot * scale);
+    mx = std::max(mx, dot * scale);
+  }
+  std::vector<double> out(static_cast<size_t>(hd), 0.0);
+  double sum = 0;
+  for (int pos = first; pos < len; ++pos) {
+    const double p = std::exp(scores[static_cast<size_t>(pos - first)] - mx);
+    sum += p;
+    for (int ch = 0; ch < hd; ++ch) out[static_cast<size_t>(ch)] += p * bf16_to_float(d.layers[0].v.at(pos, kvh, ch));
+  }
+  for (double& x : out) x /= sum;
+  return out;
+}
+
+struct Outputs {
+  std::vector<uint16_t> gaac, twin, decompress_first;
+  FillCounts counts;
+};
+
+/// Builds both caches, runs the three paths with the same split, checks the decompressed tiles and
+/// the fp64 tolerance, and returns the outputs for the bit-exactness checks.
+Outputs run_case(const Case& c) {
+  const std::vector<KvDump> seqs = make_sequences(c);
+  std::vector<const KvDump*> ptrs;
+  for (const KvDump& d : seqs) ptrs.push_back(&d);
+  CalibrationTable table = calibrate(ptrs);
+  if (c.zero_bases) {
+    for (const TensorKind kind : {TensorKind::key, TensorKind::value})
+      for (int h = 0; h < c.kv_heads; ++h) {
+        std::ranges::fill(table.b3(kind, 0, h), uint8_t{0});
+        std::ranges::fill(table.b4(kind, 0, h), uint8_t{0});
+      }
+  }
+  FillOptions gaac_options;
+  gaac_options.calibration = &table;
+  gaac_options.windows = {c.window};
+  gaac_options.shuffle_seed = c.shuffle_seed;
+  if (c.escape_capacity >= 0) gaac_options.escape_capacity = static_cast<size_t>(c.escape_capacity), gaac_options.escape_capacity_set = true;
+  FillOptions bf16_options = gaac_options;
+  bf16_options.format = FillFormat::bf16;
+  HostSequenceTable table_gaac, table_bf16;
+  const HostPagedCache host_gaac = fill_paged_cache(ptrs, gaac_options, table_gaac);
+  const HostPagedCache host_bf16 = fill_paged_cache(ptrs, bf16_options, table_bf16);
+
+  const DeviceCache dev_gaac = DeviceCache::upload(host_gaac.view(), host_gaac.unit_count);
+  const DeviceCache dev_bf16 = DeviceCache::upload(host_bf16.view(), host_bf16.unit_count);
+  const DeviceSequences dev_seqs = DeviceSequences::upload(table_gaac.view());
+  DeviceCache dev_decompressed = DeviceCache::bf16_for(host_gaac.geometry, c.window);
+
+  const int heads = c.kv_heads * c.group, hd = c.head_dim, n = static_cast<int>(c.lengths.size());
+  std::mt19937_64 rng(c.seed + 99);
+  std::normal_distribution<float> normal(0.0f, 1.0f);
+  std::vector<uint16_t> q(static_cast<size_t>(n) * heads * hd);
+  for (uint16_t& x : q) x = float_to_bf16(normal(rng));
+  DeviceBuffer dq(q.size() * 2), dout(q.size() * 2);
+  dq.upload(q.data(), q.size() * 2);
+
+  DecodeConfig config;
+  config.q_heads = heads;
+  config.blocks_per_split = c.blocks_per_split > 0 ? c.blocks_per_split : plan_decode(dev_gaac, dev_seqs, config).blocks_per_split;
+  DecodeWorkspace ws;
+  const std::vector<uint16_t> poison(q.size(), 0xFFFF);  // NaN: any element left unwritten fails
+  const auto run = [&](const DeviceCache& cache) {
+    dout.upload(poison.data(), poison.size() * 2);
+    decode_attention(cache, dev_seqs, config, static_cast<const uint16_t*>(dq.data()), static_cast<uint16_t*>(dout.data()), ws);
+    std::vector<uint16_t> out(q.size());
+    dout.download(out.data(), out.size() * 2);  // synchronises, and reports launch errors
+    return out;
+  };
+  Outputs o;
+  o.counts = host_gaac.counts;
+  o.gaac = run(dev_gaac);
+  o.twin = run(dev_bf16);
+  decompress(dev_gaac, dev_seqs, 0, dev_decompressed);
+  o.decompress_first = run(dev_decompressed);
+
+  // The decompressed tiles are the BF16 cache's tiles, bit for bit.
+  std::vector<uint8_t> units;
+  std::vector<uint32_t> entries;
+  dev_decompressed.download(units, entries);
+  const PagedGeometry& dg = dev_decompressed.view().geometry;
+  for (size_t r = 0; r < table_bf16.rows.size(); ++r)
+    for (int h = 0; h < c.kv_heads; ++h)
+      for (const TensorKind kind : {TensorKind::key, TensorKind::value})
+        for (int half = 0; half < dg.halves(); ++half) {
+          const uint32_t want = host_bf16.entries[host_bf16.geometry.entry_index(0, table_bf16.rows[r], h, kind, half)];
+          const uint32_t got = entries[dg.entry_index(0, table_bf16.rows[r], h, kind, half)];
+          EXPECT_EQ(entry_class(got), entry_class(want)) << "row " << r << " head " << h;
+          if (entry_class(want) != TileClass::raw || entry_class(got) != TileClass::raw) continue;
+          EXPECT_EQ(0, std::memcmp(units.data() + dg.unit_offset(entry_unit(got)),
+                                   host_bf16.units.data() + host_bf16.geometry.unit_offset(entry_unit(want)),
+                                   host_bf16.geometry.unit_bytes))
+              << "decompressed tile differs: row " << r << " head " << h << " kind " << int(kind) << " half " << half;
+        }
+
+  // Within bf16 rounding of fp64 attention (P and the output are rounded to bf16).
+  double worst = 0;
+  for (int s = 0; s < n; ++s)
+    for (int h = 0; h < heads; ++h) {
+      const std::vector<double> ref = reference(seqs[static_cast<size_t>(s)], q, s, h, c);
+      double err = 0, norm = 0;
+      for (int ch = 0; ch < hd; ++ch) {
+        const double got = bf16_to_float(o.gaac[(static_cast<size_t>(s) * heads + h) * hd + ch]);
+        EXPECT_FALSE(std::isnan(got)) << "seq " << s << " head " << h << " channel " << ch << " not written or NaN";
+        err += (got - ref[static_cast<size_t>(ch)]) * (got - ref[static_cast<size_t>(ch)]);
+        norm += ref[static_cast<size_t>(ch)] * ref[static_cast<size_t>(ch)];
+      }
+      worst = std::max(worst, std::sqrt(err / std::max(norm, 1e-30)));
+    }
+  EXPECT_LT(worst, 1e-2) << "relative L2 error against fp64";
+  return o;
+}
+
+void expect_identical(const Outputs& o) {
+  ASSERT_EQ(o.gaac.size(), o.twin.size());
+  size_t differ = 0;
+  for (size_t i = 0; i < o.gaac.size(); ++i) differ += o.gaac[i] != o.twin[i];
+  EXPECT_EQ(differ, 0u) << "GAAC and BF16-twin outputs differ in " << differ << " of " << o.gaac.size() << " elements";
+  EXPECT_EQ(o.decompress_first, o.twin) << "decompress-first differs from the twin";
+}
+
+TEST_F(GpuDecode, SmallCaseForTheSanitizers) {
+  Case c;
+  c.kv_heads = 2, c.lengths = {17, 40}, c.blocks_per_split = 1;
+  expect_identical(run_case(c));
+}
+
+TEST_F(GpuDecode, RealisticMixHeadDim128) {
+  Case c;
+  c.lengths = {3000};
+  const Outputs o = run_case(c);
+  EXPECT_GT(o.counts.compressed_tiles, 0u);
+  expect_identical(o);
+}
+
+TEST_F(GpuDecode, HeadDims64And256AndGroupSizes) {
+  for (const auto& [kv, group, hd] : {std::tuple{3, 3, 64}, std::tuple{1, 4, 256}, std::tuple{2, 8, 128},
+                                     std::tuple{4, 1, 128}, std::tuple{1, 5, 64}}) {
+    Case c;
+    c.kv_heads = kv, c.group = group, c.head_dim = hd, c.lengths = {700, 1234};
+    SCOPED_TRACE(testing::Message() << "kv " << kv << " group " << group << " head_dim " << hd);
+    expect_identical(run_case(c));
+  }
+}
+
+TEST_F(GpuDecode, OddLengthsAndSplitsThatDoNotDivide) {
+  Case c;
+  c.kv_heads = 2;
+  c.lengths = {1, 15, 16, 17, 33, 100, 1000, 4097};
+  for (const int bps : {1, 3, 7, 0}) {
+    c.blocks_per_split = bps;
+    SCOPED_TRACE(testing::Message() << "blocks per split " << bps);
+    expect_identical(run_case(c));
+  }
+}
+
+TEST_F(GpuDecode, AllTilesRaw) {
+  Case c;
+  c.kv_heads = 2, c.lengths = {300, 517}, c.zero_bases = true;
+  const Outputs o = run_case(c);
+  EXPECT_EQ(o.counts.compressed_tiles, 0u);
+  EXPECT_GT(o.counts.raw_tiles, 0u);
+  expect_identical(o);
+}
+
+TEST_F(GpuDecode, SlotsExactlyFull) {
+  // Capacities at which some tiles need exactly every escape byte of their slot.
+  for (const int cap : {16, 32, 48}) {
+    Case c;
+    c.kv_heads = 4, c.lengths = {2000}, c.escape_capacity = cap;
+    SCOPED_TRACE(testing::Message() << "capacity " << cap);
+    const Outputs o = run_case(c);
+    EXPECT_GT(o.counts.exactly_full_slots, 0u);
+    EXPECT_GT(o.counts.raw_tiles, 0u);
+    expect_identical(o);
+  }
+}
+
+TEST_F(GpuDecode, EveryModeInEveryLane) {
+  for (const int hd : {64, 128}) {
+    Case c;
+    c.kv_heads = 2, c.head_dim = hd, c.lengths = {999}, c.data = Case::Data::every_mode;
+    c.escape_capacity = static_cast<int>(TileShape{TensorKind::key, hd}.max_slot_capacity());
+    SCOPED_TRACE(testing::Message() << "head_dim " << hd);
+    const Outputs o = run_case(c);
+    EXPECT_GT(o.counts.compressed_tiles, 0u);
+    expect_identical(o);
+  }
+}
+
+TEST_F(GpuDecode, SlidingWindow) {
+  Case c;
+  c.kv_heads = 2, c.lengths = {1000, 77, 2500}, c.window = 300;
+  const Outputs o = run_case(c);
+  EXPECT_GT(o.counts.absent_tiles, 0u);
+  expect_identical(o);
+}
+
+}  // namespace
+}  // namespace gaac

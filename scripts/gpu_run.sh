@@ -40,10 +40,10 @@ else
   [ -n "$data" ] && [ -f "$data/xxhash/xxhash.h" ] && xx=(-DGAAC_XXHASH_INCLUDE_DIR="$PWD/$data/xxhash")
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DGAAC_BUILD_BENCHMARKS=OFF -DGAAC_BUILD_TOOLS=OFF \
     "${xx[@]}" >"$out/cmake.log" 2>&1 || { tail -30 "$out/cmake.log"; exit 1; }
-  ninja -C build-gpu cuda_decode_test lane_decode_test paged_fill_test gaac_gpu_bench >"$out/build.log" 2>&1 ||
+  ninja -C build-gpu cuda_decode_test lane_decode_test gaac_gpu_bench >"$out/build.log" 2>&1 ||
     { tail -40 "$out/build.log"; exit 1; }
   mkdir -p build-gpu/collected
-  cp build-gpu/tests/cuda_decode_test build-gpu/tests/lane_decode_test build-gpu/tests/paged_fill_test \
+  cp build-gpu/tests/cuda_decode_test build-gpu/tests/lane_decode_test \
     build-gpu/bench/gpu/libgaac_gpu_bench.so build-gpu/collected/
   bin=build-gpu/collected
 fi
@@ -51,7 +51,7 @@ fi
 status=0
 if [ $skip_tests -eq 0 ]; then
   stage "tests"
-  for t in lane_decode_test paged_fill_test cuda_decode_test; do
+  for t in lane_decode_test cuda_decode_test; do
     timeout 300 "$bin/$t" --gtest_brief=1 >"$out/$t.log" 2>&1
     rc=$?
     echo "$t: exit $rc"; tail -3 "$out/$t.log"

@@ -12,6 +12,10 @@
 
 struct CUstream_st;
 
+namespace gaac {
+class KvCache;
+}
+
 namespace gaac::cuda {
 
 /// A CUDA stream (cudaStream_t); null is the default stream.
@@ -50,9 +54,10 @@ class DeviceBuffer {
 /// layout of the host cache it was copied from.
 class DeviceCache {
  public:
-  /// Copies a host cache (its pointers are host memory) holding `units` units to the device. The pool
-  /// gets 16 bytes of padding past its last unit: the kernels may read that far.
-  static DeviceCache upload(const PagedCacheView& host, uint32_t units);
+  /// Copies a host cache to the device, in its layout: the pool up to its last unit in use (units past
+  /// it hold nothing a kernel reads), the whole block table, the bases and the windows. The pool gets
+  /// 16 bytes of padding past its last unit: the kernels may read that far.
+  static DeviceCache upload(const KvCache& host);
   /// An empty BF16 cache of one layer with the given KV heads, head width and rows, one unit for every
   /// entry: what decompress() writes.
   static DeviceCache bf16_for(const PagedGeometry& like, int window);

@@ -2,11 +2,13 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstring>
 #include <string>
 
 #include "cuda/check.hpp"
 #include "gaac/cuda.hpp"
 #include "gaac/error.hpp"
+#include "gaac/kv_cache.hpp"
 
 namespace gaac::cuda {
 
@@ -64,12 +66,36 @@ void DeviceBuffer::download(void* dst, size_t bytes, size_t offset) const {
 }
 
 namespace {
+
 constexpr size_t kPoolPadding = 16;  // kernels read up to 8 bytes past a slot's escapes
+
+
+/// Units from 0 up to the last one a tile of the table holds (for a raw tile in two units, its second
+/// one too): the part of the pool worth copying.
+uint32_t units_in_use(const PagedCacheView& host) {
+  const PagedGeometry& geo = host.geometry;
+  uint32_t end = 0;
+  for (size_t i = 0; i < geo.table_entries(); ++i) {
+    const uint32_t e = host.entries[i];
+    if (entry_class(e) == TileClass::absent) continue;
+    const uint32_t unit = entry_unit(e);
+    end = std::max(end, unit + 1);
+    if (entry_class(e) == TileClass::raw && geo.raw_split()) {
+      uint32_t second = 0;
+      std::memcpy(&second, host.units + geo.unit_offset(unit) + geo.partner_offset(), sizeof second);
+      end = std::max(end, second + 1);
+    }
+  }
+  return end;
 }
 
-DeviceCache DeviceCache::upload(const PagedCacheView& host, uint32_t units) {
+}  // namespace
+
+DeviceCache DeviceCache::upload(const KvCache& host_cache) {
+  const PagedCacheView host = host_cache.view();
   const PagedGeometry& geo = host.geometry;
   if (geo.unit_bytes % 16 != 0) throw Error("DeviceCache: unit size is not a multiple of 16 bytes");
+  const uint32_t units = units_in_use(host);
   DeviceCache cache;
   cache.units_ = units;
   const size_t pool = static_cast<size_t>(units) * geo.unit_bytes;

@@ -9,9 +9,9 @@
 // Work split: CTA (split, KV head, sequence) takes up to blocks_per_split consecutive attended
 // blocks of one sequence; its warps take every NW-th block, each streaming its blocks through its own
 // ring of shared-memory stages filled by the copy engine (cp.async.bulk, completion on an mbarrier).
-// Per block, one warp computes S = Q·Kᵀ for all the KV head's query heads (rows of the m16n8k16 A
-// operand) with the tile as B operand, an online softmax, and Oᵀ += Vᵀ·Pᵀ with the value tile as A
-// operand and P straight from the score registers as B operand. The warps' states meet in shared
+// Per block, one warp computes Sᵀ = K·Qᵀ with the key tile as the m16n8k16 A operand (16 tokens) and
+// the KV head's query heads as the columns of B (up to 8: no zero rows), an online softmax, and
+// Oᵀ += Vᵀ·Pᵀ with the value tile as A operand and Pᵀ, transposed in registers (movmatrix), as B. The warps' states meet in shared
 // memory, the splits' in global memory, merged by the last CTA of each (sequence, KV head).
 #pragma once
 
@@ -63,21 +63,25 @@ __device__ __forceinline__ void escape_offsets(const uint8_t* stage, uint32_t ti
 /// Rebuilds a compressed tile in registers one octet of quads at a time (fewer live registers), given
 /// the lane's escape offset; `use(octet, r0, r1)` receives octet O's eight quads as bf16x2 registers
 /// (quad 8O + q: r0[q] its elements 0 and 2, r1[q] 1 and 3). `base3`/`delta` point at the
-/// lane-interleaved base words of this (kind, half) in shared memory.
+/// lane-interleaved base words of this (kind, half) in shared memory: a key tile's are read once (both
+/// token halves share them), a value tile's octet by octet.
 template <int C, bool Key, class Use>
 __device__ __forceinline__ void decode_slot(const uint8_t* slot, int lane, uint32_t offset, const uint4* base3,
                                             const uint4* delta, const Use& use) {
   using S = lane::SlotShape<C>;
-  constexpr int kWords = lane::kBaseWords<C, Key>;
+  constexpr int kKeyWords = Key ? S::kSteps : 4;
   lane::LaneSlot<C> s;
   lane::load_lane_slot<C>(slot, lane, s);
-  uint32_t b3[kWords], dl[kWords];
+  const auto load_words = [&](int first, int count, uint32_t* b3, uint32_t* dl) {
 #pragma unroll
-  for (int w = 0; w < kWords / 4; ++w) {
-    const uint4 x = base3[w * 32 + lane], y = delta[w * 32 + lane];
-    b3[4 * w] = x.x, b3[4 * w + 1] = x.y, b3[4 * w + 2] = x.z, b3[4 * w + 3] = x.w;
-    dl[4 * w] = y.x, dl[4 * w + 1] = y.y, dl[4 * w + 2] = y.z, dl[4 * w + 3] = y.w;
-  }
+    for (int w = 0; w < count / 4; ++w) {
+      const uint4 x = base3[(first / 4 + w) * 32 + lane], y = delta[(first / 4 + w) * 32 + lane];
+      b3[4 * w] = x.x, b3[4 * w + 1] = x.y, b3[4 * w + 2] = x.z, b3[4 * w + 3] = x.w;
+      dl[4 * w] = y.x, dl[4 * w + 1] = y.y, dl[4 * w + 2] = y.z, dl[4 * w + 3] = y.w;
+    }
+  };
+  uint32_t kb3[kKeyWords], kdl[kKeyWords];
+  if constexpr (Key) load_words(0, kKeyWords, kb3, kdl);
   const auto base3_at = [&](int w) {
     return reinterpret_cast<const uint32_t*>(base3)[((w / 4) * 32 + lane) * 4 + w % 4];
   };
@@ -87,7 +91,13 @@ __device__ __forceinline__ void decode_slot(const uint8_t* slot, int lane, uint3
     (
         [&] {
           uint32_t exponents[8], r0[8], r1[8];
-          lane::octet_exponents<C, Key, O>(s, e, escapes, offset, b3, dl, exponents);
+          if constexpr (Key) {
+            lane::octet_exponents<C, Key, O>(s, e, escapes, offset, kb3, kdl, exponents);
+          } else {
+            uint32_t vb3[8], vdl[8];
+            load_words(8 * O, 8, vb3, vdl);
+            lane::octet_exponents<C, Key, O>(s, e, escapes, offset, vb3, vdl, exponents);
+          }
 #pragma unroll
           for (int q = 0; q < 8; ++q) lane::compose(s.sm[8 * O + q], exponents[q], r0[q], r1[q]);
           use(std::integral_constant<int, O>{}, r0, r1);
@@ -272,10 +282,15 @@ __device__ void merge_partials(const float* po, const float* pml, size_t first, 
   }
 }
 
-/// CTAs per SM the compiler is asked to make room for (registers ≤ 65536 / (CTAs · threads)): three,
+/// How far (log2 units) a block's maximum score may pass a head's reference maximum before the
+/// reference moves and the accumulators are rescaled: probabilities stay below 2^8, far inside the
+/// range of fp32 sums and of the bf16 probabilities P·V multiplies.
+inline constexpr float kRescaleSlack = 8.0f;
+
+/// CTAs per SM the compiler is asked to make room for (registers ≤ 65536 / (CTAs · threads)): four,
 /// as the shared memory of two stages allows, for the GAAC kernel at head_dim 128; else no constraint.
 constexpr int min_ctas_per_sm(int channels, int halves, TileSource source, int stages) {
-  return halves == 1 && stages == 2 && channels == 128 && source == TileSource::gaac ? 3 : 1;
+  return halves == 1 && stages == 2 && channels == 128 && source == TileSource::gaac ? 4 : 1;
 }
 
 /// The decode-attention kernel; see the top of this file. C: tile channels, P: tiles per head,
@@ -388,7 +403,10 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, Src, STAGES)) d
     }
   };
 
-  float m_run = -INFINITY, l_run = 0.0f;
+  // Online-softmax state of the lane's two query heads 2t and 2t+1 (log2 domain): the reference
+  // maximum m (raised only when a block's maximum passes it by more than kRescaleSlack, so the
+  // accumulators are rarely rescaled) and the lane's part of the sum l (its tokens g and g+8).
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
   float o[P][kSteps][4];
 #pragma unroll
   for (int h = 0; h < P; ++h)
@@ -437,27 +455,30 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, Src, STAGES)) d
       uint32_t offset[kTiles];
       if constexpr (Src == TileSource::gaac && W != Work::no_decode) escape_offsets<C, kTiles>(stage, a.tile_stride, ent, lane, offset);
 
-      // S = Q·Kᵀ: two accumulation chains per token half.
-      float sacc[2][2][4];
+      // Sᵀ = K·Qᵀ: the key tile is the A operand (token rows g and g+8, channel step s: quads s and
+      // kSteps + s), Q the B operand (heads as columns: no zero rows), two accumulation chains.
+      // sacc[c]: token g heads 2t, 2t+1, then token g+8 heads 2t, 2t+1.
+      float sacc[2][4];
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) sacc[h][c][0] = sacc[h][c][1] = sacc[h][c][2] = sacc[h][c][3] = 0.0f;
+      for (int c = 0; c < 2; ++c) sacc[c][0] = sacc[c][1] = sacc[c][2] = sacc[c][3] = 0.0f;
 #pragma unroll
       for (int half = 0; half < P; ++half) {
         const TileClass cls = entry_class(ent[half]);
         const uint8_t* tile = stage + half * a.tile_stride;
         if (Src == TileSource::gaac && W != Work::no_decode && cls == TileClass::compressed) {
+          uint32_t low0[kSteps], low1[kSteps];  // token half 0 of each channel step, until half 1 arrives
           decode_slot<C, true>(tile, lane, offset[half], base_words<C>(bases, half, true, false),
                                base_words<C>(bases, half, true, true),
                                [&](auto octet, const uint32_t (&r0)[8], const uint32_t (&r1)[8]) {
 #pragma unroll
                                  for (int q = 0; q < 8; ++q) {
-                                   if constexpr (kMath) {
-                                     const int quad = 8 * decltype(octet)::value + q, h = quad / kSteps, st = quad % kSteps;
-                                     ptx::mma_bf16(sacc[h][st & 1], qf[half][st][0], 0u, qf[half][st][1], 0u, r0[q], r1[q]);
+                                   const int quad = 8 * decltype(octet)::value + q, h = quad / kSteps, st = quad % kSteps;
+                                   if (h == 0) {
+                                     low0[st] = r0[q], low1[st] = r1[q];
+                                   } else if constexpr (kMath) {
+                                     ptx::mma_bf16(sacc[st & 1], low0[st], r0[q], low1[st], r1[q], qf[half][st][0], qf[half][st][1]);
                                    } else {
-                                     sink ^= r0[q] ^ r1[q];
+                                     sink ^= low0[st] ^ low1[st] ^ r0[q] ^ r1[q];
                                    }
                                  }
                                });
@@ -483,48 +504,68 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, Src, STAGES)) d
         if constexpr (kMath) {
 #pragma unroll
           for (int s = 0; s < kSteps; ++s)
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-              ptx::mma_bf16(sacc[h][s & 1], qf[half][s][0], 0u, qf[half][s][1], 0u, kf[h][s][0], kf[h][s][1]);
+            ptx::mma_bf16(sacc[s & 1], kf[0][s][0], kf[1][s][0], kf[0][s][1], kf[1][s][1], qf[half][s][0], qf[half][s][1]);
         } else {
           sink ^= fold<4 * kSteps>(&kf[0][0][0]);
         }
       }
 
-      // Online softmax over the block's 16 tokens (scores in the log2 domain).
+      // Online softmax over the block's 16 tokens. Scores are scaled into the log2 domain inside the
+      // exponent's argument (one FFMA); a head's reference maximum moves only when the block's
+      // maximum passes it by more than kRescaleSlack, and the accumulators are rescaled only when
+      // some head of the warp moved (probabilities stay below 2^kRescaleSlack).
       uint32_t pb0 = 0u, pb1 = 0u;
       if constexpr (kMath) {
         float x[4];
 #pragma unroll
-        for (int k = 0; k < 4; ++k) x[k] = (sacc[k / 2][0][k % 2] + sacc[k / 2][1][k % 2]) * a.scale_log2;
+        for (int k = 0; k < 4; ++k) x[k] = sacc[0][k] + sacc[1][k];
         if (key_absent || tok0 < first || tok0 + kTileTokens > len) {
 #pragma unroll
           for (int k = 0; k < 4; ++k) {
-            const int pos = tok0 + 8 * (k / 2) + 2 * t + k % 2;
+            const int pos = tok0 + g + 8 * (k / 2);
             if (key_absent || pos < first || pos >= len) x[k] = -INFINITY;
           }
         }
-        float tmax = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
-        tmax = fmaxf(tmax, __shfl_xor_sync(0xFFFFFFFFu, tmax, 1));
-        tmax = fmaxf(tmax, __shfl_xor_sync(0xFFFFFFFFu, tmax, 2));
-        const float m_new = fmaxf(m_run, tmax);
-        const float base = m_new == -INFINITY ? 0.0f : m_new;
-        const float alpha = ptx::exp2_approx(m_run - base);
+        float mx[2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) mx[j] = fmaxf(x[j], x[2 + j]);
+#pragma unroll
+        for (int d = 4; d < 32; d <<= 1)
+#pragma unroll
+          for (int j = 0; j < 2; ++j) mx[j] = fmaxf(mx[j], __shfl_xor_sync(0xFFFFFFFFu, mx[j], d));
+        bool moves[2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          mx[j] *= a.scale_log2;
+          moves[j] = mx[j] > m_run[j] + kRescaleSlack;
+        }
+        if (__any_sync(0xFFFFFFFFu, moves[0] || moves[1])) {
+          float alpha[2];
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            alpha[j] = moves[j] ? ptx::exp2_approx(m_run[j] - mx[j]) : 1.0f;
+            m_run[j] = moves[j] ? mx[j] : m_run[j];
+            l_run[j] *= alpha[j];
+          }
+#pragma unroll
+          for (int h = 0; h < P; ++h)
+#pragma unroll
+            for (int p = 0; p < kSteps; ++p) {
+              o[h][p][0] *= alpha[0], o[h][p][1] *= alpha[1], o[h][p][2] *= alpha[0], o[h][p][3] *= alpha[1];
+            }
+        }
         float pr[4];
 #pragma unroll
-        for (int k = 0; k < 4; ++k) pr[k] = ptx::exp2_approx(x[k] - base);
-        l_run = l_run * alpha + ((pr[0] + pr[1]) + (pr[2] + pr[3]));
-        m_run = m_new;
-        const float alpha_lo = __shfl_sync(0xFFFFFFFFu, alpha, 8 * t);
-        const float alpha_hi = __shfl_sync(0xFFFFFFFFu, alpha, 8 * t + 4);
-#pragma unroll
-        for (int h = 0; h < P; ++h)
-#pragma unroll
-          for (int p = 0; p < kSteps; ++p) {
-            o[h][p][0] *= alpha_lo, o[h][p][1] *= alpha_hi, o[h][p][2] *= alpha_lo, o[h][p][3] *= alpha_hi;
-          }
-        pb0 = ptx::pack_bf16(pr[0], pr[1]);
-        pb1 = ptx::pack_bf16(pr[2], pr[3]);
+        for (int k = 0; k < 4; ++k) {
+          const float base = m_run[k % 2] == -INFINITY ? 0.0f : m_run[k % 2];
+          pr[k] = ptx::exp2_approx(fmaf(x[k], a.scale_log2, -base));
+        }
+        l_run[0] += pr[0] + pr[2];
+        l_run[1] += pr[1] + pr[3];
+        // Pᵀ as the B operand of Vᵀ·Pᵀ (tokens 2t, 2t+1 | 2t+8, 2t+9 of head g): the transposes of the
+        // lane's (token g | g+8; heads 2t, 2t+1) pairs.
+        pb0 = ptx::movmatrix_trans(ptx::pack_bf16(pr[0], pr[1]));
+        pb1 = ptx::movmatrix_trans(ptx::pack_bf16(pr[2], pr[3]));
       }
 
       // Oᵀ += Vᵀ·Pᵀ.
@@ -576,13 +617,21 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, Src, STAGES)) d
   if (sink == a.sink_magic && a.sink_magic != 0u) a.partial_ml[0] = 1.0f;  // keeps the sink alive
 
   // Warps meet in shared memory (the stages are idle now: every copy issued has been waited for).
-  float l_sum = l_run + __shfl_xor_sync(0xFFFFFFFFu, l_run, 1);
-  l_sum += __shfl_xor_sync(0xFFFFFFFFu, l_sum, 2);
+  float l_sum[2];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    l_sum[j] = l_run[j];
+#pragma unroll
+    for (int d = 4; d < 32; d <<= 1) l_sum[j] += __shfl_xor_sync(0xFFFFFFFFu, l_sum[j], d);
+  }
   __syncthreads();
   float* wm = reinterpret_cast<float*>(smem + plan.stages);
   float* wl = wm + NW * 8;
   float* wo = wl + NW * 8;
-  if (t == 0) wm[warp * 8 + g] = m_run, wl[warp * 8 + g] = l_sum;
+  if (g == 0) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) wm[warp * 8 + 2 * t + j] = m_run[j], wl[warp * 8 + 2 * t + j] = l_sum[j];
+  }
 #pragma unroll
   for (int h = 0; h < P; ++h)
 #pragma unroll

@@ -340,17 +340,25 @@ GAAC_LANE_INLINE uint32_t base_word(const uint8_t* bases, int lane, int word) {
 template <int C, bool Key>
 inline constexpr int kBaseWords = Key ? SlotShape<C>::kSteps : SlotShape<C>::kQuads;
 
+/// Index, in the base words octet_exponents takes for octet O, of the word of its quad q: keys pass
+/// all of the lane's words (one per channel step, shared by both token halves), values only the
+/// octet's eight (one per quad, one channel each).
+template <int C, bool Key>
+GAAC_LANE_INLINE constexpr int octet_base_word(int octet, int q) {
+  return Key ? base_word_of_quad<C, true>(8 * octet + q) : q;
+}
+
 /// Exponent bytes of the eight quads 8O..8O+7 of a lane (an octet: one token half of a key tile of
-/// 128 channels, eight channels of a value tile). `base3w`/`deltaw` are the lane's base words
-/// (kBaseWords, in registers); `escapes`/`offset` as for lane_escapes, whose result `e` is.
+/// 128 channels, eight channels of a value tile). `base3w`/`deltaw` are base words in registers (see
+/// octet_base_word); `escapes`/`offset` as for lane_escapes, whose result `e` is.
 template <int C, bool Key, int O>
 GAAC_LANE_INLINE void octet_exponents(const LaneSlot<C>& s, const LaneEscapes& e, const uint8_t* escapes, uint32_t offset,
                                       const uint32_t* base3w, const uint32_t* deltaw, uint32_t (&exponents)[8]) {
   uint32_t b3[8], dl[8];
   GAAC_LANE_UNROLL
   for (int q = 0; q < 8; ++q) {
-    b3[q] = base3w[base_word_of_quad<C, Key>(8 * O + q)];
-    dl[q] = deltaw[base_word_of_quad<C, Key>(8 * O + q)];
+    b3[q] = base3w[octet_base_word<C, Key>(O, q)];
+    dl[q] = deltaw[octet_base_word<C, Key>(O, q)];
   }
   [&]<int... Q>(std::integer_sequence<int, Q...>) {
     ((exponents[Q] = quad_exponents<C, 8 * O + Q>(s, e, b3[Q], dl[Q])), ...);
@@ -370,7 +378,8 @@ GAAC_LANE_INLINE void lane_exponents(const LaneSlot<C>& s, const uint8_t* escape
     (
         [&] {
           uint32_t octet[8];
-          octet_exponents<C, Key, O>(s, e, escapes, offset, base3w, deltaw, octet);
+          constexpr int kFirstWord = Key ? 0 : 8 * O;
+          octet_exponents<C, Key, O>(s, e, escapes, offset, base3w + kFirstWord, deltaw + kFirstWord, octet);
           for (int q = 0; q < 8; ++q) exponents[8 * O + q] = octet[q];
         }(),
         ...);

@@ -72,6 +72,9 @@ class DeviceCache {
   bool compressed() const { return view_.geometry.raw_split(); }
   /// Copies the pool and the block table back to host memory (for tests and tools).
   void download(std::vector<uint8_t>& units, std::vector<uint32_t>& entries) const;
+  /// The bases as the decode kernel's lanes read them (one block of words per layer and KV head, made
+  /// from the bases at upload); null for a BF16 cache.
+  const uint32_t* lane_bases() const { return static_cast<const uint32_t*>(lane_bases_buffer_.data()); }
   /// Writable device pointers of the pool and the table, for kernels that fill the cache.
   uint8_t* units_data() const { return static_cast<uint8_t*>(units_buffer_.data()); }
   uint32_t* entries_data() const { return static_cast<uint32_t*>(entries_buffer_.data()); }
@@ -80,7 +83,7 @@ class DeviceCache {
   PagedCacheView view_;
   std::vector<int32_t> windows_;
   uint32_t units_ = 0;
-  DeviceBuffer units_buffer_, entries_buffer_, bases_buffer_, windows_buffer_;
+  DeviceBuffer units_buffer_, entries_buffer_, bases_buffer_, lane_bases_buffer_, windows_buffer_;
 };
 
 /// The sequence tables of a batch in device memory, with the host-side numbers a launch needs.

@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "cuda/decode_params.hpp"
+#include "cuda/lane_bases.hpp"
 #include "cuda/lane_decode.cuh"
 #include "cuda/ptx.cuh"
 #include "cuda/warp.cuh"
@@ -372,17 +373,18 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, Src, STAGES)) d
     uint8_t* stage = my_stages + static_cast<uint32_t>(i % STAGES) * stage_bytes;
     uint64_t* bar = &bars[warp * STAGES + i % STAGES];
     if constexpr (Src == TileSource::gaac) {
-      if (lane == 0) {
-        uint32_t bytes = 0;
-#pragma unroll
-        for (int j = 0; j < kTiles; ++j) bytes += entry_class(e[j]) == TileClass::compressed ? a.geometry.unit_bytes : 0u;
-        ptx::mbarrier_arrive_expect_tx(bar, bytes);
-#pragma unroll
-        for (int j = 0; j < kTiles; ++j)
-          if (entry_class(e[j]) == TileClass::compressed)
-            ptx::bulk_copy_to_shared(stage + j * a.tile_stride, a.units + a.geometry.unit_offset(entry_unit(e[j])),
-                                     a.geometry.unit_bytes, bar);
+      // Lane j copies tile j when it is compressed (raw tiles are read from global memory), announcing
+      // its bytes first; lane 0 arrives once every lane has.
+      if (lane < kTiles) {
+        const uint32_t entry = e[lane];
+        if (entry_class(entry) == TileClass::compressed) {
+          ptx::mbarrier_expect_tx(bar, a.geometry.unit_bytes);
+          ptx::bulk_copy_to_shared(stage + lane * a.tile_stride, a.units + a.geometry.unit_offset(entry_unit(entry)),
+                                   a.geometry.unit_bytes, bar);
+        }
       }
+      __syncwarp();
+      if (lane == 0) ptx::mbarrier_arrive(bar);
     } else {
       constexpr uint32_t kRowBytes = 2 * C;
       if (lane == 0) {
@@ -416,23 +418,12 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, Src, STAGES)) d
 
   for (int i = 0; i < STAGES && i < mine; ++i) issue(i);
 
-  // The lane-interleaved base words, while the first tiles are in flight.
+  // The lane-interleaved base words of this (layer, head), while the first tiles are in flight.
   if constexpr (Src == TileSource::gaac) {
-    constexpr int kPerHalf = 2 * (kSteps + C / 8);
-    uint32_t* words = reinterpret_cast<uint32_t*>(smem + plan.bases);
-    for (int i = tid; i < P * kPerHalf * 32; i += NW * 32) {
-      const int l = i % 32, w = (i / 32) % kPerHalf, half = i / 32 / kPerHalf;
-      const bool key = w < 2 * kSteps;
-      const int k = key ? w % kSteps : (w - 2 * kSteps) % (C / 8);
-      const bool delta = key ? w >= kSteps : w - 2 * kSteps >= C / 8;
-      const TensorKind kind = key ? TensorKind::key : TensorKind::value;
-      const uint8_t* b3 = a.bases + a.geometry.bases_index(a.layer, kind, 0, kvh) + half * C;
-      const uint8_t* b4 = a.bases + a.geometry.bases_index(a.layer, kind, 1, kvh) + half * C;
-      const uint32_t w3 = key ? lane::base_word<C, true>(b3, l, k) : lane::base_word<C, false>(b3, l, k);
-      const uint32_t w4 = key ? lane::base_word<C, true>(b4, l, k) : lane::base_word<C, false>(b4, l, k);
-      const int section = w - k;  // word offset of the section inside the half
-      words[(half * kPerHalf + section) * 32 + ((k / 4) * 32 + l) * 4 + k % 4] = delta ? w4 - w3 : w3;
-    }
+    constexpr uint32_t kVectors = lane_base_words(C, P) / 4;
+    const uint4* src = reinterpret_cast<const uint4*>(a.lane_bases + lane_bases_index(a.geometry, a.layer, kvh));
+    uint4* dst = reinterpret_cast<uint4*>(smem + plan.bases);
+    for (uint32_t i = static_cast<uint32_t>(tid); i < kVectors; i += NW * 32) dst[i] = src[i];
   }
   __syncthreads();
 
@@ -539,14 +530,18 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, Src, STAGES)) d
           mx[j] *= a.scale_log2;
           moves[j] = mx[j] > m_run[j] + kRescaleSlack;
         }
-        if (__any_sync(0xFFFFFFFFu, moves[0] || moves[1])) {
-          float alpha[2];
+        // A head's first reference needs no rescaling (its accumulators are still zero).
+        bool rescale = false;
+        float alpha[2];
 #pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            alpha[j] = moves[j] ? ptx::exp2_approx(m_run[j] - mx[j]) : 1.0f;
-            m_run[j] = moves[j] ? mx[j] : m_run[j];
-            l_run[j] *= alpha[j];
-          }
+        for (int j = 0; j < 2; ++j) {
+          alpha[j] = moves[j] ? ptx::exp2_approx(m_run[j] - mx[j]) : 1.0f;
+          rescale |= moves[j] && m_run[j] != -INFINITY;
+          m_run[j] = moves[j] ? mx[j] : m_run[j];
+        }
+        if (__any_sync(0xFFFFFFFFu, rescale)) {
+#pragma unroll
+          for (int j = 0; j < 2; ++j) l_run[j] *= alpha[j];
 #pragma unroll
           for (int h = 0; h < P; ++h)
 #pragma unroll

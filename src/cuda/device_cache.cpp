@@ -4,8 +4,10 @@
 #include <algorithm>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "cuda/check.hpp"
+#include "cuda/lane_bases.hpp"
 #include "gaac/cuda.hpp"
 #include "gaac/error.hpp"
 #include "gaac/kv_cache.hpp"
@@ -107,6 +109,10 @@ DeviceCache DeviceCache::upload(const KvCache& host_cache) {
   if (host.bases) {
     cache.bases_buffer_ = DeviceBuffer(geo.bases_bytes());
     cache.bases_buffer_.upload(host.bases, geo.bases_bytes());
+    std::vector<uint32_t> lane_bases(detail::lane_bases_index(geo, geo.layers, 0));
+    detail::fill_lane_bases(geo, host.bases, lane_bases.data());
+    cache.lane_bases_buffer_ = DeviceBuffer(lane_bases.size() * 4);
+    cache.lane_bases_buffer_.upload(lane_bases.data(), lane_bases.size() * 4);
   }
   cache.windows_.assign(static_cast<size_t>(geo.layers), 0);
   if (host.windows) std::copy(host.windows, host.windows + geo.layers, cache.windows_.begin());

@@ -185,8 +185,9 @@ struct LaneEscapes {
 };
 
 /// Bits 3..7 of the offsets of one raw group's quads from its five bit-planes (docs/format.md 5.4):
-/// `low` for the group's first quad (bits 0..3 of each plane), `high` for its second.
-GAAC_LANE_INLINE void raw_planes(const uint32_t (&planes)[5], uint32_t& low, uint32_t& high);
+/// `planes` holds planes 3..6 (byte k: plane 3 + k), `plane7` plane 7 in its low byte; `low` gets the
+/// group's first quad (bits 0..3 of each plane), `high` its second.
+GAAC_LANE_INLINE void raw_planes(uint32_t planes, uint32_t plane7, uint32_t& low, uint32_t& high);
 
 /// Builds LaneEscapes from the lane's tag field and its escapes, which start `offset` bytes into the
 /// escape slot at `escapes` (reads up to 12 bytes from offset rounded down to 4; the caller pads).
@@ -213,14 +214,11 @@ GAAC_LANE_INLINE LaneEscapes lane_escapes(uint32_t tags, const uint8_t* escapes,
     const int p = static_cast<int>(popc((e.raw & (0u - e.raw)) - 1u)) / 4;
     const uint32_t before = popc(e.four & ((1u << (4 * p)) - 1u));
     const uint32_t next = prmt(a1, load_u32(aligned + 8), shift);  // escape bytes 4..7
-    uint32_t planes[5];
     const uint32_t four_planes = prmt(window, next, 0x3210u + 0x1111u * before);
-    planes[0] = four_planes & 0xFFu, planes[1] = (four_planes >> 8) & 0xFFu;
-    planes[2] = (four_planes >> 16) & 0xFFu, planes[3] = four_planes >> 24;
-    planes[4] = prmt(window, next, 4u + before) & 0xFFu;
+    const uint32_t plane7 = prmt(window, next, 4u + before);
     window = prmt(window, next, 0x3210u + (0x0555u & ~((1u << (4 * before)) - 1u)));  // bytes 0..2 suffice
     uint32_t low, high;
-    raw_planes(planes, low, high);
+    raw_planes(four_planes, plane7, low, high);
     constexpr int kSteps = SlotShape<C>::kSteps;
     e.corr[0] = low - base3_at(Key ? (2 * p) % kSteps : 2 * p);
     e.corr[1] = high - base3_at(Key ? (2 * p + 1) % kSteps : 2 * p + 1);
@@ -237,13 +235,21 @@ GAAC_LANE_INLINE LaneEscapes lane_escapes(uint32_t tags, const uint8_t* escapes,
 /// Spreads the four bits of `nibble` (0..15) to bit 3 of bytes 0..3.
 GAAC_LANE_INLINE uint32_t spread_to_bit3(uint32_t nibble) { return (nibble * 0x01020408u) & 0x08080808u; }
 
-GAAC_LANE_INLINE void raw_planes(const uint32_t (&planes)[5], uint32_t& low, uint32_t& high) {
-  low = high = 0u;
-  GAAC_LANE_UNROLL
-  for (int k = 0; k < 5; ++k) {
-    low |= spread_to_bit3(planes[k] & 0xFu) << k;
-    high |= spread_to_bit3(planes[k] >> 4) << k;
-  }
+GAAC_LANE_INLINE void raw_planes(uint32_t planes, uint32_t plane7, uint32_t& low, uint32_t& high) {
+  // Byte k of `planes` holds bit 3 + k of the group's eight exponents (bit i: element i). Transposing
+  // its two 4×4 bit blocks (bits 0..3 and 4..7 of the four bytes) with two delta swaps puts bit 3 + k
+  // of element i of the first quad at bit k of byte i, and of the second quad at bit 4 + k.
+  uint32_t x = planes;
+  uint32_t t = (x ^ (x >> 7)) & 0x00AA00AAu;
+  x ^= t ^ (t << 7);
+  t = (x ^ (x >> 14)) & 0x0000CCCCu;
+  x ^= t ^ (t << 14);
+  // Plane 7: bit i of a nibble to bit 7 of byte i (the partial products land on no target bit and
+  // carry into none).
+  const uint32_t top_low = ((plane7 & 0xFu) * 0x10204080u) & 0x80808080u;
+  const uint32_t top_high = (((plane7 >> 4) & 0xFu) * 0x10204080u) & 0x80808080u;
+  low = ((x & 0x0F0F0F0Fu) << 3) | top_low;
+  high = ((x & 0xF0F0F0F0u) >> 1) | top_high;
 }
 
 /// The low three bits of the offsets of quad Q, one per byte (docs/format.md, section 5.2).
@@ -295,10 +301,10 @@ GAAC_LANE_INLINE void fix_wide_groups(const LaneSlot<C>& s, const uint8_t* escap
       exponents[2 * g] = (quad_codes<C, 2 * p>(s) | spread_to_bit3(x & 0xFu)) + base3[2 * g] + delta[2 * g];
       exponents[2 * g + 1] = (quad_codes<C, 2 * p + 1>(s) | spread_to_bit3(x >> 4)) + base3[2 * g + 1] + delta[2 * g + 1];
     } else if (mode == 2u) {
-      uint32_t planes[5], first, second;
+      uint32_t planes = 0u, first, second;
       GAAC_LANE_UNROLL
-      for (int k = 0; k < 5; ++k) planes[k] = escapes[at + k];
-      raw_planes(planes, first, second);
+      for (int k = 0; k < 4; ++k) planes |= static_cast<uint32_t>(escapes[at + k]) << (8 * k);
+      raw_planes(planes, escapes[at + 4], first, second);
       at += 5;
       exponents[2 * g] = quad_codes<C, 2 * p>(s) | first;
       exponents[2 * g + 1] = quad_codes<C, 2 * p + 1>(s) | second;

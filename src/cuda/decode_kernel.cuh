@@ -61,50 +61,62 @@ __device__ __forceinline__ void escape_offsets(const uint8_t* stage, uint32_t ti
   }
 }
 
-/// Rebuilds a compressed tile in registers one octet of quads at a time (fewer live registers), given
-/// the lane's escape offset; `use(octet, r0, r1)` receives octet O's eight quads as bf16x2 registers
-/// (quad 8O + q: r0[q] its elements 0 and 2, r1[q] 1 and 3). `base3`/`delta` point at the
-/// lane-interleaved base words of this (kind, half) in shared memory: a key tile's are read once (both
-/// token halves share them), a value tile's octet by octet.
+/// The order in which decode_groups rebuilds a tile's groups: keys interleave the token halves
+/// (group i, then group kSteps/2 + i: the two halves of channel steps 2i and 2i+1, which one product
+/// takes together), values go in order (group p is A block p).
+template <int C, bool Key>
+__device__ __forceinline__ constexpr int group_in_order(int n) {
+  constexpr int kHalf = lane::SlotShape<C>::kSteps / 2;
+  return Key ? (n % 2 == 0 ? n / 2 : kHalf + n / 2) : n;
+}
+
+/// Rebuilds a slot's groups in group_in_order, passing each to `use(group, r0, r1)` as two quads of
+/// bf16x2 registers (quad 2G + q: r0[q] its elements 0 and 2, r1[q] 1 and 3), on escape path `Path`.
+template <int C, bool Key, lane::EscapePath Path, class Use>
+__device__ __forceinline__ void decode_groups(const lane::LaneSlot<C>& s, const uint8_t* escapes, uint32_t offset,
+                                              const uint4* base3, const uint4* delta, int lane, const Use& use) {
+  const auto base3_at = [&](int w) {
+    return reinterpret_cast<const uint32_t*>(base3)[((w / 4) * 32 + lane) * 4 + w % 4];
+  };
+  const lane::LaneEscapes e = lane::lane_escapes<C, Key, Path>(s.tags, escapes, offset, base3_at);
+  [&]<int... N>(std::integer_sequence<int, N...>) {
+    (
+        [&] {
+          constexpr int G = group_in_order<C, Key>(N);
+          constexpr int w = lane::base_word_of_quad<C, Key>(2 * G);  // even: both words in one 16-byte chunk
+          const uint4 x = base3[(w / 4) * 32 + lane], y = delta[(w / 4) * 32 + lane];
+          const uint32_t b3[2] = {w % 4 == 0 ? x.x : x.z, w % 4 == 0 ? x.y : x.w};
+          const uint32_t dl[2] = {w % 4 == 0 ? y.x : y.z, w % 4 == 0 ? y.y : y.w};
+          uint32_t exponents[2], r0[2], r1[2];
+          lane::group_exponents<C, G, Path>(s, e, escapes, offset, b3, dl, exponents);
+#pragma unroll
+          for (int q = 0; q < 2; ++q) lane::compose(s.sm[2 * G + q], exponents[q], r0[q], r1[q]);
+          use(std::integral_constant<int, G>{}, r0, r1);
+        }(),
+        ...);
+  }(std::make_integer_sequence<int, lane::SlotShape<C>::kGroups>{});
+}
+
+/// Rebuilds a compressed tile in registers group by group (few live registers), given the lane's
+/// escape offset; see decode_groups for `use`. `base3`/`delta` point at the lane-interleaved base
+/// words of this (kind, half) in shared memory. The warp takes the escape path its most demanding
+/// lane needs: no raw-group work in tiles without raw groups, fix_group only in the rare tiles with
+/// wide lanes.
 template <int C, bool Key, class Use>
 __device__ __forceinline__ void decode_slot(const uint8_t* slot, int lane, uint32_t offset, const uint4* base3,
                                             const uint4* delta, const Use& use) {
   using S = lane::SlotShape<C>;
-  constexpr int kKeyWords = Key ? S::kSteps : 4;
+  using lane::EscapePath;
   lane::LaneSlot<C> s;
   lane::load_lane_slot<C>(slot, lane, s);
-  const auto load_words = [&](int first, int count, uint32_t* b3, uint32_t* dl) {
-#pragma unroll
-    for (int w = 0; w < count / 4; ++w) {
-      const uint4 x = base3[(first / 4 + w) * 32 + lane], y = delta[(first / 4 + w) * 32 + lane];
-      b3[4 * w] = x.x, b3[4 * w + 1] = x.y, b3[4 * w + 2] = x.z, b3[4 * w + 3] = x.w;
-      dl[4 * w] = y.x, dl[4 * w + 1] = y.y, dl[4 * w + 2] = y.z, dl[4 * w + 3] = y.w;
-    }
-  };
-  uint32_t kb3[kKeyWords], kdl[kKeyWords];
-  if constexpr (Key) load_words(0, kKeyWords, kb3, kdl);
-  const auto base3_at = [&](int w) {
-    return reinterpret_cast<const uint32_t*>(base3)[((w / 4) * 32 + lane) * 4 + w % 4];
-  };
   const uint8_t* escapes = slot + S::kEscapeOffset;
-  const lane::LaneEscapes e = lane::lane_escapes<C, Key>(s.tags, escapes, offset, base3_at);
-  [&]<int... O>(std::integer_sequence<int, O...>) {
-    (
-        [&] {
-          uint32_t exponents[8], r0[8], r1[8];
-          if constexpr (Key) {
-            lane::octet_exponents<C, Key, O>(s, e, escapes, offset, kb3, kdl, exponents);
-          } else {
-            uint32_t vb3[8], vdl[8];
-            load_words(8 * O, 8, vb3, vdl);
-            lane::octet_exponents<C, Key, O>(s, e, escapes, offset, vb3, vdl, exponents);
-          }
-#pragma unroll
-          for (int q = 0; q < 8; ++q) lane::compose(s.sm[8 * O + q], exponents[q], r0[q], r1[q]);
-          use(std::integral_constant<int, O>{}, r0, r1);
-        }(),
-        ...);
-  }(std::make_integer_sequence<int, S::kOctets>{});
+  const uint32_t path = __reduce_max_sync(0xFFFFFFFFu, static_cast<uint32_t>(lane::escape_path_of_lane<C>(s.tags)));
+  if (path == static_cast<uint32_t>(EscapePath::no_raw))
+    decode_groups<C, Key, EscapePath::no_raw>(s, escapes, offset, base3, delta, lane, use);
+  else if (path == static_cast<uint32_t>(EscapePath::one_raw))
+    decode_groups<C, Key, EscapePath::one_raw>(s, escapes, offset, base3, delta, lane, use);
+  else
+    decode_groups<C, Key, EscapePath::wide>(s, escapes, offset, base3, delta, lane, use);
 }
 
 /// Key fragments from the rebuilt quads: quad h·(C/16) + s is (token half h, channel step s).
@@ -457,13 +469,13 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, Src, STAGES)) d
         const TileClass cls = entry_class(ent[half]);
         const uint8_t* tile = stage + half * a.tile_stride;
         if (Src == TileSource::gaac && W != Work::no_decode && cls == TileClass::compressed) {
-          uint32_t low0[kSteps], low1[kSteps];  // token half 0 of each channel step, until half 1 arrives
+          uint32_t low0[kSteps], low1[kSteps];  // token half 0 of a channel step, until half 1 arrives
           decode_slot<C, true>(tile, lane, offset[half], base_words<C>(bases, half, true, false),
                                base_words<C>(bases, half, true, true),
-                               [&](auto octet, const uint32_t (&r0)[8], const uint32_t (&r1)[8]) {
+                               [&](auto group, const uint32_t (&r0)[2], const uint32_t (&r1)[2]) {
 #pragma unroll
-                                 for (int q = 0; q < 8; ++q) {
-                                   const int quad = 8 * decltype(octet)::value + q, h = quad / kSteps, st = quad % kSteps;
+                                 for (int q = 0; q < 2; ++q) {
+                                   const int quad = 2 * decltype(group)::value + q, h = quad / kSteps, st = quad % kSteps;
                                    if (h == 0) {
                                      low0[st] = r0[q], low1[st] = r1[q];
                                    } else if constexpr (kMath) {
@@ -571,15 +583,11 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, Src, STAGES)) d
         if (Src == TileSource::gaac && W != Work::no_decode && cls == TileClass::compressed) {
           decode_slot<C, false>(tile, lane, offset[P + half], base_words<C>(bases, half, false, false),
                                 base_words<C>(bases, half, false, true),
-                                [&](auto octet, const uint32_t (&r0)[8], const uint32_t (&r1)[8]) {
-#pragma unroll
-                                  for (int q = 0; q < 4; ++q) {
-                                    if constexpr (kMath)
-                                      ptx::mma_bf16(o[half][4 * decltype(octet)::value + q], r0[2 * q], r0[2 * q + 1], r1[2 * q],
-                                                    r1[2 * q + 1], pb0, pb1);
-                                    else
-                                      sink ^= r0[2 * q] ^ r0[2 * q + 1] ^ r1[2 * q] ^ r1[2 * q + 1];
-                                  }
+                                [&](auto group, const uint32_t (&r0)[2], const uint32_t (&r1)[2]) {
+                                  if constexpr (kMath)
+                                    ptx::mma_bf16(o[half][decltype(group)::value], r0[0], r0[1], r1[0], r1[1], pb0, pb1);
+                                  else
+                                    sink ^= r0[0] ^ r0[1] ^ r1[0] ^ r1[1];
                                 });
           continue;
         }

@@ -7,9 +7,9 @@
 //   1. load_lane_slot: its sign+mantissa words (C/8 quads), code words and tag field;
 //   2. escape_bytes_of_lane, then an exclusive scan over the warp: where its escapes start;
 //   3. lane_escapes: its 4-bit groups' escape bytes spread per group, branch-free;
-//   4. quad_exponents (octet_exponents for eight): base + code for four exponents at once, the 4-bit
-//      and single-raw-group corrections folded in;
-//   5. fix_wide_groups, only in lanes with two raw groups or many 4-bit groups (rare);
+//   4. quad_exponents (group_exponents for a group's two): base + code for four exponents at once,
+//      the 4-bit and single-raw-group corrections folded in;
+//   5. fix_group, only in lanes with two raw groups or many 4-bit groups (rare);
 //   6. compose: two bf16x2 registers per quad (PRMT sign spread + LOP3 select).
 #pragma once
 
@@ -163,12 +163,28 @@ GAAC_LANE_INLINE uint32_t tags_as_nibbles(uint32_t tags) {
 
 /// True when the branch-free path cannot rebuild the lane's escaped groups: two or more raw groups,
 /// a raw group and more than three 4-bit groups, or more than four 4-bit groups. Such a lane's
-/// escaped groups are rebuilt by fix_wide_groups (rare: about 0.1% of lanes on real KV).
+/// escaped groups are rebuilt by fix_group (rare: about 0.1% of lanes on real KV).
 template <int C>
 GAAC_LANE_INLINE bool lane_needs_fixing(uint32_t tags) {
   using S = SlotShape<C>;
   const uint32_t raw = popc(tags & S::kHighTagBits), four = popc(tags & S::kLowTagBits);
   return raw > 1 || (raw == 1 && four > 3) || four > 4;
+}
+
+/// How much of the escape machinery a decode runs. A warp decodes a tile on the path its most
+/// demanding lane needs (escape_path_of_lane, reduced by maximum), so most tiles skip the raw-group
+/// work and nearly all skip fix_group; every path is exact for the lanes it is chosen for.
+enum class EscapePath : uint32_t {
+  no_raw = 0,   ///< 3-bit and 4-bit groups, at most four 4-bit groups per lane
+  one_raw = 1,  ///< also a single raw group per lane, beside at most three 4-bit groups
+  wide = 2,     ///< anything: lanes beyond the branch-free path rebuild their groups with fix_group
+};
+
+/// The least path that rebuilds a lane with these tags.
+template <int C>
+GAAC_LANE_INLINE EscapePath escape_path_of_lane(uint32_t tags) {
+  if (lane_needs_fixing<C>(tags)) return EscapePath::wide;
+  return (tags & SlotShape<C>::kHighTagBits) != 0u ? EscapePath::one_raw : EscapePath::no_raw;
 }
 
 /// The branch-free view of a lane's escapes: byte p%4 of lo[p/4] holds the low nibble of group p's
@@ -192,8 +208,8 @@ GAAC_LANE_INLINE void raw_planes(uint32_t planes, uint32_t plane7, uint32_t& low
 /// Builds LaneEscapes from the lane's tag field and its escapes, which start `offset` bytes into the
 /// escape slot at `escapes` (reads up to 12 bytes from offset rounded down to 4; the caller pads).
 /// `base3_at(w)` returns the lane's b3 base word w (any w, known only at run time). Exact for every
-/// lane lane_needs_fixing accepts.
-template <int C, bool Key, class BaseAt>
+/// lane lane_needs_fixing accepts whose path is at most `Path` (no_raw leaves out the raw group).
+template <int C, bool Key, EscapePath Path, class BaseAt>
 GAAC_LANE_INLINE LaneEscapes lane_escapes(uint32_t tags, const uint8_t* escapes, uint32_t offset, const BaseAt& base3_at) {
   const uint32_t n = tags_as_nibbles(tags);
   LaneEscapes e;
@@ -208,7 +224,7 @@ GAAC_LANE_INLINE LaneEscapes lane_escapes(uint32_t tags, const uint8_t* escapes,
   const uint32_t a1 = load_u32(aligned + 4);
   uint32_t window = prmt(load_u32(aligned), a1, shift);
   e.corr[0] = e.corr[1] = 0u;
-  if (e.raw != 0u && popc(e.raw) == 1u && popc(e.four) <= 3u) {
+  if (Path != EscapePath::no_raw && e.raw != 0u && popc(e.raw) == 1u && popc(e.four) <= 3u) {
     // One raw group p after `before` 4-bit groups: its planes are bytes before..before+4 of the
     // lane's escapes; the 4-bit groups' bytes are the others, in order.
     const int p = static_cast<int>(popc((e.raw & (0u - e.raw)) - 1u)) / 4;
@@ -271,47 +287,54 @@ GAAC_LANE_INLINE uint32_t quad_codes(const LaneSlot<C>& s) {
 
 /// Exponent bytes of quad Q: `base3` holds the b3 bases of the quad's four elements (one per byte)
 /// and `delta` the word b4 − b3 (mod 2³²), so a 4-bit group gets b4 + (code | bit 3) and the raw
-/// group code + its planes, each with one multiply-add and no branch. No byte carries: every
-/// base + offset is an exponent, at most 255, and the words are equal mod 2³².
-template <int C, int Q>
+/// group code + its planes (not on the no_raw path), each with one multiply-add and no branch. No
+/// byte carries: every base + offset is an exponent, at most 255, and the words are equal mod 2³².
+template <int C, int Q, EscapePath Path>
 GAAC_LANE_INLINE uint32_t quad_exponents(const LaneSlot<C>& s, const LaneEscapes& e, uint32_t base3, uint32_t delta) {
   constexpr int p = Q / 2;
   const uint32_t nibbles = (Q % 2 == 0 ? e.lo : e.hi)[p / 4];
   const uint32_t nibble = prmt(nibbles, 0u, 0x4440u | static_cast<uint32_t>(p % 4));
-  const uint32_t four = (e.four >> (4 * p)) & 1u, raw = (e.raw >> (4 * p)) & 1u;
-  return (quad_codes<C, Q>(s) | spread_to_bit3(nibble)) + base3 + four * delta + raw * e.corr[Q % 2];
+  const uint32_t four = (e.four >> (4 * p)) & 1u;
+  const uint32_t x = (quad_codes<C, Q>(s) | spread_to_bit3(nibble)) + base3 + four * delta;
+  if constexpr (Path == EscapePath::no_raw) return x;
+  else return x + ((e.raw >> (4 * p)) & 1u) * e.corr[Q % 2];
 }
 
-/// Rebuilds the exponent bytes of the 4-bit and raw groups of octet O (groups 4O..4O+3) of a lane
-/// from the escape slot, walking them in order; the lane's escapes start at `offset`. `base3[q]` and
-/// `delta[q]` are the words quad_exponents took for quad 8O + q; `exponents[q]` is that quad's.
-/// Used only in lanes that lane_needs_fixing selects.
-template <int C, int O>
-GAAC_LANE_INLINE void fix_wide_groups(const LaneSlot<C>& s, const uint8_t* escapes, uint32_t offset,
-                                      const uint32_t* base3, const uint32_t* delta, uint32_t* exponents) {
-  constexpr int kFirst = 4 * O;  // first group of the octet
-  constexpr int kGroups = SlotShape<C>::kGroups < 4 ? SlotShape<C>::kGroups : 4;
-  uint32_t at = offset + escape_bytes_of_lane(s.tags & ((1u << (2 * kFirst)) - 1u));
-  const auto fix = [&](auto local) {
-    constexpr int g = decltype(local)::value, p = kFirst + g;
-    const uint32_t mode = (s.tags >> (2 * p)) & 3u;
-    if (mode == 1u) {
-      const uint32_t x = escapes[at];
-      at += 1;
-      exponents[2 * g] = (quad_codes<C, 2 * p>(s) | spread_to_bit3(x & 0xFu)) + base3[2 * g] + delta[2 * g];
-      exponents[2 * g + 1] = (quad_codes<C, 2 * p + 1>(s) | spread_to_bit3(x >> 4)) + base3[2 * g + 1] + delta[2 * g + 1];
-    } else if (mode == 2u) {
-      uint32_t planes = 0u, first, second;
-      GAAC_LANE_UNROLL
-      for (int k = 0; k < 4; ++k) planes |= static_cast<uint32_t>(escapes[at + k]) << (8 * k);
-      raw_planes(planes, escapes[at + 4], first, second);
-      at += 5;
-      exponents[2 * g] = quad_codes<C, 2 * p>(s) | first;
-      exponents[2 * g + 1] = quad_codes<C, 2 * p + 1>(s) | second;
-    }
-  };
-  [&]<int... G>(std::integer_sequence<int, G...>) { (fix(std::integral_constant<int, G>{}), ...); }(
-      std::make_integer_sequence<int, kGroups>{});
+/// Rebuilds the exponent bytes of group G (quads 2G, 2G+1) of a lane from the escape slot when it is
+/// a 4-bit or raw group; the lane's escapes start at `offset`. `base3`/`delta` are the words
+/// quad_exponents took for the two quads, `exponents` theirs. Used only in lanes that
+/// lane_needs_fixing selects.
+template <int C, int G>
+GAAC_LANE_INLINE void fix_group(const LaneSlot<C>& s, const uint8_t* escapes, uint32_t offset, const uint32_t (&base3)[2],
+                                const uint32_t (&delta)[2], uint32_t (&exponents)[2]) {
+  const uint32_t mode = (s.tags >> (2 * G)) & 3u;
+  if (mode == 0u) return;
+  const uint32_t at = offset + escape_bytes_of_lane(s.tags & ((1u << (2 * G)) - 1u));
+  if (mode == 1u) {
+    const uint32_t x = escapes[at];
+    exponents[0] = (quad_codes<C, 2 * G>(s) | spread_to_bit3(x & 0xFu)) + base3[0] + delta[0];
+    exponents[1] = (quad_codes<C, 2 * G + 1>(s) | spread_to_bit3(x >> 4)) + base3[1] + delta[1];
+  } else {
+    uint32_t planes = 0u, first, second;
+    GAAC_LANE_UNROLL
+    for (int k = 0; k < 4; ++k) planes |= static_cast<uint32_t>(escapes[at + k]) << (8 * k);
+    raw_planes(planes, escapes[at + 4], first, second);
+    exponents[0] = quad_codes<C, 2 * G>(s) | first;
+    exponents[1] = quad_codes<C, 2 * G + 1>(s) | second;
+  }
+}
+
+/// Exponent bytes of group G's two quads (2G, 2G+1): the branch-free path, then, on the wide path
+/// and in a lane lane_needs_fixing selects, the group rebuilt from its escapes. `base3`/`delta` are
+/// the quads' base words; `escapes`/`offset` as for lane_escapes, whose result `e` is.
+template <int C, int G, EscapePath Path>
+GAAC_LANE_INLINE void group_exponents(const LaneSlot<C>& s, const LaneEscapes& e, const uint8_t* escapes, uint32_t offset,
+                                      const uint32_t (&base3)[2], const uint32_t (&delta)[2], uint32_t (&exponents)[2]) {
+  exponents[0] = quad_exponents<C, 2 * G, Path>(s, e, base3[0], delta[0]);
+  exponents[1] = quad_exponents<C, 2 * G + 1, Path>(s, e, base3[1], delta[1]);
+  if constexpr (Path == EscapePath::wide) {
+    if (lane_needs_fixing<C>(s.tags)) fix_group<C, G>(s, escapes, offset, base3, delta, exponents);
+  }
 }
 
 /// The two bf16x2 registers of a quad from its sign+mantissa word and exponent bytes: register 0
@@ -346,50 +369,26 @@ GAAC_LANE_INLINE uint32_t base_word(const uint8_t* bases, int lane, int word) {
 template <int C, bool Key>
 inline constexpr int kBaseWords = Key ? SlotShape<C>::kSteps : SlotShape<C>::kQuads;
 
-/// Index, in the base words octet_exponents takes for octet O, of the word of its quad q: keys pass
-/// all of the lane's words (one per channel step, shared by both token halves), values only the
-/// octet's eight (one per quad, one channel each).
-template <int C, bool Key>
-GAAC_LANE_INLINE constexpr int octet_base_word(int octet, int q) {
-  return Key ? base_word_of_quad<C, true>(8 * octet + q) : q;
-}
-
-/// Exponent bytes of the eight quads 8O..8O+7 of a lane (an octet: one token half of a key tile of
-/// 128 channels, eight channels of a value tile). `base3w`/`deltaw` are base words in registers (see
-/// octet_base_word); `escapes`/`offset` as for lane_escapes, whose result `e` is.
-template <int C, bool Key, int O>
-GAAC_LANE_INLINE void octet_exponents(const LaneSlot<C>& s, const LaneEscapes& e, const uint8_t* escapes, uint32_t offset,
-                                      const uint32_t* base3w, const uint32_t* deltaw, uint32_t (&exponents)[8]) {
-  uint32_t b3[8], dl[8];
-  GAAC_LANE_UNROLL
-  for (int q = 0; q < 8; ++q) {
-    b3[q] = base3w[octet_base_word<C, Key>(O, q)];
-    dl[q] = deltaw[octet_base_word<C, Key>(O, q)];
-  }
-  [&]<int... Q>(std::integer_sequence<int, Q...>) {
-    ((exponents[Q] = quad_exponents<C, 8 * O + Q>(s, e, b3[Q], dl[Q])), ...);
-  }(std::make_integer_sequence<int, 8>{});
-  if (lane_needs_fixing<C>(s.tags)) fix_wide_groups<C, O>(s, escapes, offset, b3, dl, exponents);
-}
-
-/// Rebuilds every quad's exponent bytes of one lane, given its escape offset (its exclusive prefix
-/// of escape_bytes_of_lane over the warp). `base3w`/`deltaw` are its base words (kBaseWords) in
-/// registers; `base3_at(w)` reads b3 word w at run time (the rare raw-group path).
-template <int C, bool Key, class BaseAt>
+/// Rebuilds every quad's exponent bytes of one lane, group by group, on escape path `Path` (at least
+/// the lane's own, escape_path_of_lane), given its escape offset (its exclusive prefix of
+/// escape_bytes_of_lane over the warp). `base3w`/`deltaw` are its base words (kBaseWords);
+/// `base3_at(w)` reads b3 word w at run time (the rare raw-group path).
+template <int C, bool Key, EscapePath Path, class BaseAt>
 GAAC_LANE_INLINE void lane_exponents(const LaneSlot<C>& s, const uint8_t* escapes, uint32_t offset,
                                      const uint32_t* base3w, const uint32_t* deltaw, const BaseAt& base3_at,
                                      uint32_t* exponents) {
-  const LaneEscapes e = lane_escapes<C, Key>(s.tags, escapes, offset, base3_at);
-  [&]<int... O>(std::integer_sequence<int, O...>) {
+  const LaneEscapes e = lane_escapes<C, Key, Path>(s.tags, escapes, offset, base3_at);
+  [&]<int... G>(std::integer_sequence<int, G...>) {
     (
         [&] {
-          uint32_t octet[8];
-          constexpr int kFirstWord = Key ? 0 : 8 * O;
-          octet_exponents<C, Key, O>(s, e, escapes, offset, base3w + kFirstWord, deltaw + kFirstWord, octet);
-          for (int q = 0; q < 8; ++q) exponents[8 * O + q] = octet[q];
+          constexpr int w = base_word_of_quad<C, Key>(2 * G);
+          const uint32_t b3[2] = {base3w[w], base3w[w + 1]}, dl[2] = {deltaw[w], deltaw[w + 1]};
+          uint32_t pair[2];
+          group_exponents<C, G, Path>(s, e, escapes, offset, b3, dl, pair);
+          exponents[2 * G] = pair[0], exponents[2 * G + 1] = pair[1];
         }(),
         ...);
-  }(std::make_integer_sequence<int, SlotShape<C>::kOctets>{});
+  }(std::make_integer_sequence<int, SlotShape<C>::kGroups>{});
 }
 
 }  // namespace gaac::cuda::lane

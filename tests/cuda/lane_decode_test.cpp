@@ -3,6 +3,7 @@
 // no GPU, so the bit manipulation the kernels use is checked on every machine.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <random>
 #include <vector>
 
@@ -15,11 +16,12 @@ namespace {
 
 using namespace gaac::cuda::lane;
 
-/// Decodes `slot` the way a warp does (lane by lane, the escape offsets by an exclusive scan) and
-/// returns the tile row-major; `fixed_lanes` counts lanes that took the wide-group path.
-template <int C>
-std::vector<uint16_t> decode_like_a_warp(TileShape shape, const std::vector<uint8_t>& slot, const TileBases& bases,
-                                         int* fixed_lanes, int* single_raw_lanes) {
+/// Decodes `slot` the way a warp does (lane by lane, the escape offsets by an exclusive scan, every
+/// lane on the escape path `Path`) and returns the tile row-major; `fixed_lanes` counts lanes that
+/// take the wide-group path.
+template <int C, EscapePath Path>
+std::vector<uint16_t> decode_on_path(TileShape shape, const std::vector<uint8_t>& slot, const TileBases& bases,
+                                     int* fixed_lanes, int* single_raw_lanes) {
   using S = SlotShape<C>;
   const bool key = shape.kind == TensorKind::key;
   LaneSlot<C> lanes[kWarpLanes];
@@ -43,8 +45,8 @@ std::vector<uint16_t> decode_like_a_warp(TileShape shape, const std::vector<uint
     }
     const uint8_t* escapes = slot.data() + S::kEscapeOffset;
     const auto base3_at = [&](int w) { return base3w[w]; };
-    if (key) lane_exponents<C, true>(lanes[lane], escapes, offset[lane], base3w, deltaw, base3_at, exponents);
-    else lane_exponents<C, false>(lanes[lane], escapes, offset[lane], base3w, deltaw, base3_at, exponents);
+    if (key) lane_exponents<C, true, Path>(lanes[lane], escapes, offset[lane], base3w, deltaw, base3_at, exponents);
+    else lane_exponents<C, false, Path>(lanes[lane], escapes, offset[lane], base3w, deltaw, base3_at, exponents);
     *fixed_lanes += lane_needs_fixing<C>(lanes[lane].tags) ? 1 : 0;
     *single_raw_lanes += !lane_needs_fixing<C>(lanes[lane].tags) && popc(lanes[lane].tags & S::kHighTagBits) == 1 ? 1 : 0;
     for (int q = 0; q < S::kQuads; ++q) {
@@ -58,6 +60,26 @@ std::vector<uint16_t> decode_like_a_warp(TileShape shape, const std::vector<uint
     }
   }
   return out;
+}
+
+/// Decodes `slot` as the kernels do: on the escape path of its most demanding lane, and also on every
+/// more general path (all must give the same values); returns the tile row-major.
+template <int C>
+std::vector<uint16_t> decode_like_a_warp(TileShape shape, const std::vector<uint8_t>& slot, const TileBases& bases,
+                                         int* fixed_lanes, int* single_raw_lanes) {
+  uint32_t path = 0;
+  for (int lane = 0; lane < kWarpLanes; ++lane) {
+    LaneSlot<C> s;
+    load_lane_slot<C>(slot.data(), lane, s);
+    path = std::max(path, static_cast<uint32_t>(escape_path_of_lane<C>(s.tags)));
+  }
+  int f = 0, r = 0;
+  const std::vector<uint16_t> wide = decode_on_path<C, EscapePath::wide>(shape, slot, bases, fixed_lanes, single_raw_lanes);
+  if (path <= static_cast<uint32_t>(EscapePath::one_raw))
+    EXPECT_TRUE((decode_on_path<C, EscapePath::one_raw>(shape, slot, bases, &f, &r) == wide)) << "one_raw path differs";
+  if (path == static_cast<uint32_t>(EscapePath::no_raw))
+    EXPECT_TRUE((decode_on_path<C, EscapePath::no_raw>(shape, slot, bases, &f, &r) == wide)) << "no_raw path differs";
+  return wide;
 }
 
 std::vector<uint16_t> decode_like_a_warp(TileShape shape, const std::vector<uint8_t>& slot, const TileBases& bases,

@@ -1,6 +1,7 @@
 // The GPU decodes what the CPU cache holds: a gaac::KvCache filled on the CPU with KvCache::append
-// (realistic synthetic KV calibrated on another draw, so 3-bit, 4-bit and raw groups and raw tiles all
-// occur; several sequences of different lengths; GQA; two layers, the second with a sliding window)
+// (realistic synthetic KV: the sequences are different stretches of one model's KV, calibrated on
+// another stretch, so 3-bit, 4-bit and raw groups all occur; several sequences of different lengths;
+// GQA; two layers, the second with a sliding window)
 // is copied to the device as it is and decoded there, and gaac::attend (fused path) decodes the same
 // cache on the CPU.
 //
@@ -43,10 +44,33 @@ KvDump synthetic(const CrossCase& c, int tokens, uint64_t seed) {
   return make_synthetic_kv(spec);
 }
 
+/// Tokens first .. first + tokens − 1 of every layer of `d`.
+KvDump stretch(const KvDump& d, int first, int tokens) {
+  KvDump out;
+  for (const KvLayer& l : d.layers) {
+    KvLayer part;
+    for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
+      const KvTensor& src = l.of(kind);
+      KvTensor& dst = part.of(kind);
+      dst = {tokens, src.kv_heads, src.head_dim, {}};
+      const size_t row = static_cast<size_t>(src.kv_heads) * src.head_dim;
+      dst.data.assign(src.data.begin() + static_cast<std::ptrdiff_t>(first * row),
+                      src.data.begin() + static_cast<std::ptrdiff_t>((first + tokens) * row));
+    }
+    out.layers.push_back(std::move(part));
+  }
+  return out;
+}
+
 void cross_check(const CrossCase& c) {
+  int total = 0;
+  for (const int n : c.lengths) total += n;
+  constexpr int kCalibrationTokens = 2048;
+  const KvDump all = synthetic(c, total + kCalibrationTokens, 1000);
   std::vector<KvDump> seqs;
-  for (size_t s = 0; s < c.lengths.size(); ++s) seqs.push_back(synthetic(c, c.lengths[s], 1000 + s));
-  const KvDump calibration_kv = synthetic(c, 2048, 77);  // windows learnt on other KV, as in use
+  for (int s = 0, at = 0; s < static_cast<int>(c.lengths.size()); at += c.lengths[static_cast<size_t>(s)], ++s)
+    seqs.push_back(stretch(all, at, c.lengths[static_cast<size_t>(s)]));
+  const KvDump calibration_kv = stretch(all, total, kCalibrationTokens);  // windows learnt on other KV
   const KvDump* calibration_ptr = &calibration_kv;
   const CalibrationTable table = calibrate(std::span<const KvDump* const>(&calibration_ptr, 1));
   const std::vector<int> windows = {0, c.window};
@@ -58,6 +82,7 @@ void cross_check(const CrossCase& c) {
   const SequenceTable bf16_batch = bf16_cache.sequence_table(bf16_ids);
   const CacheUsage usage = gaac_cache.usage();
   EXPECT_GT(usage.compressed_tiles, 0u);
+  EXPECT_GT(usage.raw_tiles, 0u) << "the case should hold raw tiles too";
   EXPECT_GT(usage.tail_tiles, 0u) << "the case should hold open blocks too";
 
   const DeviceCache dev_gaac = DeviceCache::upload(gaac_cache);

@@ -104,8 +104,8 @@ kv_dir=${data:+$data/kv}
 
 if [ $skip_bench -eq 0 ]; then
   stage "benchmark"
-  # What runs after the benchmark: the comparisons (~15 s each), the sanitizers (~60 s), ncu (~60 s).
-  reserve=$((15 * ${#compare[@]} + (skip_sanitizer ? 0 : 60) + (${#profile} ? 60 : 0) + 20))
+  # What runs after the benchmark: the comparisons (~8 s each), the sanitizers (~45 s), ncu (~20 s).
+  reserve=$((8 * ${#compare[@]} + (skip_sanitizer ? 0 : 45) + (${#profile} ? 20 : 0) + 10))
   left=$((limit - SECONDS - reserve))
   # shellcheck disable=SC2086
   PYTHONUNBUFFERED=1 timeout $((left + 30)) python3 bench/gpu/bench_decode.py --lib "$bin/libgaac_gpu_bench.so" \

@@ -78,7 +78,7 @@ __device__ __forceinline__ void decode_groups(const lane::LaneSlot<C>& s, const 
   const auto base3_at = [&](int w) {
     return reinterpret_cast<const uint32_t*>(base3)[((w / 4) * 32 + lane) * 4 + w % 4];
   };
-  const lane::LaneEscapes e = lane::lane_escapes<C, Key, Path>(s.tags, escapes, offset, base3_at);
+  const lane::LaneEscapes e = lane::lane_escapes<C, Key>(s.tags, escapes, offset, base3_at);
   [&]<int... N>(std::integer_sequence<int, N...>) {
     (
         [&] {
@@ -99,9 +99,8 @@ __device__ __forceinline__ void decode_groups(const lane::LaneSlot<C>& s, const 
 
 /// Rebuilds a compressed tile in registers group by group (few live registers), given the lane's
 /// escape offset; see decode_groups for `use`. `base3`/`delta` point at the lane-interleaved base
-/// words of this (kind, half) in shared memory. The warp takes the escape path its most demanding
-/// lane needs: no raw-group work in tiles without raw groups, fix_group only in the rare tiles with
-/// wide lanes.
+/// words of this (kind, half) in shared memory. Only a tile in which some lane has groups the
+/// branch-free path cannot rebuild (rare) takes the wide path; the hot loop stays one compact path.
 template <int C, bool Key, class Use>
 __device__ __forceinline__ void decode_slot(const uint8_t* slot, int lane, uint32_t offset, const uint4* base3,
                                             const uint4* delta, const Use& use) {
@@ -110,13 +109,10 @@ __device__ __forceinline__ void decode_slot(const uint8_t* slot, int lane, uint3
   lane::LaneSlot<C> s;
   lane::load_lane_slot<C>(slot, lane, s);
   const uint8_t* escapes = slot + S::kEscapeOffset;
-  const uint32_t path = __reduce_max_sync(0xFFFFFFFFu, static_cast<uint32_t>(lane::escape_path_of_lane<C>(s.tags)));
-  if (path == static_cast<uint32_t>(EscapePath::no_raw))
-    decode_groups<C, Key, EscapePath::no_raw>(s, escapes, offset, base3, delta, lane, use);
-  else if (path == static_cast<uint32_t>(EscapePath::one_raw))
-    decode_groups<C, Key, EscapePath::one_raw>(s, escapes, offset, base3, delta, lane, use);
-  else
+  if (__any_sync(0xFFFFFFFFu, lane::lane_needs_fixing<C>(s.tags)))
     decode_groups<C, Key, EscapePath::wide>(s, escapes, offset, base3, delta, lane, use);
+  else
+    decode_groups<C, Key, EscapePath::branch_free>(s, escapes, offset, base3, delta, lane, use);
 }
 
 /// Key fragments from the rebuilt quads: quad h·(C/16) + s is (token half h, channel step s).

@@ -171,21 +171,13 @@ GAAC_LANE_INLINE bool lane_needs_fixing(uint32_t tags) {
   return raw > 1 || (raw == 1 && four > 3) || four > 4;
 }
 
-/// How much of the escape machinery a decode runs. A warp decodes a tile on the path its most
-/// demanding lane needs (escape_path_of_lane, reduced by maximum), so most tiles skip the raw-group
-/// work and nearly all skip fix_group; every path is exact for the lanes it is chosen for.
+/// Which decode a tile takes. A warp decodes a tile on the path its most demanding lane needs: the
+/// branch-free path nearly always, the wide path only in the rare tiles where some lane has groups
+/// it cannot rebuild (lane_needs_fixing).
 enum class EscapePath : uint32_t {
-  no_raw = 0,   ///< 3-bit and 4-bit groups, at most four 4-bit groups per lane
-  one_raw = 1,  ///< also a single raw group per lane, beside at most three 4-bit groups
-  wide = 2,     ///< anything: lanes beyond the branch-free path rebuild their groups with fix_group
+  branch_free = 0,  ///< 4-bit groups (at most four per lane) and one raw group beside at most three
+  wide = 1,         ///< anything: lanes beyond the branch-free path rebuild their groups with fix_group
 };
-
-/// The least path that rebuilds a lane with these tags.
-template <int C>
-GAAC_LANE_INLINE EscapePath escape_path_of_lane(uint32_t tags) {
-  if (lane_needs_fixing<C>(tags)) return EscapePath::wide;
-  return (tags & SlotShape<C>::kHighTagBits) != 0u ? EscapePath::one_raw : EscapePath::no_raw;
-}
 
 /// The branch-free view of a lane's escapes: byte p%4 of lo[p/4] holds the low nibble of group p's
 /// 4-bit escape byte (bit 3 of the offsets of its first quad), hi[p/4] the high nibble (second
@@ -208,8 +200,8 @@ GAAC_LANE_INLINE void raw_planes(uint32_t planes, uint32_t plane7, uint32_t& low
 /// Builds LaneEscapes from the lane's tag field and its escapes, which start `offset` bytes into the
 /// escape slot at `escapes` (reads up to 12 bytes from offset rounded down to 4; the caller pads).
 /// `base3_at(w)` returns the lane's b3 base word w (any w, known only at run time). Exact for every
-/// lane lane_needs_fixing accepts whose path is at most `Path` (no_raw leaves out the raw group).
-template <int C, bool Key, EscapePath Path, class BaseAt>
+/// lane lane_needs_fixing accepts.
+template <int C, bool Key, class BaseAt>
 GAAC_LANE_INLINE LaneEscapes lane_escapes(uint32_t tags, const uint8_t* escapes, uint32_t offset, const BaseAt& base3_at) {
   const uint32_t n = tags_as_nibbles(tags);
   LaneEscapes e;
@@ -224,7 +216,7 @@ GAAC_LANE_INLINE LaneEscapes lane_escapes(uint32_t tags, const uint8_t* escapes,
   const uint32_t a1 = load_u32(aligned + 4);
   uint32_t window = prmt(load_u32(aligned), a1, shift);
   e.corr[0] = e.corr[1] = 0u;
-  if (Path != EscapePath::no_raw && e.raw != 0u && popc(e.raw) == 1u && popc(e.four) <= 3u) {
+  if (e.raw != 0u && popc(e.raw) == 1u && popc(e.four) <= 3u) {
     // One raw group p after `before` 4-bit groups: its planes are bytes before..before+4 of the
     // lane's escapes; the 4-bit groups' bytes are the others, in order.
     const int p = static_cast<int>(popc((e.raw & (0u - e.raw)) - 1u)) / 4;
@@ -287,17 +279,15 @@ GAAC_LANE_INLINE uint32_t quad_codes(const LaneSlot<C>& s) {
 
 /// Exponent bytes of quad Q: `base3` holds the b3 bases of the quad's four elements (one per byte)
 /// and `delta` the word b4 − b3 (mod 2³²), so a 4-bit group gets b4 + (code | bit 3) and the raw
-/// group code + its planes (not on the no_raw path), each with one multiply-add and no branch. No
-/// byte carries: every base + offset is an exponent, at most 255, and the words are equal mod 2³².
-template <int C, int Q, EscapePath Path>
+/// group code + its planes, each with one multiply-add and no branch. No byte carries: every
+/// base + offset is an exponent, at most 255, and the words are equal mod 2³².
+template <int C, int Q>
 GAAC_LANE_INLINE uint32_t quad_exponents(const LaneSlot<C>& s, const LaneEscapes& e, uint32_t base3, uint32_t delta) {
   constexpr int p = Q / 2;
   const uint32_t nibbles = (Q % 2 == 0 ? e.lo : e.hi)[p / 4];
   const uint32_t nibble = prmt(nibbles, 0u, 0x4440u | static_cast<uint32_t>(p % 4));
-  const uint32_t four = (e.four >> (4 * p)) & 1u;
-  const uint32_t x = (quad_codes<C, Q>(s) | spread_to_bit3(nibble)) + base3 + four * delta;
-  if constexpr (Path == EscapePath::no_raw) return x;
-  else return x + ((e.raw >> (4 * p)) & 1u) * e.corr[Q % 2];
+  const uint32_t four = (e.four >> (4 * p)) & 1u, raw = (e.raw >> (4 * p)) & 1u;
+  return (quad_codes<C, Q>(s) | spread_to_bit3(nibble)) + base3 + four * delta + raw * e.corr[Q % 2];
 }
 
 /// Rebuilds the exponent bytes of group G (quads 2G, 2G+1) of a lane from the escape slot when it is
@@ -330,8 +320,8 @@ GAAC_LANE_INLINE void fix_group(const LaneSlot<C>& s, const uint8_t* escapes, ui
 template <int C, int G, EscapePath Path>
 GAAC_LANE_INLINE void group_exponents(const LaneSlot<C>& s, const LaneEscapes& e, const uint8_t* escapes, uint32_t offset,
                                       const uint32_t (&base3)[2], const uint32_t (&delta)[2], uint32_t (&exponents)[2]) {
-  exponents[0] = quad_exponents<C, 2 * G, Path>(s, e, base3[0], delta[0]);
-  exponents[1] = quad_exponents<C, 2 * G + 1, Path>(s, e, base3[1], delta[1]);
+  exponents[0] = quad_exponents<C, 2 * G>(s, e, base3[0], delta[0]);
+  exponents[1] = quad_exponents<C, 2 * G + 1>(s, e, base3[1], delta[1]);
   if constexpr (Path == EscapePath::wide) {
     if (lane_needs_fixing<C>(s.tags)) fix_group<C, G>(s, escapes, offset, base3, delta, exponents);
   }
@@ -369,15 +359,15 @@ GAAC_LANE_INLINE uint32_t base_word(const uint8_t* bases, int lane, int word) {
 template <int C, bool Key>
 inline constexpr int kBaseWords = Key ? SlotShape<C>::kSteps : SlotShape<C>::kQuads;
 
-/// Rebuilds every quad's exponent bytes of one lane, group by group, on escape path `Path` (at least
-/// the lane's own, escape_path_of_lane), given its escape offset (its exclusive prefix of
+/// Rebuilds every quad's exponent bytes of one lane, group by group, on escape path `Path` (wide for
+/// a lane that lane_needs_fixing selects), given its escape offset (its exclusive prefix of
 /// escape_bytes_of_lane over the warp). `base3w`/`deltaw` are its base words (kBaseWords);
 /// `base3_at(w)` reads b3 word w at run time (the rare raw-group path).
 template <int C, bool Key, EscapePath Path, class BaseAt>
 GAAC_LANE_INLINE void lane_exponents(const LaneSlot<C>& s, const uint8_t* escapes, uint32_t offset,
                                      const uint32_t* base3w, const uint32_t* deltaw, const BaseAt& base3_at,
                                      uint32_t* exponents) {
-  const LaneEscapes e = lane_escapes<C, Key, Path>(s.tags, escapes, offset, base3_at);
+  const LaneEscapes e = lane_escapes<C, Key>(s.tags, escapes, offset, base3_at);
   [&]<int... G>(std::integer_sequence<int, G...>) {
     (
         [&] {

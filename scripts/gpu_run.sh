@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
 # One call on a GPU machine: take the prebuilt CUDA binaries if they run there (else build them), run
-# the GPU tests, compute-sanitizer memcheck and racecheck on a small case, then the decode-attention
-# benchmark against PyTorch SDPA and FlashInfer. Logs and JSON go to $OUT (default ./gpu-out); a
-# short table is printed last.
+# the GPU tests, the decode-attention benchmark against PyTorch SDPA and FlashInfer, the comparisons
+# with earlier kernel versions, compute-sanitizer memcheck and racecheck on a small case, and Nsight
+# Compute on one case. $OUT (default ./gpu-out) receives bench.json, bench.log and logs.tar.gz (every
+# other log).
 #   scripts/gpu_run.sh [--prebuilt DIR] [--data DIR] [--bench-args "..."] [--skip-tests] [--skip-sanitizer]
+#                      [--skip-bench] [--profile SHAPE:CTX:BS] [--compare NAME=LIB]... [--limit SECONDS]
+# --compare times an earlier build of the benchmark library (another kernel version) on 64K batch 1
+# of `llama` against this one, in the same call, after the main benchmark; --limit is the time the
+# call may take (default 570 s), from which the benchmark's budget is derived.
 # DATA holds kv/ (bench/gpu/cut_layer.py output), flashinfer-site.tar.xz (optional: FlashInfer and
 # apache-tvm-ffi unpacked from their wheels) and xxhash/ (xxhash.h, for building where pkg-config's
 # libxxhash is missing).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-prebuilt="" data="" bench_args="" skip_tests=0 skip_sanitizer=0 profile="" skip_bench=0
+prebuilt="" data="" bench_args="" skip_tests=0 skip_sanitizer=0 profile="" skip_bench=0 limit=570 compare=()
 while [ $# -gt 0 ]; do
   case $1 in
     --prebuilt) prebuilt=$2; shift 2 ;;
@@ -19,6 +24,8 @@ while [ $# -gt 0 ]; do
     --skip-sanitizer) skip_sanitizer=1; shift ;;
     --skip-bench) skip_bench=1; shift ;;
     --profile) profile=$2; shift 2 ;;  # SHAPE:CTX:BS: Nsight Compute on one GAAC and one twin launch
+    --compare) compare+=("$2"); shift 2 ;;
+    --limit) limit=$2; shift 2 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -40,10 +47,10 @@ else
   [ -n "$data" ] && [ -f "$data/xxhash/xxhash.h" ] && xx=(-DGAAC_XXHASH_INCLUDE_DIR="$PWD/$data/xxhash")
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DGAAC_BUILD_BENCHMARKS=OFF -DGAAC_BUILD_TOOLS=OFF \
     "${xx[@]}" >"$out/cmake.log" 2>&1 || { tail -30 "$out/cmake.log"; exit 1; }
-  ninja -C build-gpu cuda_decode_test lane_decode_test paged_fill_test gaac_gpu_bench >"$out/build.log" 2>&1 ||
+  ninja -C build-gpu cuda_decode_test lane_decode_test gaac_gpu_bench >"$out/build.log" 2>&1 ||
     { tail -40 "$out/build.log"; exit 1; }
   mkdir -p build-gpu/collected
-  cp build-gpu/tests/cuda_decode_test build-gpu/tests/lane_decode_test build-gpu/tests/paged_fill_test \
+  cp build-gpu/tests/cuda_decode_test build-gpu/tests/lane_decode_test \
     build-gpu/bench/gpu/libgaac_gpu_bench.so build-gpu/collected/
   bin=build-gpu/collected
 fi
@@ -51,36 +58,42 @@ fi
 status=0
 if [ $skip_tests -eq 0 ]; then
   stage "tests"
-  for t in lane_decode_test paged_fill_test cuda_decode_test; do
+  for t in lane_decode_test cuda_decode_test; do
     timeout 300 "$bin/$t" --gtest_brief=1 >"$out/$t.log" 2>&1
     rc=$?
     echo "$t: exit $rc"; tail -3 "$out/$t.log"
     [ $rc -ne 0 ] && { status=1; grep -E "Failure|error|Expected|Which is|differ" "$out/$t.log" | head -30; }
   done
 fi
-if [ $skip_sanitizer -eq 0 ]; then
+sanitize() {
   stage "compute-sanitizer"
   for tool in memcheck racecheck; do
-    timeout 300 compute-sanitizer --tool $tool --error-exitcode 3 "$bin/cuda_decode_test" \
+    timeout 120 compute-sanitizer --tool $tool --error-exitcode 3 "$bin/cuda_decode_test" \
       --gtest_filter=GpuDecode.SmallCaseForTheSanitizers >"$out/sanitizer-$tool.log" 2>&1
     echo "$tool: exit $?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|hazard|Invalid" "$out/sanitizer-$tool.log" | head -5
   done
-fi
+}
 
-if [ -n "$profile" ]; then
+profile_kernels() {
   stage "nsight compute $profile"
-  timeout 240 ncu --clock-control none --kernel-name regex:decode_attention_kernel --launch-skip 2 --launch-count 2 \
+  timeout 120 ncu --clock-control none --kernel-name regex:decode_attention_kernel --launch-skip 2 --launch-count 2 \
     --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section InstructionStats \
     --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis --section SchedulerStats \
     --metrics sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_fmaheavy.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
     python3 bench/gpu/bench_decode.py --lib "$bin/libgaac_gpu_bench.so" --out "$out/profile.json" --profile "$profile" \
-    >"$out/ncu.txt" 2>&1
+    ${kv_dir:+--kv-dir "$kv_dir"} >"$out/ncu.txt" 2>&1
   echo "ncu: exit $?"
-  grep -E "decode_attention_kernel|Duration|Memory Throughput|DRAM Throughput|Compute \(SM\) Throughput|Issue Slots Busy|Issued Ipc|Achieved Occupancy|Registers Per|No Eligible|pipe_alu|pipe_fma|inst_executed.sum|hmma|Warp Cycles Per Issued|Stall" "$out/ncu.txt" | head -60
-fi
-[ $skip_bench -eq 1 ] && { stage "done"; exit $status; }
+  grep -E "decode_attention_kernel|Duration|DRAM Throughput|Issue Slots Busy|Achieved Occupancy|Registers Per|No Eligible|pipe_alu|inst_executed.sum|Warp Cycles Per Issued" "$out/ncu.txt" | head -30
+}
 
-stage "benchmark"
+# Logs go into one archive at the end (a call returns few files): bench.json, bench.log, logs.tar.gz.
+finish() {
+  stage "done"
+  (cd "$out" && tar -czf logs.tar.gz --exclude=bench.json --exclude=bench.log --exclude=logs.tar.gz -- * 2>/dev/null &&
+    find . -maxdepth 1 -type f ! -name bench.json ! -name bench.log ! -name logs.tar.gz -delete)
+  exit $status
+}
+
 if [ -n "$data" ] && [ -f "$data/flashinfer-site.tar.xz" ]; then
   mkdir -p /tmp/gaac-site && tar -xJf "$data/flashinfer-site.tar.xz" -C /tmp/gaac-site && export PYTHONPATH=/tmp/gaac-site
 fi
@@ -88,14 +101,23 @@ if [ -n "$data" ] && [ -f "$data/flashinfer-jit.tar.xz" ]; then
   mkdir -p ~/.cache && tar -xJf "$data/flashinfer-jit.tar.xz" -C ~/.cache  # kernels compiled by an earlier call
 fi
 kv_dir=${data:+$data/kv}
-left=$((570 - SECONDS))  # the machine gives a call 600 s
-# shellcheck disable=SC2086
-PYTHONUNBUFFERED=1 timeout $left python3 bench/gpu/bench_decode.py --lib "$bin/libgaac_gpu_bench.so" \
-  --out "$out/bench.json" ${kv_dir:+--kv-dir "$kv_dir"} --budget-s $((left - 75)) $bench_args 2>&1 |
-  grep -v "^  \(gaac\|bf16\)_.*stages\|^$" | tail -70
-if [ -d ~/.cache/flashinfer ]; then
-  tar -cJf "$out/flashinfer-jit.tar.xz" -C ~/.cache flashinfer 2>/dev/null
-  ls -la "$out/flashinfer-jit.tar.xz"
+
+if [ $skip_bench -eq 0 ]; then
+  stage "benchmark"
+  # What runs after the benchmark: the comparisons (~8 s each), the sanitizers (~45 s), ncu (~20 s).
+  reserve=$((8 * ${#compare[@]} + (skip_sanitizer ? 0 : 45) + (${#profile} ? 20 : 0) + 10))
+  left=$((limit - SECONDS - reserve))
+  # shellcheck disable=SC2086
+  PYTHONUNBUFFERED=1 timeout $((left + 30)) python3 bench/gpu/bench_decode.py --lib "$bin/libgaac_gpu_bench.so" \
+    --out "$out/bench.json" ${kv_dir:+--kv-dir "$kv_dir"} --budget-s $((left - 20)) $bench_args 2>&1 |
+    grep -v "^  \(gaac\|bf16\)_.*stages\|^$" | tail -70
 fi
-stage "done"
-exit $status
+for c in "${compare[@]}"; do
+  name=${c%%=*} lib=${c#*=}
+  stage "compare $name ($lib)"
+  PYTHONUNBUFFERED=1 timeout 60 python3 bench/gpu/bench_decode.py --lib "$lib" --out "$out/compare-$name.json" \
+    --shapes llama --cases 65536:1 --quick-variants --no-flashinfer 2>&1 | grep -E "^  (gaac|bf16_twin) "
+done
+[ $skip_sanitizer -eq 0 ] && sanitize
+[ -n "$profile" ] && profile_kernels
+finish

@@ -1,21 +1,24 @@
 // A small C entry point into gaac_cuda for the Python benchmark harness (ctypes on device pointers):
-// builds the caches of one benchmark case on the device and launches its paths. Not a public API:
-// the project's Python binding comes later.
+// fills the gaac::KvCache caches of one benchmark case (GAAC and BF16), copies them to the device and
+// launches its paths. Not a public API: the project's Python binding comes later.
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <functional>
 #include <memory>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
-#include "cuda/paged_fill.hpp"
 #include "gaac/calibration.hpp"
 #include "gaac/cuda.hpp"
 #include "gaac/error.hpp"
+#include "gaac/kv_cache.hpp"
 #include "gaac/kv_dump.hpp"
 #include "gaac/synthetic.hpp"
+#include "gaac/tensor_view.hpp"
 
 namespace {
 
@@ -30,13 +33,27 @@ struct BenchCase {
   int batch = 0, context = 0, kv_heads = 0, head_dim = 0, window = 0;
   std::vector<KvDump> sequences;  // the values, for export to the baselines
   std::vector<DeviceCache> gaac, bf16, decompressed;
-  std::unique_ptr<DeviceSequences> seqs;
+  std::unique_ptr<DeviceSequences> seqs, bf16_seqs;
   DecodeWorkspace workspace;
-  FillCounts counts;
+  CacheUsage usage;
   uint32_t unit_bytes = 0;
   uint64_t gaac_bytes = 0, bf16_bytes = 0;  // bytes of units the attended tiles occupy
   std::string describe;
 };
+
+/// The calibration of one layer of `table`, as a one-layer table (for caches of one layer).
+CalibrationTable calibration_of_layer(const CalibrationTable& table, int layer) {
+  CalibrationTable one(1, table.kv_heads(), table.head_dim());
+  for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
+    for (int h = 0; h < table.kv_heads(); ++h) {
+      std::ranges::copy(table.b3(kind, layer, h), one.b3(kind, 0, h).begin());
+      std::ranges::copy(table.b4(kind, layer, h), one.b4(kind, 0, h).begin());
+    }
+    one.set_escape_capacity(kind, 0, table.escape_capacity(kind, layer));
+  }
+  one.metadata() = table.metadata();
+  return one;
+}
 
 /// Values and calibration of a case: a synthetic layer (calibrated on itself); one layer of a KV dump
 /// (with its calibration table's layer, or calibrated on itself); or, when the dump's heads are half
@@ -121,22 +138,53 @@ KvDump tiled(const KvDump& base, int tokens, int shift) {
   return d;
 }
 
-uint64_t attended_unit_bytes(const HostPagedCache& c, const HostSequenceTable& t, int window) {
+/// Bytes of the units that the tiles attended by the batch's newest tokens occupy.
+uint64_t attended_unit_bytes(const KvCache& cache, const SequenceTable& t, int window) {
   uint64_t bytes = 0;
-  const PagedGeometry& g = c.geometry;
+  const PagedCacheView v = cache.view();
+  const PagedGeometry& g = v.geometry;
   for (size_t s = 0; s < t.lengths.size(); ++s) {
     const int first = first_attended(t.lengths[s] - 1, window) / kTileTokens;
     for (int b = t.indptr[s] + first; b < t.indptr[s + 1]; ++b)
       for (int h = 0; h < g.kv_heads; ++h)
         for (const TensorKind kind : {TensorKind::key, TensorKind::value})
           for (int half = 0; half < g.halves(); ++half) {
-            const uint32_t e = c.entries[g.entry_index(0, t.rows[static_cast<size_t>(b)], h, kind, half)];
+            const uint32_t e = v.entries[g.entry_index(0, t.rows[static_cast<size_t>(b)], h, kind, half)];
             bytes += entry_class(e) == TileClass::compressed ? g.unit_bytes
                      : entry_class(e) == TileClass::raw      ? g.raw_tile_bytes()
                                                              : 0;
           }
   }
   return bytes;
+}
+
+/// A cache of one layer holding each of `sequences` as one sequence, appended whole (complete blocks
+/// encoded on every core), and their table.
+KvCache fill(const std::vector<KvDump>& sequences, CacheFormat format, const CalibrationTable& table, int window,
+             SequenceTable& batch) {
+  CacheConfig config;
+  const KvDump& first = sequences.front();
+  config.geometry = {1, first.kv_heads(), first.head_dim(), {window}};
+  config.format = format;
+  config.calibration = &table;
+  config.budget_bytes = worst_case_budget(config.geometry, format, &table, first.layers[0].k.tokens,
+                                          static_cast<int>(sequences.size()));
+  config.parallel = [](size_t n, const std::function<void(size_t, size_t)>& body) {
+    const size_t threads = std::max<size_t>(1, std::min<size_t>(std::thread::hardware_concurrency(), n));
+    std::vector<std::thread> pool;
+    for (size_t i = 0; i < threads; ++i) pool.emplace_back([&, i] { body(n * i / threads, n * (i + 1) / threads); });
+    for (std::thread& t : pool) t.join();
+  };
+  KvCache cache(std::move(config));
+  std::vector<SequenceId> ids;
+  for (const KvDump& d : sequences) {
+    ids.push_back(cache.add_sequence());
+    const KvView k[] = {view_of(d.layers[0].k)};
+    const KvView v[] = {view_of(d.layers[0].v)};
+    if (cache.append(ids.back(), k, v).status != CacheStatus::ok) throw Error("bench: the cache is full");
+  }
+  batch = cache.sequence_table(ids);
+  return cache;
 }
 
 template <class F>
@@ -170,29 +218,24 @@ void* gaac_bench_create(int batch, int context, int kv_heads, int head_dim, cons
     CalibrationTable table;
     base_values(source, layer, calibration ? calibration : "", kv_heads, head_dim, seed, base, table);
     for (int s = 0; s < batch; ++s) c->sequences.push_back(tiled(base, context, 1237 * s));
-    std::vector<const KvDump*> ptrs;
-    for (const KvDump& d : c->sequences) ptrs.push_back(&d);
-    FillOptions options;
-    options.calibration = &table;
-    options.windows = {window};
-    HostSequenceTable t_gaac, t_bf16;
-    const HostPagedCache h_gaac = fill_paged_cache(ptrs, options, t_gaac);
-    options.format = FillFormat::bf16;
-    const HostPagedCache h_bf16 = fill_paged_cache(ptrs, options, t_bf16);
-    c->counts = h_gaac.counts;
-    c->unit_bytes = h_gaac.geometry.unit_bytes;
+    SequenceTable t_gaac, t_bf16;
+    const KvCache h_gaac = fill(c->sequences, CacheFormat::gaac, table, window, t_gaac);
+    const KvCache h_bf16 = fill(c->sequences, CacheFormat::bf16, table, window, t_bf16);
+    c->usage = h_gaac.usage();
+    c->unit_bytes = h_gaac.geometry().unit_bytes;
     c->gaac_bytes = attended_unit_bytes(h_gaac, t_gaac, window);
     c->bf16_bytes = attended_unit_bytes(h_bf16, t_bf16, window);
     c->seqs = std::make_unique<DeviceSequences>(DeviceSequences::upload(t_gaac.view()));
+    c->bf16_seqs = std::make_unique<DeviceSequences>(DeviceSequences::upload(t_bf16.view()));
     for (int i = 0; i < copies; ++i) {
-      c->gaac.push_back(DeviceCache::upload(h_gaac.view(), h_gaac.unit_count));
-      c->bf16.push_back(DeviceCache::upload(h_bf16.view(), h_bf16.unit_count));
-      c->decompressed.push_back(DeviceCache::bf16_for(h_gaac.geometry, window));
+      c->gaac.push_back(DeviceCache::upload(h_gaac));
+      c->bf16.push_back(DeviceCache::upload(h_bf16));
+      c->decompressed.push_back(DeviceCache::bf16_for(h_gaac.geometry(), window));
     }
     std::ostringstream js;
-    js << "{\"unit_bytes\": " << c->unit_bytes << ", \"escape_capacity\": " << h_gaac.geometry.escape_capacity()
-       << ", \"compressed_tiles\": " << c->counts.compressed_tiles << ", \"raw_tiles\": " << c->counts.raw_tiles
-       << ", \"tail_tiles\": " << c->counts.tail_tiles << ", \"absent_tiles\": " << c->counts.absent_tiles
+    js << "{\"unit_bytes\": " << c->unit_bytes << ", \"escape_capacity\": " << h_gaac.geometry().escape_capacity()
+       << ", \"compressed_tiles\": " << c->usage.compressed_tiles << ", \"raw_tiles\": " << c->usage.raw_tiles
+       << ", \"tail_tiles\": " << c->usage.tail_tiles
        << ", \"gaac_bytes\": " << c->gaac_bytes << ", \"bf16_bytes\": " << c->bf16_bytes
        << ", \"device\": \"" << device_description() << "\"}";
     c->describe = js.str();
@@ -235,7 +278,7 @@ int gaac_bench_run(void* handle, int copy, int path, int work, int stages, int b
     const auto st = static_cast<Stream>(stream);
     DecodePlan plan{};
     if (path == 0) plan = decode_attention(c.gaac.at(i), *c.seqs, config, qp, op, c.workspace, st);
-    if (path == 1) plan = decode_attention(c.bf16.at(i), *c.seqs, config, qp, op, c.workspace, st);
+    if (path == 1) plan = decode_attention(c.bf16.at(i), *c.bf16_seqs, config, qp, op, c.workspace, st);
     if (path == 2 || path == 3) decompress(c.gaac.at(i), *c.seqs, 0, c.decompressed.at(i), st);
     if (path == 2) plan = decode_attention(c.decompressed.at(i), *c.seqs, config, qp, op, c.workspace, st);
     if (path < 0 || path > 3) throw Error("bench: unknown path " + std::to_string(path));
@@ -251,7 +294,7 @@ int gaac_bench_plan(void* handle, int path, int work, int stages, int q_heads, c
     config.q_heads = q_heads;
     config.work = static_cast<Work>(work);
     config.stages = stages;
-    const DecodePlan p = plan_decode(path == 0 ? c.gaac.at(0) : c.bf16.at(0), *c.seqs, config);
+    const DecodePlan p = plan_decode(path == 0 ? c.gaac.at(0) : c.bf16.at(0), path == 0 ? *c.seqs : *c.bf16_seqs, config);
     const std::string js = "{\"blocks_per_split\": " + std::to_string(p.blocks_per_split) +
                            ", \"max_splits\": " + std::to_string(p.max_splits) + ", \"ctas_per_sm\": " +
                            std::to_string(p.ctas_per_sm) + ", \"shared_bytes\": " + std::to_string(p.shared_bytes) + "}";

@@ -9,7 +9,7 @@ overhead does not count), rotating over enough copies of the data that the L2 ne
 previous one; the time per call is the median over 7 such batches. Effective TB/s = BF16 K+V bytes / time.
 
   python3 bench/gpu/bench_decode.py --lib build/bench/gpu/libgaac_gpu_bench.so --out bench.json \\
-      [--kv-dir DIR] [--quick] [--no-flashinfer]
+      [--kv-dir DIR] [--shapes llama,...] [--quick | --cases 65536:1,...] [--quick-variants] [--no-flashinfer]
 """
 import argparse
 import ctypes
@@ -302,6 +302,7 @@ def main():
     ap.add_argument("--kv-dir", default=os.path.expanduser("~/.cache/gaac/kv"))
     ap.add_argument("--shapes", default="llama,llama_realkv,gemma3,smollm2")
     ap.add_argument("--quick", action="store_true", help="fewer contexts")
+    ap.add_argument("--cases", help="contexts and batches to run, as CTX:BATCH,... (default: all of CASES)")
     ap.add_argument("--quick-variants", action="store_true", help="skip the stage sweep and breakdown variants")
     ap.add_argument("--no-flashinfer", action="store_true")
     ap.add_argument("--budget-s", type=float, default=1e9, help="stop starting new cases after this many seconds")
@@ -334,7 +335,8 @@ def main():
     meta = {"device": torch.cuda.get_device_name(), "torch": torch.__version__, "copy_tbps": round(bw, 3),
             "flashinfer": getattr(flashinfer, "__version__", None) if flashinfer else None}
     for shape in args.shapes.split(","):
-        for context, batch in (QUICK_CASES if args.quick else CASES):
+        chosen = [tuple(int(x) for x in c.split(":")) for c in args.cases.split(",")] if args.cases else None
+        for context, batch in chosen or (QUICK_CASES if args.quick else CASES):
             if time.time() - t_start > args.budget_s:
                 log(f"budget reached: skipping {shape} {context} x{batch}")
                 continue

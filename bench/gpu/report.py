@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Markdown tables for docs/performance.md from a bench_decode.py JSON file.
 
-  python3 bench/gpu/report.py bench/gpu/results/h200-2026-12-01.json
+  python3 bench/gpu/report.py bench/gpu/results/h200-2026-12-01-v8.json
 """
 import json
 import sys

@@ -12,6 +12,10 @@
 
 struct CUstream_st;
 
+namespace gaac {
+class KvCache;
+}
+
 namespace gaac::cuda {
 
 /// A CUDA stream (cudaStream_t); null is the default stream.
@@ -50,9 +54,10 @@ class DeviceBuffer {
 /// layout of the host cache it was copied from.
 class DeviceCache {
  public:
-  /// Copies a host cache (its pointers are host memory) holding `units` units to the device. The pool
-  /// gets 16 bytes of padding past its last unit: the kernels may read that far.
-  static DeviceCache upload(const PagedCacheView& host, uint32_t units);
+  /// Copies a host cache to the device, in its layout: the pool up to its last unit in use (units past
+  /// it hold nothing a kernel reads), the whole block table, the bases and the windows. The pool gets
+  /// 16 bytes of padding past its last unit: the kernels may read that far.
+  static DeviceCache upload(const KvCache& host);
   /// An empty BF16 cache of one layer with the given KV heads, head width and rows, one unit for every
   /// entry: what decompress() writes.
   static DeviceCache bf16_for(const PagedGeometry& like, int window);
@@ -67,6 +72,9 @@ class DeviceCache {
   bool compressed() const { return view_.geometry.raw_split(); }
   /// Copies the pool and the block table back to host memory (for tests and tools).
   void download(std::vector<uint8_t>& units, std::vector<uint32_t>& entries) const;
+  /// The bases as the decode kernel's lanes read them (one block of words per layer and KV head, made
+  /// from the bases at upload); null for a BF16 cache.
+  const uint32_t* lane_bases() const { return static_cast<const uint32_t*>(lane_bases_buffer_.data()); }
   /// Writable device pointers of the pool and the table, for kernels that fill the cache.
   uint8_t* units_data() const { return static_cast<uint8_t*>(units_buffer_.data()); }
   uint32_t* entries_data() const { return static_cast<uint32_t*>(entries_buffer_.data()); }
@@ -75,7 +83,7 @@ class DeviceCache {
   PagedCacheView view_;
   std::vector<int32_t> windows_;
   uint32_t units_ = 0;
-  DeviceBuffer units_buffer_, entries_buffer_, bases_buffer_, windows_buffer_;
+  DeviceBuffer units_buffer_, entries_buffer_, bases_buffer_, lane_bases_buffer_, windows_buffer_;
 };
 
 /// The sequence tables of a batch in device memory, with the host-side numbers a launch needs.

@@ -208,7 +208,7 @@ DecodePlan decode_attention(const DeviceCache& cache, const DeviceSequences& seq
   a.geometry = geo;
   a.units = cache.view().units;
   a.entries = cache.view().entries;
-  a.bases = cache.view().bases;
+  a.lane_bases = cache.lane_bases();
   a.layer = config.layer;
   a.window = cache.window(config.layer);
   a.sequences = sequences.sequences();

@@ -9,9 +9,9 @@
 // Work split: CTA (split, KV head, sequence) takes up to blocks_per_split consecutive attended
 // blocks of one sequence; its warps take every NW-th block, each streaming its blocks through its own
 // ring of shared-memory stages filled by the copy engine (cp.async.bulk, completion on an mbarrier).
-// Per block, one warp computes S = Q·Kᵀ for all the KV head's query heads (rows of the m16n8k16 A
-// operand) with the tile as B operand, an online softmax, and Oᵀ += Vᵀ·Pᵀ with the value tile as A
-// operand and P straight from the score registers as B operand. The warps' states meet in shared
+// Per block, one warp computes Sᵀ = K·Qᵀ with the key tile as the m16n8k16 A operand (16 tokens) and
+// the KV head's query heads as the columns of B (up to 8: no zero rows), an online softmax, and
+// Oᵀ += Vᵀ·Pᵀ with the value tile as A operand and Pᵀ, transposed in registers (movmatrix), as B. The warps' states meet in shared
 // memory, the splits' in global memory, merged by the last CTA of each (sequence, KV head).
 #pragma once
 
@@ -21,6 +21,7 @@
 #include <cstdint>
 
 #include "cuda/decode_params.hpp"
+#include "cuda/lane_bases.hpp"
 #include "cuda/lane_decode.cuh"
 #include "cuda/ptx.cuh"
 #include "cuda/warp.cuh"
@@ -60,40 +61,58 @@ __device__ __forceinline__ void escape_offsets(const uint8_t* stage, uint32_t ti
   }
 }
 
-/// Rebuilds a compressed tile in registers one octet of quads at a time (fewer live registers), given
-/// the lane's escape offset; `use(octet, r0, r1)` receives octet O's eight quads as bf16x2 registers
-/// (quad 8O + q: r0[q] its elements 0 and 2, r1[q] 1 and 3). `base3`/`delta` point at the
-/// lane-interleaved base words of this (kind, half) in shared memory.
+/// The order in which decode_groups rebuilds a tile's groups: keys interleave the token halves
+/// (group i, then group kSteps/2 + i: the two halves of channel steps 2i and 2i+1, which one product
+/// takes together), values go in order (group p is A block p).
+template <int C, bool Key>
+__device__ __forceinline__ constexpr int group_in_order(int n) {
+  constexpr int kHalf = lane::SlotShape<C>::kSteps / 2;
+  return Key ? (n % 2 == 0 ? n / 2 : kHalf + n / 2) : n;
+}
+
+/// Rebuilds a slot's groups in group_in_order, passing each to `use(group, r0, r1)` as two quads of
+/// bf16x2 registers (quad 2G + q: r0[q] its elements 0 and 2, r1[q] 1 and 3), on escape path `Path`.
+template <int C, bool Key, lane::EscapePath Path, class Use>
+__device__ __forceinline__ void decode_groups(const lane::LaneSlot<C>& s, const uint8_t* escapes, uint32_t offset,
+                                              const uint4* base3, const uint4* delta, int lane, const Use& use) {
+  const auto base3_at = [&](int w) {
+    return reinterpret_cast<const uint32_t*>(base3)[((w / 4) * 32 + lane) * 4 + w % 4];
+  };
+  const lane::LaneEscapes e = lane::lane_escapes<C, Key>(s.tags, escapes, offset, base3_at);
+  [&]<int... N>(std::integer_sequence<int, N...>) {
+    (
+        [&] {
+          constexpr int G = group_in_order<C, Key>(N);
+          constexpr int w = lane::base_word_of_quad<C, Key>(2 * G);  // even: both words in one 16-byte chunk
+          const uint4 x = base3[(w / 4) * 32 + lane], y = delta[(w / 4) * 32 + lane];
+          const uint32_t b3[2] = {w % 4 == 0 ? x.x : x.z, w % 4 == 0 ? x.y : x.w};
+          const uint32_t dl[2] = {w % 4 == 0 ? y.x : y.z, w % 4 == 0 ? y.y : y.w};
+          uint32_t exponents[2], r0[2], r1[2];
+          lane::group_exponents<C, G, Path>(s, e, escapes, offset, b3, dl, exponents);
+#pragma unroll
+          for (int q = 0; q < 2; ++q) lane::compose(s.sm[2 * G + q], exponents[q], r0[q], r1[q]);
+          use(std::integral_constant<int, G>{}, r0, r1);
+        }(),
+        ...);
+  }(std::make_integer_sequence<int, lane::SlotShape<C>::kGroups>{});
+}
+
+/// Rebuilds a compressed tile in registers group by group (few live registers), given the lane's
+/// escape offset; see decode_groups for `use`. `base3`/`delta` point at the lane-interleaved base
+/// words of this (kind, half) in shared memory. Only a tile in which some lane has groups the
+/// branch-free path cannot rebuild (rare) takes the wide path; the hot loop stays one compact path.
 template <int C, bool Key, class Use>
 __device__ __forceinline__ void decode_slot(const uint8_t* slot, int lane, uint32_t offset, const uint4* base3,
                                             const uint4* delta, const Use& use) {
   using S = lane::SlotShape<C>;
-  constexpr int kWords = lane::kBaseWords<C, Key>;
+  using lane::EscapePath;
   lane::LaneSlot<C> s;
   lane::load_lane_slot<C>(slot, lane, s);
-  uint32_t b3[kWords], dl[kWords];
-#pragma unroll
-  for (int w = 0; w < kWords / 4; ++w) {
-    const uint4 x = base3[w * 32 + lane], y = delta[w * 32 + lane];
-    b3[4 * w] = x.x, b3[4 * w + 1] = x.y, b3[4 * w + 2] = x.z, b3[4 * w + 3] = x.w;
-    dl[4 * w] = y.x, dl[4 * w + 1] = y.y, dl[4 * w + 2] = y.z, dl[4 * w + 3] = y.w;
-  }
-  const auto base3_at = [&](int w) {
-    return reinterpret_cast<const uint32_t*>(base3)[((w / 4) * 32 + lane) * 4 + w % 4];
-  };
   const uint8_t* escapes = slot + S::kEscapeOffset;
-  const lane::LaneEscapes e = lane::lane_escapes<C, Key>(s.tags, escapes, offset, base3_at);
-  [&]<int... O>(std::integer_sequence<int, O...>) {
-    (
-        [&] {
-          uint32_t exponents[8], r0[8], r1[8];
-          lane::octet_exponents<C, Key, O>(s, e, escapes, offset, b3, dl, exponents);
-#pragma unroll
-          for (int q = 0; q < 8; ++q) lane::compose(s.sm[8 * O + q], exponents[q], r0[q], r1[q]);
-          use(std::integral_constant<int, O>{}, r0, r1);
-        }(),
-        ...);
-  }(std::make_integer_sequence<int, S::kOctets>{});
+  if (__any_sync(0xFFFFFFFFu, lane::lane_needs_fixing<C>(s.tags)))
+    decode_groups<C, Key, EscapePath::wide>(s, escapes, offset, base3, delta, lane, use);
+  else
+    decode_groups<C, Key, EscapePath::branch_free>(s, escapes, offset, base3, delta, lane, use);
 }
 
 /// Key fragments from the rebuilt quads: quad h·(C/16) + s is (token half h, channel step s).
@@ -272,10 +291,15 @@ __device__ void merge_partials(const float* po, const float* pml, size_t first, 
   }
 }
 
-/// CTAs per SM the compiler is asked to make room for (registers ≤ 65536 / (CTAs · threads)): three,
+/// How far (log2 units) a block's maximum score may pass a head's reference maximum before the
+/// reference moves and the accumulators are rescaled: probabilities stay below 2^8, far inside the
+/// range of fp32 sums and of the bf16 probabilities P·V multiplies.
+inline constexpr float kRescaleSlack = 8.0f;
+
+/// CTAs per SM the compiler is asked to make room for (registers ≤ 65536 / (CTAs · threads)): four,
 /// as the shared memory of two stages allows, for the GAAC kernel at head_dim 128; else no constraint.
 constexpr int min_ctas_per_sm(int channels, int halves, TileSource source, int stages) {
-  return halves == 1 && stages == 2 && channels == 128 && source == TileSource::gaac ? 3 : 1;
+  return halves == 1 && stages == 2 && channels == 128 && source == TileSource::gaac ? 4 : 1;
 }
 
 /// The decode-attention kernel; see the top of this file. C: tile channels, P: tiles per head,
@@ -357,17 +381,18 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, Src, STAGES)) d
     uint8_t* stage = my_stages + static_cast<uint32_t>(i % STAGES) * stage_bytes;
     uint64_t* bar = &bars[warp * STAGES + i % STAGES];
     if constexpr (Src == TileSource::gaac) {
-      if (lane == 0) {
-        uint32_t bytes = 0;
-#pragma unroll
-        for (int j = 0; j < kTiles; ++j) bytes += entry_class(e[j]) == TileClass::compressed ? a.geometry.unit_bytes : 0u;
-        ptx::mbarrier_arrive_expect_tx(bar, bytes);
-#pragma unroll
-        for (int j = 0; j < kTiles; ++j)
-          if (entry_class(e[j]) == TileClass::compressed)
-            ptx::bulk_copy_to_shared(stage + j * a.tile_stride, a.units + a.geometry.unit_offset(entry_unit(e[j])),
-                                     a.geometry.unit_bytes, bar);
+      // Lane j copies tile j when it is compressed (raw tiles are read from global memory), announcing
+      // its bytes first; lane 0 arrives once every lane has.
+      if (lane < kTiles) {
+        const uint32_t entry = e[lane];
+        if (entry_class(entry) == TileClass::compressed) {
+          ptx::mbarrier_expect_tx(bar, a.geometry.unit_bytes);
+          ptx::bulk_copy_to_shared(stage + lane * a.tile_stride, a.units + a.geometry.unit_offset(entry_unit(entry)),
+                                   a.geometry.unit_bytes, bar);
+        }
       }
+      __syncwarp();
+      if (lane == 0) ptx::mbarrier_arrive(bar);
     } else {
       constexpr uint32_t kRowBytes = 2 * C;
       if (lane == 0) {
@@ -388,7 +413,10 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, Src, STAGES)) d
     }
   };
 
-  float m_run = -INFINITY, l_run = 0.0f;
+  // Online-softmax state of the lane's two query heads 2t and 2t+1 (log2 domain): the reference
+  // maximum m (raised only when a block's maximum passes it by more than kRescaleSlack, so the
+  // accumulators are rarely rescaled) and the lane's part of the sum l (its tokens g and g+8).
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
   float o[P][kSteps][4];
 #pragma unroll
   for (int h = 0; h < P; ++h)
@@ -398,23 +426,12 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, Src, STAGES)) d
 
   for (int i = 0; i < STAGES && i < mine; ++i) issue(i);
 
-  // The lane-interleaved base words, while the first tiles are in flight.
+  // The lane-interleaved base words of this (layer, head), while the first tiles are in flight.
   if constexpr (Src == TileSource::gaac) {
-    constexpr int kPerHalf = 2 * (kSteps + C / 8);
-    uint32_t* words = reinterpret_cast<uint32_t*>(smem + plan.bases);
-    for (int i = tid; i < P * kPerHalf * 32; i += NW * 32) {
-      const int l = i % 32, w = (i / 32) % kPerHalf, half = i / 32 / kPerHalf;
-      const bool key = w < 2 * kSteps;
-      const int k = key ? w % kSteps : (w - 2 * kSteps) % (C / 8);
-      const bool delta = key ? w >= kSteps : w - 2 * kSteps >= C / 8;
-      const TensorKind kind = key ? TensorKind::key : TensorKind::value;
-      const uint8_t* b3 = a.bases + a.geometry.bases_index(a.layer, kind, 0, kvh) + half * C;
-      const uint8_t* b4 = a.bases + a.geometry.bases_index(a.layer, kind, 1, kvh) + half * C;
-      const uint32_t w3 = key ? lane::base_word<C, true>(b3, l, k) : lane::base_word<C, false>(b3, l, k);
-      const uint32_t w4 = key ? lane::base_word<C, true>(b4, l, k) : lane::base_word<C, false>(b4, l, k);
-      const int section = w - k;  // word offset of the section inside the half
-      words[(half * kPerHalf + section) * 32 + ((k / 4) * 32 + l) * 4 + k % 4] = delta ? w4 - w3 : w3;
-    }
+    constexpr uint32_t kVectors = lane_base_words(C, P) / 4;
+    const uint4* src = reinterpret_cast<const uint4*>(a.lane_bases + lane_bases_index(a.geometry, a.layer, kvh));
+    uint4* dst = reinterpret_cast<uint4*>(smem + plan.bases);
+    for (uint32_t i = static_cast<uint32_t>(tid); i < kVectors; i += NW * 32) dst[i] = src[i];
   }
   __syncthreads();
 
@@ -437,27 +454,30 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, Src, STAGES)) d
       uint32_t offset[kTiles];
       if constexpr (Src == TileSource::gaac && W != Work::no_decode) escape_offsets<C, kTiles>(stage, a.tile_stride, ent, lane, offset);
 
-      // S = Q·Kᵀ: two accumulation chains per token half.
-      float sacc[2][2][4];
+      // Sᵀ = K·Qᵀ: the key tile is the A operand (token rows g and g+8, channel step s: quads s and
+      // kSteps + s), Q the B operand (heads as columns: no zero rows), two accumulation chains.
+      // sacc[c]: token g heads 2t, 2t+1, then token g+8 heads 2t, 2t+1.
+      float sacc[2][4];
 #pragma unroll
-      for (int h = 0; h < 2; ++h)
-#pragma unroll
-        for (int c = 0; c < 2; ++c) sacc[h][c][0] = sacc[h][c][1] = sacc[h][c][2] = sacc[h][c][3] = 0.0f;
+      for (int c = 0; c < 2; ++c) sacc[c][0] = sacc[c][1] = sacc[c][2] = sacc[c][3] = 0.0f;
 #pragma unroll
       for (int half = 0; half < P; ++half) {
         const TileClass cls = entry_class(ent[half]);
         const uint8_t* tile = stage + half * a.tile_stride;
         if (Src == TileSource::gaac && W != Work::no_decode && cls == TileClass::compressed) {
+          uint32_t low0[kSteps], low1[kSteps];  // token half 0 of a channel step, until half 1 arrives
           decode_slot<C, true>(tile, lane, offset[half], base_words<C>(bases, half, true, false),
                                base_words<C>(bases, half, true, true),
-                               [&](auto octet, const uint32_t (&r0)[8], const uint32_t (&r1)[8]) {
+                               [&](auto group, const uint32_t (&r0)[2], const uint32_t (&r1)[2]) {
 #pragma unroll
-                                 for (int q = 0; q < 8; ++q) {
-                                   if constexpr (kMath) {
-                                     const int quad = 8 * decltype(octet)::value + q, h = quad / kSteps, st = quad % kSteps;
-                                     ptx::mma_bf16(sacc[h][st & 1], qf[half][st][0], 0u, qf[half][st][1], 0u, r0[q], r1[q]);
+                                 for (int q = 0; q < 2; ++q) {
+                                   const int quad = 2 * decltype(group)::value + q, h = quad / kSteps, st = quad % kSteps;
+                                   if (h == 0) {
+                                     low0[st] = r0[q], low1[st] = r1[q];
+                                   } else if constexpr (kMath) {
+                                     ptx::mma_bf16(sacc[st & 1], low0[st], r0[q], low1[st], r1[q], qf[half][st][0], qf[half][st][1]);
                                    } else {
-                                     sink ^= r0[q] ^ r1[q];
+                                     sink ^= low0[st] ^ low1[st] ^ r0[q] ^ r1[q];
                                    }
                                  }
                                });
@@ -483,48 +503,72 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, Src, STAGES)) d
         if constexpr (kMath) {
 #pragma unroll
           for (int s = 0; s < kSteps; ++s)
-#pragma unroll
-            for (int h = 0; h < 2; ++h)
-              ptx::mma_bf16(sacc[h][s & 1], qf[half][s][0], 0u, qf[half][s][1], 0u, kf[h][s][0], kf[h][s][1]);
+            ptx::mma_bf16(sacc[s & 1], kf[0][s][0], kf[1][s][0], kf[0][s][1], kf[1][s][1], qf[half][s][0], qf[half][s][1]);
         } else {
           sink ^= fold<4 * kSteps>(&kf[0][0][0]);
         }
       }
 
-      // Online softmax over the block's 16 tokens (scores in the log2 domain).
+      // Online softmax over the block's 16 tokens. Scores are scaled into the log2 domain inside the
+      // exponent's argument (one FFMA); a head's reference maximum moves only when the block's
+      // maximum passes it by more than kRescaleSlack, and the accumulators are rescaled only when
+      // some head of the warp moved (probabilities stay below 2^kRescaleSlack).
       uint32_t pb0 = 0u, pb1 = 0u;
       if constexpr (kMath) {
         float x[4];
 #pragma unroll
-        for (int k = 0; k < 4; ++k) x[k] = (sacc[k / 2][0][k % 2] + sacc[k / 2][1][k % 2]) * a.scale_log2;
+        for (int k = 0; k < 4; ++k) x[k] = sacc[0][k] + sacc[1][k];
         if (key_absent || tok0 < first || tok0 + kTileTokens > len) {
 #pragma unroll
           for (int k = 0; k < 4; ++k) {
-            const int pos = tok0 + 8 * (k / 2) + 2 * t + k % 2;
+            const int pos = tok0 + g + 8 * (k / 2);
             if (key_absent || pos < first || pos >= len) x[k] = -INFINITY;
           }
         }
-        float tmax = fmaxf(fmaxf(x[0], x[1]), fmaxf(x[2], x[3]));
-        tmax = fmaxf(tmax, __shfl_xor_sync(0xFFFFFFFFu, tmax, 1));
-        tmax = fmaxf(tmax, __shfl_xor_sync(0xFFFFFFFFu, tmax, 2));
-        const float m_new = fmaxf(m_run, tmax);
-        const float base = m_new == -INFINITY ? 0.0f : m_new;
-        const float alpha = ptx::exp2_approx(m_run - base);
+        float mx[2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) mx[j] = fmaxf(x[j], x[2 + j]);
+#pragma unroll
+        for (int d = 4; d < 32; d <<= 1)
+#pragma unroll
+          for (int j = 0; j < 2; ++j) mx[j] = fmaxf(mx[j], __shfl_xor_sync(0xFFFFFFFFu, mx[j], d));
+        bool moves[2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          mx[j] *= a.scale_log2;
+          moves[j] = mx[j] > m_run[j] + kRescaleSlack;
+        }
+        // A head's first reference needs no rescaling (its accumulators are still zero).
+        bool rescale = false;
+        float alpha[2];
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          alpha[j] = moves[j] ? ptx::exp2_approx(m_run[j] - mx[j]) : 1.0f;
+          rescale |= moves[j] && m_run[j] != -INFINITY;
+          m_run[j] = moves[j] ? mx[j] : m_run[j];
+        }
+        if (__any_sync(0xFFFFFFFFu, rescale)) {
+#pragma unroll
+          for (int j = 0; j < 2; ++j) l_run[j] *= alpha[j];
+#pragma unroll
+          for (int h = 0; h < P; ++h)
+#pragma unroll
+            for (int p = 0; p < kSteps; ++p) {
+              o[h][p][0] *= alpha[0], o[h][p][1] *= alpha[1], o[h][p][2] *= alpha[0], o[h][p][3] *= alpha[1];
+            }
+        }
         float pr[4];
 #pragma unroll
-        for (int k = 0; k < 4; ++k) pr[k] = ptx::exp2_approx(x[k] - base);
-        l_run = l_run * alpha + ((pr[0] + pr[1]) + (pr[2] + pr[3]));
-        m_run = m_new;
-        const float alpha_lo = __shfl_sync(0xFFFFFFFFu, alpha, 8 * t);
-        const float alpha_hi = __shfl_sync(0xFFFFFFFFu, alpha, 8 * t + 4);
-#pragma unroll
-        for (int h = 0; h < P; ++h)
-#pragma unroll
-          for (int p = 0; p < kSteps; ++p) {
-            o[h][p][0] *= alpha_lo, o[h][p][1] *= alpha_hi, o[h][p][2] *= alpha_lo, o[h][p][3] *= alpha_hi;
-          }
-        pb0 = ptx::pack_bf16(pr[0], pr[1]);
-        pb1 = ptx::pack_bf16(pr[2], pr[3]);
+        for (int k = 0; k < 4; ++k) {
+          const float base = m_run[k % 2] == -INFINITY ? 0.0f : m_run[k % 2];
+          pr[k] = ptx::exp2_approx(fmaf(x[k], a.scale_log2, -base));
+        }
+        l_run[0] += pr[0] + pr[2];
+        l_run[1] += pr[1] + pr[3];
+        // Pᵀ as the B operand of Vᵀ·Pᵀ (tokens 2t, 2t+1 | 2t+8, 2t+9 of head g): the transposes of the
+        // lane's (token g | g+8; heads 2t, 2t+1) pairs.
+        pb0 = ptx::movmatrix_trans(ptx::pack_bf16(pr[0], pr[1]));
+        pb1 = ptx::movmatrix_trans(ptx::pack_bf16(pr[2], pr[3]));
       }
 
       // Oᵀ += Vᵀ·Pᵀ.
@@ -535,15 +579,11 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, Src, STAGES)) d
         if (Src == TileSource::gaac && W != Work::no_decode && cls == TileClass::compressed) {
           decode_slot<C, false>(tile, lane, offset[P + half], base_words<C>(bases, half, false, false),
                                 base_words<C>(bases, half, false, true),
-                                [&](auto octet, const uint32_t (&r0)[8], const uint32_t (&r1)[8]) {
-#pragma unroll
-                                  for (int q = 0; q < 4; ++q) {
-                                    if constexpr (kMath)
-                                      ptx::mma_bf16(o[half][4 * decltype(octet)::value + q], r0[2 * q], r0[2 * q + 1], r1[2 * q],
-                                                    r1[2 * q + 1], pb0, pb1);
-                                    else
-                                      sink ^= r0[2 * q] ^ r0[2 * q + 1] ^ r1[2 * q] ^ r1[2 * q + 1];
-                                  }
+                                [&](auto group, const uint32_t (&r0)[2], const uint32_t (&r1)[2]) {
+                                  if constexpr (kMath)
+                                    ptx::mma_bf16(o[half][decltype(group)::value], r0[0], r0[1], r1[0], r1[1], pb0, pb1);
+                                  else
+                                    sink ^= r0[0] ^ r0[1] ^ r1[0] ^ r1[1];
                                 });
           continue;
         }
@@ -576,13 +616,21 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, Src, STAGES)) d
   if (sink == a.sink_magic && a.sink_magic != 0u) a.partial_ml[0] = 1.0f;  // keeps the sink alive
 
   // Warps meet in shared memory (the stages are idle now: every copy issued has been waited for).
-  float l_sum = l_run + __shfl_xor_sync(0xFFFFFFFFu, l_run, 1);
-  l_sum += __shfl_xor_sync(0xFFFFFFFFu, l_sum, 2);
+  float l_sum[2];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    l_sum[j] = l_run[j];
+#pragma unroll
+    for (int d = 4; d < 32; d <<= 1) l_sum[j] += __shfl_xor_sync(0xFFFFFFFFu, l_sum[j], d);
+  }
   __syncthreads();
   float* wm = reinterpret_cast<float*>(smem + plan.stages);
   float* wl = wm + NW * 8;
   float* wo = wl + NW * 8;
-  if (t == 0) wm[warp * 8 + g] = m_run, wl[warp * 8 + g] = l_sum;
+  if (g == 0) {
+#pragma unroll
+    for (int j = 0; j < 2; ++j) wm[warp * 8 + 2 * t + j] = m_run[j], wl[warp * 8 + 2 * t + j] = l_sum[j];
+  }
 #pragma unroll
   for (int h = 0; h < P; ++h)
 #pragma unroll

@@ -25,7 +25,7 @@ struct DecodeArgs {
   PagedGeometry geometry;            ///< layout numbers of the cache
   const uint8_t* units = nullptr;    ///< the unit pool
   const uint32_t* entries = nullptr; ///< the block table
-  const uint8_t* bases = nullptr;    ///< exponent bases [layers][K, V][b3, b4][kv_heads][head_dim]; null for a BF16 cache
+  const uint32_t* lane_bases = nullptr;  ///< the bases as lanes read them (lane_bases.hpp); null for a BF16 cache
   int layer = 0;                     ///< the layer attended
   int window = 0;                    ///< sliding window of the layer in tokens, 0 for full attention
   // The batch (CSR sequence table, device pointers).

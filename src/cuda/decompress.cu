@@ -45,7 +45,7 @@ __device__ void decode_tile_to_rows(const uint8_t* slot, const uint8_t* b3, cons
   }
   uint32_t exponents[S::kQuads];
   const auto base3_at = [&](int w) { return lane::base_word<C, Key>(b3, lane, w); };
-  lane::lane_exponents<C, Key>(s, slot + S::kEscapeOffset, offset, w3, dl, base3_at, exponents);
+  lane::lane_exponents<C, Key, lane::EscapePath::wide>(s, slot + S::kEscapeOffset, offset, w3, dl, base3_at, exponents);
   const int g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int q = 0; q < S::kQuads; ++q) {

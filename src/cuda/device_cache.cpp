@@ -2,11 +2,15 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cstring>
 #include <string>
+#include <vector>
 
 #include "cuda/check.hpp"
+#include "cuda/lane_bases.hpp"
 #include "gaac/cuda.hpp"
 #include "gaac/error.hpp"
+#include "gaac/kv_cache.hpp"
 
 namespace gaac::cuda {
 
@@ -64,12 +68,36 @@ void DeviceBuffer::download(void* dst, size_t bytes, size_t offset) const {
 }
 
 namespace {
+
 constexpr size_t kPoolPadding = 16;  // kernels read up to 8 bytes past a slot's escapes
+
+
+/// Units from 0 up to the last one a tile of the table holds (for a raw tile in two units, its second
+/// one too): the part of the pool worth copying.
+uint32_t units_in_use(const PagedCacheView& host) {
+  const PagedGeometry& geo = host.geometry;
+  uint32_t end = 0;
+  for (size_t i = 0; i < geo.table_entries(); ++i) {
+    const uint32_t e = host.entries[i];
+    if (entry_class(e) == TileClass::absent) continue;
+    const uint32_t unit = entry_unit(e);
+    end = std::max(end, unit + 1);
+    if (entry_class(e) == TileClass::raw && geo.raw_split()) {
+      uint32_t second = 0;
+      std::memcpy(&second, host.units + geo.unit_offset(unit) + geo.partner_offset(), sizeof second);
+      end = std::max(end, second + 1);
+    }
+  }
+  return end;
 }
 
-DeviceCache DeviceCache::upload(const PagedCacheView& host, uint32_t units) {
+}  // namespace
+
+DeviceCache DeviceCache::upload(const KvCache& host_cache) {
+  const PagedCacheView host = host_cache.view();
   const PagedGeometry& geo = host.geometry;
   if (geo.unit_bytes % 16 != 0) throw Error("DeviceCache: unit size is not a multiple of 16 bytes");
+  const uint32_t units = units_in_use(host);
   DeviceCache cache;
   cache.units_ = units;
   const size_t pool = static_cast<size_t>(units) * geo.unit_bytes;
@@ -81,6 +109,10 @@ DeviceCache DeviceCache::upload(const PagedCacheView& host, uint32_t units) {
   if (host.bases) {
     cache.bases_buffer_ = DeviceBuffer(geo.bases_bytes());
     cache.bases_buffer_.upload(host.bases, geo.bases_bytes());
+    std::vector<uint32_t> lane_bases(detail::lane_bases_index(geo, geo.layers, 0));
+    detail::fill_lane_bases(geo, host.bases, lane_bases.data());
+    cache.lane_bases_buffer_ = DeviceBuffer(lane_bases.size() * 4);
+    cache.lane_bases_buffer_.upload(lane_bases.data(), lane_bases.size() * 4);
   }
   cache.windows_.assign(static_cast<size_t>(geo.layers), 0);
   if (host.windows) std::copy(host.windows, host.windows + geo.layers, cache.windows_.begin());

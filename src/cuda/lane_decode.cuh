@@ -7,9 +7,9 @@
 //   1. load_lane_slot: its sign+mantissa words (C/8 quads), code words and tag field;
 //   2. escape_bytes_of_lane, then an exclusive scan over the warp: where its escapes start;
 //   3. lane_escapes: its 4-bit groups' escape bytes spread per group, branch-free;
-//   4. quad_exponents (octet_exponents for eight): base + code for four exponents at once, the 4-bit
-//      and single-raw-group corrections folded in;
-//   5. fix_wide_groups, only in lanes with two raw groups or many 4-bit groups (rare);
+//   4. quad_exponents (group_exponents for a group's two): base + code for four exponents at once,
+//      the 4-bit and single-raw-group corrections folded in;
+//   5. fix_group, only in lanes with two raw groups or many 4-bit groups (rare);
 //   6. compose: two bf16x2 registers per quad (PRMT sign spread + LOP3 select).
 #pragma once
 
@@ -163,13 +163,21 @@ GAAC_LANE_INLINE uint32_t tags_as_nibbles(uint32_t tags) {
 
 /// True when the branch-free path cannot rebuild the lane's escaped groups: two or more raw groups,
 /// a raw group and more than three 4-bit groups, or more than four 4-bit groups. Such a lane's
-/// escaped groups are rebuilt by fix_wide_groups (rare: about 0.1% of lanes on real KV).
+/// escaped groups are rebuilt by fix_group (rare: about 0.1% of lanes on real KV).
 template <int C>
 GAAC_LANE_INLINE bool lane_needs_fixing(uint32_t tags) {
   using S = SlotShape<C>;
   const uint32_t raw = popc(tags & S::kHighTagBits), four = popc(tags & S::kLowTagBits);
   return raw > 1 || (raw == 1 && four > 3) || four > 4;
 }
+
+/// Which decode a tile takes. A warp decodes a tile on the path its most demanding lane needs: the
+/// branch-free path nearly always, the wide path only in the rare tiles where some lane has groups
+/// it cannot rebuild (lane_needs_fixing).
+enum class EscapePath : uint32_t {
+  branch_free = 0,  ///< 4-bit groups (at most four per lane) and one raw group beside at most three
+  wide = 1,         ///< anything: lanes beyond the branch-free path rebuild their groups with fix_group
+};
 
 /// The branch-free view of a lane's escapes: byte p%4 of lo[p/4] holds the low nibble of group p's
 /// 4-bit escape byte (bit 3 of the offsets of its first quad), hi[p/4] the high nibble (second
@@ -185,8 +193,9 @@ struct LaneEscapes {
 };
 
 /// Bits 3..7 of the offsets of one raw group's quads from its five bit-planes (docs/format.md 5.4):
-/// `low` for the group's first quad (bits 0..3 of each plane), `high` for its second.
-GAAC_LANE_INLINE void raw_planes(const uint32_t (&planes)[5], uint32_t& low, uint32_t& high);
+/// `planes` holds planes 3..6 (byte k: plane 3 + k), `plane7` plane 7 in its low byte; `low` gets the
+/// group's first quad (bits 0..3 of each plane), `high` its second.
+GAAC_LANE_INLINE void raw_planes(uint32_t planes, uint32_t plane7, uint32_t& low, uint32_t& high);
 
 /// Builds LaneEscapes from the lane's tag field and its escapes, which start `offset` bytes into the
 /// escape slot at `escapes` (reads up to 12 bytes from offset rounded down to 4; the caller pads).
@@ -213,14 +222,11 @@ GAAC_LANE_INLINE LaneEscapes lane_escapes(uint32_t tags, const uint8_t* escapes,
     const int p = static_cast<int>(popc((e.raw & (0u - e.raw)) - 1u)) / 4;
     const uint32_t before = popc(e.four & ((1u << (4 * p)) - 1u));
     const uint32_t next = prmt(a1, load_u32(aligned + 8), shift);  // escape bytes 4..7
-    uint32_t planes[5];
     const uint32_t four_planes = prmt(window, next, 0x3210u + 0x1111u * before);
-    planes[0] = four_planes & 0xFFu, planes[1] = (four_planes >> 8) & 0xFFu;
-    planes[2] = (four_planes >> 16) & 0xFFu, planes[3] = four_planes >> 24;
-    planes[4] = prmt(window, next, 4u + before) & 0xFFu;
+    const uint32_t plane7 = prmt(window, next, 4u + before);
     window = prmt(window, next, 0x3210u + (0x0555u & ~((1u << (4 * before)) - 1u)));  // bytes 0..2 suffice
     uint32_t low, high;
-    raw_planes(planes, low, high);
+    raw_planes(four_planes, plane7, low, high);
     constexpr int kSteps = SlotShape<C>::kSteps;
     e.corr[0] = low - base3_at(Key ? (2 * p) % kSteps : 2 * p);
     e.corr[1] = high - base3_at(Key ? (2 * p + 1) % kSteps : 2 * p + 1);
@@ -237,13 +243,21 @@ GAAC_LANE_INLINE LaneEscapes lane_escapes(uint32_t tags, const uint8_t* escapes,
 /// Spreads the four bits of `nibble` (0..15) to bit 3 of bytes 0..3.
 GAAC_LANE_INLINE uint32_t spread_to_bit3(uint32_t nibble) { return (nibble * 0x01020408u) & 0x08080808u; }
 
-GAAC_LANE_INLINE void raw_planes(const uint32_t (&planes)[5], uint32_t& low, uint32_t& high) {
-  low = high = 0u;
-  GAAC_LANE_UNROLL
-  for (int k = 0; k < 5; ++k) {
-    low |= spread_to_bit3(planes[k] & 0xFu) << k;
-    high |= spread_to_bit3(planes[k] >> 4) << k;
-  }
+GAAC_LANE_INLINE void raw_planes(uint32_t planes, uint32_t plane7, uint32_t& low, uint32_t& high) {
+  // Byte k of `planes` holds bit 3 + k of the group's eight exponents (bit i: element i). Transposing
+  // its two 4×4 bit blocks (bits 0..3 and 4..7 of the four bytes) with two delta swaps puts bit 3 + k
+  // of element i of the first quad at bit k of byte i, and of the second quad at bit 4 + k.
+  uint32_t x = planes;
+  uint32_t t = (x ^ (x >> 7)) & 0x00AA00AAu;
+  x ^= t ^ (t << 7);
+  t = (x ^ (x >> 14)) & 0x0000CCCCu;
+  x ^= t ^ (t << 14);
+  // Plane 7: bit i of a nibble to bit 7 of byte i (the partial products land on no target bit and
+  // carry into none).
+  const uint32_t top_low = ((plane7 & 0xFu) * 0x10204080u) & 0x80808080u;
+  const uint32_t top_high = (((plane7 >> 4) & 0xFu) * 0x10204080u) & 0x80808080u;
+  low = ((x & 0x0F0F0F0Fu) << 3) | top_low;
+  high = ((x & 0xF0F0F0F0u) >> 1) | top_high;
 }
 
 /// The low three bits of the offsets of quad Q, one per byte (docs/format.md, section 5.2).
@@ -276,36 +290,41 @@ GAAC_LANE_INLINE uint32_t quad_exponents(const LaneSlot<C>& s, const LaneEscapes
   return (quad_codes<C, Q>(s) | spread_to_bit3(nibble)) + base3 + four * delta + raw * e.corr[Q % 2];
 }
 
-/// Rebuilds the exponent bytes of the 4-bit and raw groups of octet O (groups 4O..4O+3) of a lane
-/// from the escape slot, walking them in order; the lane's escapes start at `offset`. `base3[q]` and
-/// `delta[q]` are the words quad_exponents took for quad 8O + q; `exponents[q]` is that quad's.
-/// Used only in lanes that lane_needs_fixing selects.
-template <int C, int O>
-GAAC_LANE_INLINE void fix_wide_groups(const LaneSlot<C>& s, const uint8_t* escapes, uint32_t offset,
-                                      const uint32_t* base3, const uint32_t* delta, uint32_t* exponents) {
-  constexpr int kFirst = 4 * O;  // first group of the octet
-  constexpr int kGroups = SlotShape<C>::kGroups < 4 ? SlotShape<C>::kGroups : 4;
-  uint32_t at = offset + escape_bytes_of_lane(s.tags & ((1u << (2 * kFirst)) - 1u));
-  const auto fix = [&](auto local) {
-    constexpr int g = decltype(local)::value, p = kFirst + g;
-    const uint32_t mode = (s.tags >> (2 * p)) & 3u;
-    if (mode == 1u) {
-      const uint32_t x = escapes[at];
-      at += 1;
-      exponents[2 * g] = (quad_codes<C, 2 * p>(s) | spread_to_bit3(x & 0xFu)) + base3[2 * g] + delta[2 * g];
-      exponents[2 * g + 1] = (quad_codes<C, 2 * p + 1>(s) | spread_to_bit3(x >> 4)) + base3[2 * g + 1] + delta[2 * g + 1];
-    } else if (mode == 2u) {
-      uint32_t planes[5], first, second;
-      GAAC_LANE_UNROLL
-      for (int k = 0; k < 5; ++k) planes[k] = escapes[at + k];
-      raw_planes(planes, first, second);
-      at += 5;
-      exponents[2 * g] = quad_codes<C, 2 * p>(s) | first;
-      exponents[2 * g + 1] = quad_codes<C, 2 * p + 1>(s) | second;
-    }
-  };
-  [&]<int... G>(std::integer_sequence<int, G...>) { (fix(std::integral_constant<int, G>{}), ...); }(
-      std::make_integer_sequence<int, kGroups>{});
+/// Rebuilds the exponent bytes of group G (quads 2G, 2G+1) of a lane from the escape slot when it is
+/// a 4-bit or raw group; the lane's escapes start at `offset`. `base3`/`delta` are the words
+/// quad_exponents took for the two quads, `exponents` theirs. Used only in lanes that
+/// lane_needs_fixing selects.
+template <int C, int G>
+GAAC_LANE_INLINE void fix_group(const LaneSlot<C>& s, const uint8_t* escapes, uint32_t offset, const uint32_t (&base3)[2],
+                                const uint32_t (&delta)[2], uint32_t (&exponents)[2]) {
+  const uint32_t mode = (s.tags >> (2 * G)) & 3u;
+  if (mode == 0u) return;
+  const uint32_t at = offset + escape_bytes_of_lane(s.tags & ((1u << (2 * G)) - 1u));
+  if (mode == 1u) {
+    const uint32_t x = escapes[at];
+    exponents[0] = (quad_codes<C, 2 * G>(s) | spread_to_bit3(x & 0xFu)) + base3[0] + delta[0];
+    exponents[1] = (quad_codes<C, 2 * G + 1>(s) | spread_to_bit3(x >> 4)) + base3[1] + delta[1];
+  } else {
+    uint32_t planes = 0u, first, second;
+    GAAC_LANE_UNROLL
+    for (int k = 0; k < 4; ++k) planes |= static_cast<uint32_t>(escapes[at + k]) << (8 * k);
+    raw_planes(planes, escapes[at + 4], first, second);
+    exponents[0] = quad_codes<C, 2 * G>(s) | first;
+    exponents[1] = quad_codes<C, 2 * G + 1>(s) | second;
+  }
+}
+
+/// Exponent bytes of group G's two quads (2G, 2G+1): the branch-free path, then, on the wide path
+/// and in a lane lane_needs_fixing selects, the group rebuilt from its escapes. `base3`/`delta` are
+/// the quads' base words; `escapes`/`offset` as for lane_escapes, whose result `e` is.
+template <int C, int G, EscapePath Path>
+GAAC_LANE_INLINE void group_exponents(const LaneSlot<C>& s, const LaneEscapes& e, const uint8_t* escapes, uint32_t offset,
+                                      const uint32_t (&base3)[2], const uint32_t (&delta)[2], uint32_t (&exponents)[2]) {
+  exponents[0] = quad_exponents<C, 2 * G>(s, e, base3[0], delta[0]);
+  exponents[1] = quad_exponents<C, 2 * G + 1>(s, e, base3[1], delta[1]);
+  if constexpr (Path == EscapePath::wide) {
+    if (lane_needs_fixing<C>(s.tags)) fix_group<C, G>(s, escapes, offset, base3, delta, exponents);
+  }
 }
 
 /// The two bf16x2 registers of a quad from its sign+mantissa word and exponent bytes: register 0
@@ -340,41 +359,26 @@ GAAC_LANE_INLINE uint32_t base_word(const uint8_t* bases, int lane, int word) {
 template <int C, bool Key>
 inline constexpr int kBaseWords = Key ? SlotShape<C>::kSteps : SlotShape<C>::kQuads;
 
-/// Exponent bytes of the eight quads 8O..8O+7 of a lane (an octet: one token half of a key tile of
-/// 128 channels, eight channels of a value tile). `base3w`/`deltaw` are the lane's base words
-/// (kBaseWords, in registers); `escapes`/`offset` as for lane_escapes, whose result `e` is.
-template <int C, bool Key, int O>
-GAAC_LANE_INLINE void octet_exponents(const LaneSlot<C>& s, const LaneEscapes& e, const uint8_t* escapes, uint32_t offset,
-                                      const uint32_t* base3w, const uint32_t* deltaw, uint32_t (&exponents)[8]) {
-  uint32_t b3[8], dl[8];
-  GAAC_LANE_UNROLL
-  for (int q = 0; q < 8; ++q) {
-    b3[q] = base3w[base_word_of_quad<C, Key>(8 * O + q)];
-    dl[q] = deltaw[base_word_of_quad<C, Key>(8 * O + q)];
-  }
-  [&]<int... Q>(std::integer_sequence<int, Q...>) {
-    ((exponents[Q] = quad_exponents<C, 8 * O + Q>(s, e, b3[Q], dl[Q])), ...);
-  }(std::make_integer_sequence<int, 8>{});
-  if (lane_needs_fixing<C>(s.tags)) fix_wide_groups<C, O>(s, escapes, offset, b3, dl, exponents);
-}
-
-/// Rebuilds every quad's exponent bytes of one lane, given its escape offset (its exclusive prefix
-/// of escape_bytes_of_lane over the warp). `base3w`/`deltaw` are its base words (kBaseWords) in
-/// registers; `base3_at(w)` reads b3 word w at run time (the rare raw-group path).
-template <int C, bool Key, class BaseAt>
+/// Rebuilds every quad's exponent bytes of one lane, group by group, on escape path `Path` (wide for
+/// a lane that lane_needs_fixing selects), given its escape offset (its exclusive prefix of
+/// escape_bytes_of_lane over the warp). `base3w`/`deltaw` are its base words (kBaseWords);
+/// `base3_at(w)` reads b3 word w at run time (the rare raw-group path).
+template <int C, bool Key, EscapePath Path, class BaseAt>
 GAAC_LANE_INLINE void lane_exponents(const LaneSlot<C>& s, const uint8_t* escapes, uint32_t offset,
                                      const uint32_t* base3w, const uint32_t* deltaw, const BaseAt& base3_at,
                                      uint32_t* exponents) {
   const LaneEscapes e = lane_escapes<C, Key>(s.tags, escapes, offset, base3_at);
-  [&]<int... O>(std::integer_sequence<int, O...>) {
+  [&]<int... G>(std::integer_sequence<int, G...>) {
     (
         [&] {
-          uint32_t octet[8];
-          octet_exponents<C, Key, O>(s, e, escapes, offset, base3w, deltaw, octet);
-          for (int q = 0; q < 8; ++q) exponents[8 * O + q] = octet[q];
+          constexpr int w = base_word_of_quad<C, Key>(2 * G);
+          const uint32_t b3[2] = {base3w[w], base3w[w + 1]}, dl[2] = {deltaw[w], deltaw[w + 1]};
+          uint32_t pair[2];
+          group_exponents<C, G, Path>(s, e, escapes, offset, b3, dl, pair);
+          exponents[2 * G] = pair[0], exponents[2 * G + 1] = pair[1];
         }(),
         ...);
-  }(std::make_integer_sequence<int, SlotShape<C>::kOctets>{});
+  }(std::make_integer_sequence<int, SlotShape<C>::kGroups>{});
 }
 
 }  // namespace gaac::cuda::lane

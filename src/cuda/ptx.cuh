@@ -1,5 +1,5 @@
 // Thin wrappers over the PTX the decode kernels use: mbarriers, bulk asynchronous copies (the copy
-// engine, sm_90), ldmatrix and the bf16 mma.m16n8k16. Device code only.
+// engine, sm_90), ldmatrix, movmatrix and the bf16 mma.m16n8k16. Device code only.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +24,16 @@ __device__ __forceinline__ void fence_barrier_init() {
 /// Arrives on `bar` and announces `bytes` more bytes that bulk copies will complete on it.
 __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_address(bar)), "r"(bytes) : "memory");
+}
+
+/// Announces `bytes` more bytes that bulk copies will complete on `bar` (no arrival).
+__device__ __forceinline__ void mbarrier_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(smem_address(bar)), "r"(bytes) : "memory");
+}
+
+/// Arrives on `bar`.
+__device__ __forceinline__ void mbarrier_arrive(uint64_t* bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_address(bar)) : "memory");
 }
 
 /// True once the phase of parity `parity` of `bar` has completed.
@@ -65,6 +75,14 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
   asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];"
                : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
                : "r"(smem_address(row)));
+}
+
+/// Transposes an 8×8 b16 matrix held as an mma fragment: lane 4g + t gives row g, columns 2t and 2t+1
+/// of the matrix and receives row g, columns 2t and 2t+1 of its transpose.
+__device__ __forceinline__ uint32_t movmatrix_trans(uint32_t x) {
+  uint32_t y;
+  asm volatile("movmatrix.sync.aligned.m8n8.trans.b16 %0, %1;" : "=r"(y) : "r"(x));
+  return y;
 }
 
 /// d += A·B on tensor cores: A 16×16 bf16 (a0..a3), B 16×8 bf16 (b0, b1), d 16×8 fp32.

@@ -1,8 +1,9 @@
 // Decode attention on the GPU: the fused GAAC kernel gives the same bits as its BF16 twin on the same
 // values, decompress-first gives them too, and all are within bf16 rounding of an fp64 reference —
 // on realistic caches and adversarial ones (all raw, slots exactly full, every mode in one lane,
-// short and odd lengths, splits that do not divide the context, sliding windows, shuffled units).
-// Skipped, with a message, where no CUDA device exists.
+// short and odd lengths, splits that do not divide the context, sliding windows). Every cache is a
+// gaac::KvCache filled by appends of uneven sizes, so tiles sit in units out of order. Skipped, with a
+// message, where no CUDA device exists.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,7 +12,7 @@
 #include <random>
 #include <vector>
 
-#include "cuda/paged_fill.hpp"
+#include "cuda/cache_fill.hpp"
 #include "gaac/bf16.hpp"
 #include "gaac/calibration.hpp"
 #include "gaac/cuda.hpp"
@@ -40,7 +41,6 @@ struct Case {
   enum class Data { synthetic, every_mode } data = Data::synthetic;
   bool zero_bases = false;           // every group raw: every tile falls back to raw
   int escape_capacity = -1;          // -1: the calibration's
-  uint64_t shuffle_seed = 12345;
   uint64_t seed = 1;
 };
 
@@ -108,10 +108,10 @@ std::vector<double> reference(const KvDump& d, const std::vector<uint16_t>& q, i
 
 struct Outputs {
   std::vector<uint16_t> gaac, twin, decompress_first;
-  FillCounts counts;
+  test::TileCounts counts;
 };
 
-/// Builds both caches, runs the three paths with the same split, checks the decompressed tiles and
+/// Fills both caches, runs the three paths with the same split, checks the decompressed tiles and
 /// the fp64 tolerance, and returns the outputs for the bit-exactness checks.
 Outputs run_case(const Case& c) {
   const std::vector<KvDump> seqs = make_sequences(c);
@@ -125,21 +125,21 @@ Outputs run_case(const Case& c) {
         std::ranges::fill(table.b4(kind, 0, h), uint8_t{0});
       }
   }
-  FillOptions gaac_options;
-  gaac_options.calibration = &table;
-  gaac_options.windows = {c.window};
-  gaac_options.shuffle_seed = c.shuffle_seed;
-  if (c.escape_capacity >= 0) gaac_options.escape_capacity = static_cast<size_t>(c.escape_capacity), gaac_options.escape_capacity_set = true;
-  FillOptions bf16_options = gaac_options;
-  bf16_options.format = FillFormat::bf16;
-  HostSequenceTable table_gaac, table_bf16;
-  const HostPagedCache host_gaac = fill_paged_cache(ptrs, gaac_options, table_gaac);
-  const HostPagedCache host_bf16 = fill_paged_cache(ptrs, bf16_options, table_bf16);
+  if (c.escape_capacity >= 0)
+    for (const TensorKind kind : {TensorKind::key, TensorKind::value})
+      table.set_escape_capacity(kind, 0, static_cast<size_t>(c.escape_capacity));
+  KvCache host_gaac(test::cache_config_for(seqs, CacheFormat::gaac, &table, {c.window}));
+  KvCache host_bf16(test::cache_config_for(seqs, CacheFormat::bf16, &table, {c.window}));
+  const std::vector<SequenceId> ids_gaac = test::fill_cache(host_gaac, seqs);
+  const std::vector<SequenceId> ids_bf16 = test::fill_cache(host_bf16, seqs);
+  const SequenceTable table_gaac = host_gaac.sequence_table(ids_gaac);
+  const SequenceTable table_bf16 = host_bf16.sequence_table(ids_bf16);
 
-  const DeviceCache dev_gaac = DeviceCache::upload(host_gaac.view(), host_gaac.unit_count);
-  const DeviceCache dev_bf16 = DeviceCache::upload(host_bf16.view(), host_bf16.unit_count);
+  const DeviceCache dev_gaac = DeviceCache::upload(host_gaac);
+  const DeviceCache dev_bf16 = DeviceCache::upload(host_bf16);
   const DeviceSequences dev_seqs = DeviceSequences::upload(table_gaac.view());
-  DeviceCache dev_decompressed = DeviceCache::bf16_for(host_gaac.geometry, c.window);
+  const DeviceSequences dev_seqs_bf16 = DeviceSequences::upload(table_bf16.view());
+  DeviceCache dev_decompressed = DeviceCache::bf16_for(host_gaac.geometry(), c.window);
 
   const int heads = c.kv_heads * c.group, hd = c.head_dim, n = static_cast<int>(c.lengths.size());
   std::mt19937_64 rng(c.seed + 99);
@@ -154,37 +154,39 @@ Outputs run_case(const Case& c) {
   config.blocks_per_split = c.blocks_per_split > 0 ? c.blocks_per_split : plan_decode(dev_gaac, dev_seqs, config).blocks_per_split;
   DecodeWorkspace ws;
   const std::vector<uint16_t> poison(q.size(), 0xFFFF);  // NaN: any element left unwritten fails
-  const auto run = [&](const DeviceCache& cache) {
+  const auto run = [&](const DeviceCache& cache, const DeviceSequences& batch) {
     dout.upload(poison.data(), poison.size() * 2);
-    decode_attention(cache, dev_seqs, config, static_cast<const uint16_t*>(dq.data()), static_cast<uint16_t*>(dout.data()), ws);
+    decode_attention(cache, batch, config, static_cast<const uint16_t*>(dq.data()), static_cast<uint16_t*>(dout.data()), ws);
     std::vector<uint16_t> out(q.size());
     dout.download(out.data(), out.size() * 2);  // synchronises, and reports launch errors
     return out;
   };
   Outputs o;
-  o.counts = host_gaac.counts;
-  o.gaac = run(dev_gaac);
-  o.twin = run(dev_bf16);
+  o.counts = test::count_tiles(host_gaac, table_gaac, 0);
+  o.gaac = run(dev_gaac, dev_seqs);
+  o.twin = run(dev_bf16, dev_seqs_bf16);
   decompress(dev_gaac, dev_seqs, 0, dev_decompressed);
-  o.decompress_first = run(dev_decompressed);
+  o.decompress_first = run(dev_decompressed, dev_seqs);
 
-  // The decompressed tiles are the BF16 cache's tiles, bit for bit.
+  // The decompressed tiles are the BF16 cache's tiles, bit for bit (block b of sequence s is row
+  // table_gaac.rows[b] of the decompressed cache and table_bf16.rows[b] of the BF16 cache).
   std::vector<uint8_t> units;
   std::vector<uint32_t> entries;
   dev_decompressed.download(units, entries);
   const PagedGeometry& dg = dev_decompressed.view().geometry;
-  for (size_t r = 0; r < table_bf16.rows.size(); ++r)
+  const PagedCacheView bv = host_bf16.view();
+  const PagedGeometry& bg = bv.geometry;
+  for (size_t b = 0; b < table_bf16.rows.size(); ++b)
     for (int h = 0; h < c.kv_heads; ++h)
       for (const TensorKind kind : {TensorKind::key, TensorKind::value})
         for (int half = 0; half < dg.halves(); ++half) {
-          const uint32_t want = host_bf16.entries[host_bf16.geometry.entry_index(0, table_bf16.rows[r], h, kind, half)];
-          const uint32_t got = entries[dg.entry_index(0, table_bf16.rows[r], h, kind, half)];
-          EXPECT_EQ(entry_class(got), entry_class(want)) << "row " << r << " head " << h;
+          const uint32_t want = bv.entries[bg.entry_index(0, table_bf16.rows[b], h, kind, half)];
+          const uint32_t got = entries[dg.entry_index(0, table_gaac.rows[b], h, kind, half)];
+          EXPECT_EQ(entry_class(got), entry_class(want)) << "block " << b << " head " << h;
           if (entry_class(want) != TileClass::raw || entry_class(got) != TileClass::raw) continue;
-          EXPECT_EQ(0, std::memcmp(units.data() + dg.unit_offset(entry_unit(got)),
-                                   host_bf16.units.data() + host_bf16.geometry.unit_offset(entry_unit(want)),
-                                   host_bf16.geometry.unit_bytes))
-              << "decompressed tile differs: row " << r << " head " << h << " kind " << int(kind) << " half " << half;
+          EXPECT_EQ(0, std::memcmp(units.data() + dg.unit_offset(entry_unit(got)), bv.units + bg.unit_offset(entry_unit(want)),
+                                   bg.unit_bytes))
+              << "decompressed tile differs: block " << b << " head " << h << " kind " << int(kind) << " half " << half;
         }
 
   // Within bf16 rounding of fp64 attention (P and the output are rounded to bf16).
@@ -223,7 +225,7 @@ TEST_F(GpuDecode, RealisticMixHeadDim128) {
   Case c;
   c.lengths = {3000};
   const Outputs o = run_case(c);
-  EXPECT_GT(o.counts.compressed_tiles, 0u);
+  EXPECT_GT(o.counts.compressed, 0u);
   expect_identical(o);
 }
 
@@ -252,8 +254,8 @@ TEST_F(GpuDecode, AllTilesRaw) {
   Case c;
   c.kv_heads = 2, c.lengths = {300, 517}, c.zero_bases = true;
   const Outputs o = run_case(c);
-  EXPECT_EQ(o.counts.compressed_tiles, 0u);
-  EXPECT_GT(o.counts.raw_tiles, 0u);
+  EXPECT_EQ(o.counts.compressed, 0u);
+  EXPECT_GT(o.counts.raw, 0u);
   expect_identical(o);
 }
 
@@ -264,8 +266,8 @@ TEST_F(GpuDecode, SlotsExactlyFull) {
     c.kv_heads = 4, c.lengths = {2000}, c.escape_capacity = cap;
     SCOPED_TRACE(testing::Message() << "capacity " << cap);
     const Outputs o = run_case(c);
-    EXPECT_GT(o.counts.exactly_full_slots, 0u);
-    EXPECT_GT(o.counts.raw_tiles, 0u);
+    EXPECT_GT(o.counts.exactly_full, 0u);
+    EXPECT_GT(o.counts.raw, 0u);
     expect_identical(o);
   }
 }
@@ -277,7 +279,7 @@ TEST_F(GpuDecode, EveryModeInEveryLane) {
     c.escape_capacity = static_cast<int>(TileShape{TensorKind::key, hd}.max_slot_capacity());
     SCOPED_TRACE(testing::Message() << "head_dim " << hd);
     const Outputs o = run_case(c);
-    EXPECT_GT(o.counts.compressed_tiles, 0u);
+    EXPECT_GT(o.counts.compressed, 0u);
     expect_identical(o);
   }
 }
@@ -286,7 +288,7 @@ TEST_F(GpuDecode, SlidingWindow) {
   Case c;
   c.kv_heads = 2, c.lengths = {1000, 77, 2500}, c.window = 300;
   const Outputs o = run_case(c);
-  EXPECT_GT(o.counts.absent_tiles, 0u);
+  EXPECT_GT(o.counts.absent, 0u);
   expect_identical(o);
 }
 

@@ -15,11 +15,12 @@ namespace {
 
 using namespace gaac::cuda::lane;
 
-/// Decodes `slot` the way a warp does (lane by lane, the escape offsets by an exclusive scan) and
-/// returns the tile row-major; `fixed_lanes` counts lanes that took the wide-group path.
-template <int C>
-std::vector<uint16_t> decode_like_a_warp(TileShape shape, const std::vector<uint8_t>& slot, const TileBases& bases,
-                                         int* fixed_lanes, int* single_raw_lanes) {
+/// Decodes `slot` the way a warp does (lane by lane, the escape offsets by an exclusive scan, every
+/// lane on the escape path `Path`) and returns the tile row-major; `fixed_lanes` counts lanes that
+/// take the wide-group path.
+template <int C, EscapePath Path>
+std::vector<uint16_t> decode_on_path(TileShape shape, const std::vector<uint8_t>& slot, const TileBases& bases,
+                                     int* fixed_lanes, int* single_raw_lanes) {
   using S = SlotShape<C>;
   const bool key = shape.kind == TensorKind::key;
   LaneSlot<C> lanes[kWarpLanes];
@@ -43,8 +44,8 @@ std::vector<uint16_t> decode_like_a_warp(TileShape shape, const std::vector<uint
     }
     const uint8_t* escapes = slot.data() + S::kEscapeOffset;
     const auto base3_at = [&](int w) { return base3w[w]; };
-    if (key) lane_exponents<C, true>(lanes[lane], escapes, offset[lane], base3w, deltaw, base3_at, exponents);
-    else lane_exponents<C, false>(lanes[lane], escapes, offset[lane], base3w, deltaw, base3_at, exponents);
+    if (key) lane_exponents<C, true, Path>(lanes[lane], escapes, offset[lane], base3w, deltaw, base3_at, exponents);
+    else lane_exponents<C, false, Path>(lanes[lane], escapes, offset[lane], base3w, deltaw, base3_at, exponents);
     *fixed_lanes += lane_needs_fixing<C>(lanes[lane].tags) ? 1 : 0;
     *single_raw_lanes += !lane_needs_fixing<C>(lanes[lane].tags) && popc(lanes[lane].tags & S::kHighTagBits) == 1 ? 1 : 0;
     for (int q = 0; q < S::kQuads; ++q) {
@@ -58,6 +59,25 @@ std::vector<uint16_t> decode_like_a_warp(TileShape shape, const std::vector<uint
     }
   }
   return out;
+}
+
+/// Decodes `slot` as the kernels do: on the branch-free path when no lane needs fixing, and always on
+/// the wide path too (both must give the same values); returns the tile row-major.
+template <int C>
+std::vector<uint16_t> decode_like_a_warp(TileShape shape, const std::vector<uint8_t>& slot, const TileBases& bases,
+                                         int* fixed_lanes, int* single_raw_lanes) {
+  bool any_wide = false;
+  for (int lane = 0; lane < kWarpLanes; ++lane) {
+    LaneSlot<C> s;
+    load_lane_slot<C>(slot.data(), lane, s);
+    any_wide |= lane_needs_fixing<C>(s.tags);
+  }
+  const std::vector<uint16_t> wide = decode_on_path<C, EscapePath::wide>(shape, slot, bases, fixed_lanes, single_raw_lanes);
+  int f = 0, r = 0;
+  if (!any_wide) {
+    EXPECT_TRUE((decode_on_path<C, EscapePath::branch_free>(shape, slot, bases, &f, &r) == wide)) << "branch-free path differs";
+  }
+  return wide;
 }
 
 std::vector<uint16_t> decode_like_a_warp(TileShape shape, const std::vector<uint8_t>& slot, const TileBases& bases,

@@ -179,7 +179,7 @@ void fold_values_compressed(const BlockTask& task, const float* rescale, const f
 }  // namespace
 
 const Kernels& portable_kernels() {
-  static const Kernels kernels{key_scores_raw, fold_values_raw, key_scores_compressed, fold_values_compressed, "portable"};
+  static const Kernels kernels{key_scores_raw, fold_values_raw, key_scores_compressed, fold_values_compressed, nullptr, "portable"};
   return kernels;
 }
 

@@ -6,8 +6,9 @@
 //   channels c ≡ l (mod 32) in increasing order (each product rounded, then added: no FMA), starting
 //   from +0; v[l] = (lanes[l] + lanes[16+l]) + (lanes[8+l] + lanes[24+l]) and h[l] = v[4+l] + v[l];
 // and for the fold, for each token t in order, acc = acc · rescale[t] (skipped when rescale is 1,
-// which changes no bit), then acc = fma(v[t], weight[t], acc). Operands in the order written (it
-// decides which payload a NaN result carries).
+// which changes no bit), then acc = fma(v[t], weight[t], acc). A NaN result is NaN on every path,
+// but its payload and sign are not part of the contract (IEEE 754 leaves them open, and compilers
+// swap the operands of a + b).
 #pragma once
 
 #include <cstddef>

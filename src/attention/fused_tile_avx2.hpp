@@ -10,7 +10,7 @@
 
 #include <cstring>
 #include <new>
-#include <optional>
+#include <type_traits>
 
 #include "codec/avx2_decode.hpp"
 #include "gaac/codec_plan.hpp"
@@ -98,7 +98,7 @@ class OpenTile {
     if (plan.backend() == Backend::avx2) {
       bases_ = &std::launder(reinterpret_cast<const PreparedBases<G>*>(plan.prepared()))->decode;
     } else {
-      bases_ = &own_bases_.emplace(plan.bases());
+      bases_ = new (own_bases_) DecodeBases<G>(plan.bases());
     }
     const uint8_t* tags = slot + G::kShape.tag_offset();
     const uint8_t* escapes = slot + G::kShape.escape_offset();
@@ -121,9 +121,12 @@ class OpenTile {
   }
 
  private:
+  static_assert(std::is_trivially_destructible_v<DecodeBases<G>>);
   const uint8_t* slot_;
   const DecodeBases<G>* bases_ = nullptr;
-  std::optional<DecodeBases<G>> own_bases_;
+  // Storage for bases prepared here. Not a std::optional: GCC zeroes an optional's whole storage when
+  // it is default-constructed (2 KB for value tiles), on every tile.
+  alignas(32) unsigned char own_bases_[sizeof(DecodeBases<G>)];
   TagRows<G> rows_;
   EscapeRows<G> escape_rows_;
   GroupOverrides<G> overrides_;

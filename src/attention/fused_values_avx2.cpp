@@ -53,21 +53,40 @@ inline void chunk_floats(const uint8_t* slot, const Exponents& exponents, int o,
   }
 }
 
-/// Folds one head's 32 channels of a chunk (acc, channel order) over tokens [first, end).
-inline void fold_chunk(const ChunkFloats& v, int first, int end, const float* rescale, const float* weight, float* acc) {
+/// Bit t set when token t's rescale is not 1 (NaN included): those tokens multiply the accumulators
+/// first; the others skip it, as the contract allows (a factor of 1 changes no bit).
+inline uint32_t rescaled_tokens(const float* rescale) {
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const auto low = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(rescale), one, _CMP_NEQ_UQ)));
+  const auto high = static_cast<uint32_t>(_mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(rescale + 8), one, _CMP_NEQ_UQ)));
+  return low | high << 8;
+}
+
+/// acc · rescale[t] (when bit t of `rescaled` is set), then fma(v[t], weight[t], acc).
+inline void fold_token(const __m256 v[4], int t, uint32_t rescaled, const float* rescale, const float* weight, __m256 a[4]) {
+  if ((rescaled >> t & 1) != 0) {
+    const __m256 r = _mm256_set1_ps(rescale[t]);
+    for (int k = 0; k < 4; ++k) a[k] = _mm256_mul_ps(a[k], r);
+  }
+  const __m256 w = _mm256_set1_ps(weight[t]);
+  for (int k = 0; k < 4; ++k) a[k] = _mm256_fmadd_ps(v[k], w, a[k]);
+}
+
+/// Folds one head's 32 channels of a chunk (acc, channel order) over tokens [first, end); a whole
+/// block without rescales, the common case, in one straight run.
+inline void fold_chunk(const ChunkFloats& v, int first, int end, uint32_t rescaled, const float* rescale, const float* weight,
+                       float* acc) {
   __m256 a[4];  // channels 16·jj1 + 2k + odd in a[2·jj1 + odd]
   for (int jj1 = 0; jj1 < 2; ++jj1) {
     const __m256 low = _mm256_loadu_ps(acc + 16 * jj1), high = _mm256_loadu_ps(acc + 16 * jj1 + 8);
     a[2 * jj1] = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(low, high, 0x88)), 0xD8));
     a[2 * jj1 + 1] = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(_mm256_shuffle_ps(low, high, 0xDD)), 0xD8));
   }
-  for (int t = first; t < end; ++t) {
-    if (rescale[t] != 1.0f) {
-      const __m256 r = _mm256_set1_ps(rescale[t]);
-      for (int k = 0; k < 4; ++k) a[k] = _mm256_mul_ps(a[k], r);
-    }
-    const __m256 w = _mm256_set1_ps(weight[t]);
-    for (int k = 0; k < 4; ++k) a[k] = _mm256_fmadd_ps(v.f[t][k], w, a[k]);
+  if (first == 0 && end == kTileTokens && rescaled == 0) {
+#pragma GCC unroll 16
+    for (int t = 0; t < kTileTokens; ++t) fold_token(v.f[t], t, 0, rescale, weight, a);
+  } else {
+    for (int t = first; t < end; ++t) fold_token(v.f[t], t, rescaled, rescale, weight, a);
   }
   for (int jj1 = 0; jj1 < 2; ++jj1) {
     const __m256 even = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(a[2 * jj1]), 0xD8));
@@ -78,34 +97,37 @@ inline void fold_chunk(const ChunkFloats& v, int first, int end, const float* re
 }
 
 template <class G, int kOdd, bool kPatched>
-void fold_chunk_for_heads(const OpenTile<G>& tile, int o, const BlockTask& task, int half, const float* rescale,
-                          const float* weight, float* acc) {
+void fold_chunk_for_heads(const OpenTile<G>& tile, int o, const BlockTask& task, int half, const uint32_t* rescaled,
+                          const float* rescale, const float* weight, float* acc) {
   ChunkFloats v;
   chunk_floats<G, kOdd>(tile.slot(), tile.template exponents<kPatched>(), o, v);
   const int head_dim = task.halves_count * G::kShape.channels, channel = half * G::kShape.channels + 32 * (2 * o + kOdd);
   for (int g = 0; g < task.heads; ++g) {
-    fold_chunk(v, task.first, task.end, rescale + g * kTileTokens, weight + g * kTileTokens,
+    fold_chunk(v, task.first, task.end, rescaled[g], rescale + g * kTileTokens, weight + g * kTileTokens,
                acc + static_cast<size_t>(g) * head_dim + channel);
   }
 }
 
 template <class G, bool kPatched>
-void fold_half(const OpenTile<G>& tile, const BlockTask& task, int half, const float* rescale, const float* weight, float* acc) {
+void fold_half(const OpenTile<G>& tile, const BlockTask& task, int half, const uint32_t* rescaled, const float* rescale,
+               const float* weight, float* acc) {
   for (int o = 0; o < G::kOctets; ++o) {
-    fold_chunk_for_heads<G, 0, kPatched>(tile, o, task, half, rescale, weight, acc);
-    fold_chunk_for_heads<G, 1, kPatched>(tile, o, task, half, rescale, weight, acc);
+    fold_chunk_for_heads<G, 0, kPatched>(tile, o, task, half, rescaled, rescale, weight, acc);
+    fold_chunk_for_heads<G, 1, kPatched>(tile, o, task, half, rescaled, rescale, weight, acc);
   }
 }
 
 template <int Channels>
 void fold_of_shape(const BlockTask& task, const float* rescale, const float* weight, float* acc) {
   using G = Geometry<TensorKind::value, Channels>;
+  uint32_t rescaled[kMaxQueryHeads];
+  for (int g = 0; g < task.heads; ++g) rescaled[g] = rescaled_tokens(rescale + g * kTileTokens);
   for (int half = 0; half < task.halves_count; ++half) {
     const OpenTile<G> tile(*task.halves[half].plan, task.halves[half].slot);
     if (tile.patched()) {
-      fold_half<G, true>(tile, task, half, rescale, weight, acc);
+      fold_half<G, true>(tile, task, half, rescaled, rescale, weight, acc);
     } else {
-      fold_half<G, false>(tile, task, half, rescale, weight, acc);
+      fold_half<G, false>(tile, task, half, rescaled, rescale, weight, acc);
     }
   }
 }

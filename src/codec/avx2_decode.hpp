@@ -262,7 +262,8 @@ class DecodeBases<G, TensorKind::key> {
   uint64_t step_group(int at) const { return load_u64(step_[pattern(at / 32)] + at % 32); }
 
  private:
-  static constexpr int pattern(int v) { return v / 16 % G::kHalves * 2 + v % 2; }
+  // Unsigned: v is never negative, and the signed division costs a dozen instructions per register.
+  static constexpr int pattern(int v) { return static_cast<int>(static_cast<unsigned>(v) / 16 % G::kHalves * 2 + static_cast<unsigned>(v) % 2); }
 
   alignas(32) uint8_t b3_[2 * G::kHalves][32];
   alignas(32) uint8_t step_[2 * G::kHalves][32];
@@ -286,8 +287,8 @@ class DecodeBases<G, TensorKind::value> {
       }
     }
   }
-  __m256i b3(int v) const { return load(b3_[v / 16][v % 16 / 2]); }
-  __m256i step(int v) const { return load(step_[v / 16][v % 16 / 2]); }
+  __m256i b3(int v) const { return load(b3_[static_cast<unsigned>(v) / 16][static_cast<unsigned>(v) % 16 / 2]); }
+  __m256i step(int v) const { return load(step_[static_cast<unsigned>(v) / 16][static_cast<unsigned>(v) % 16 / 2]); }
   uint64_t b3_group(int at) const { return group(b3_, at); }
   uint64_t step_group(int at) const { return group(step_, at); }
 
@@ -559,8 +560,8 @@ class Exponents {
     const int c = 2 * o + kOdd, v = 16 * c + p;
     const __m256i code = read_codes<G, kOdd>(codes_, o, p);
     const __m256i exponent = _mm256_add_epi8(code, bases_.b3(v));
-    const int row = 2 * p * G::kGroupsPerLane / 16;
-    const __m256i pick = load(kGroupPick<G>[static_cast<size_t>(2 * c + p % 2)]);
+    const unsigned row = 2 * static_cast<unsigned>(p) * G::kGroupsPerLane / 16;
+    const __m256i pick = load(kGroupPick<G>[static_cast<size_t>(2 * c) + static_cast<unsigned>(p) % 2]);
     const __m256i plane3 = _mm256_shuffle_epi8(broadcast(rows_->plane3[row]), pick);
     const __m256i is4 = _mm256_shuffle_epi8(broadcast(rows_->is4[row]), pick);
     const __m256i bit = load(kElementBit<G>);

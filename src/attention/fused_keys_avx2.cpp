@@ -103,49 +103,56 @@ inline void segment_for_heads(const SegmentFloats& s, const BlockTask& task, con
 /// Tokens 8h + q for q in [q0, q1) (token half h): their segments are chunk kChunk = h (64 channels)
 /// or chunks 2h, 2h + 1 of each half-head. The loops run over q with h fixed, so the decoder's
 /// per-register arithmetic is all shifts and strides.
-template <class G, bool kPatched, int kChunk>
+template <class G, bool kPatched, int kChunk, int kHalves>
 void scores_of_half(const OpenTile<G>* const* tiles, const BlockTask& task, const float* q, int h, int q0, int q1, float scale,
                     LaneStore& store, float* scores) {
   constexpr int kSegments = G::kShape.channels / 64;  // per token and half-head
-  const int head_dim = task.halves_count * G::kShape.channels, segments = task.halves_count * kSegments;
+  constexpr int kHeadDim = kHalves * G::kShape.channels;
+  // The halves' slots and exponents, made once (the last one twice for a single half).
+  const uint8_t* const slots[2] = {tiles[0]->slot(), tiles[kHalves - 1]->slot()};
+  const auto exponents0 = tiles[0]->template exponents<kPatched>();
+  const auto exponents1 = tiles[kHalves - 1]->template exponents<kPatched>();
   for (int qq = q0; qq < q1; ++qq) {
     const int t = 8 * h + qq;
-    for (int half = 0; half < task.halves_count; ++half) {
-      const OpenTile<G>& tile = *tiles[half];
-      const auto exponents = tile.template exponents<kPatched>();
+#pragma GCC unroll 2
+    for (int half = 0; half < kHalves; ++half) {
+      const auto& exponents = half == 0 ? exponents0 : exponents1;
       const int index = half * kSegments;
       if constexpr (kSegments == 2) {
-        segment_for_heads(segment_floats<G, 0>(tile.slot(), exponents, h, qq), task, q, head_dim, index, segments, t, scale, store, scores);
-        segment_for_heads(segment_floats<G, 1>(tile.slot(), exponents, h, qq), task, q, head_dim, index + 1, segments, t, scale, store, scores);
+        segment_for_heads(segment_floats<G, 0>(slots[half], exponents, h, qq), task, q, kHeadDim, index, kHalves * kSegments, t, scale,
+                          store, scores);
+        segment_for_heads(segment_floats<G, 1>(slots[half], exponents, h, qq), task, q, kHeadDim, index + 1, kHalves * kSegments, t,
+                          scale, store, scores);
       } else {
-        segment_for_heads(segment_floats<G, kChunk>(tile.slot(), exponents, 0, qq), task, q, head_dim, index, segments, t, scale, store, scores);
+        segment_for_heads(segment_floats<G, kChunk>(slots[half], exponents, 0, qq), task, q, kHeadDim, index, kHalves * kSegments, t,
+                          scale, store, scores);
       }
     }
   }
 }
 
-template <class G, bool kPatched>
+template <class G, bool kPatched, int kHalves>
 void scores_for(const OpenTile<G>* const* tiles, const BlockTask& task, const float* q, float scale, float* scores) {
   LaneStore store;
   // Token t = 8h + q is lane group q of the chunks of token half h.
   for (int h = task.first / 8; h <= (task.end - 1) / 8; ++h) {
     const int q0 = std::max(task.first - 8 * h, 0), q1 = std::min(task.end - 8 * h, 8);
     if (h == 0) {
-      scores_of_half<G, kPatched, 0>(tiles, task, q, 0, q0, q1, scale, store, scores);
+      scores_of_half<G, kPatched, 0, kHalves>(tiles, task, q, 0, q0, q1, scale, store, scores);
     } else {
-      scores_of_half<G, kPatched, 1>(tiles, task, q, 1, q0, q1, scale, store, scores);
+      scores_of_half<G, kPatched, 1, kHalves>(tiles, task, q, 1, q0, q1, scale, store, scores);
     }
   }
 }
 
-template <class G>
+template <class G, int kHalves>
 void scores_of_tiles(const OpenTile<G>* const* tiles, const BlockTask& task, const float* q, float scale, float* scores) {
   bool patched = false;
-  for (int half = 0; half < task.halves_count; ++half) patched = patched || tiles[half]->patched();
+  for (int half = 0; half < kHalves; ++half) patched = patched || tiles[half]->patched();
   if (patched) {
-    scores_for<G, true>(tiles, task, q, scale, scores);
+    scores_for<G, true, kHalves>(tiles, task, q, scale, scores);
   } else {
-    scores_for<G, false>(tiles, task, q, scale, scores);
+    scores_for<G, false, kHalves>(tiles, task, q, scale, scores);
   }
 }
 
@@ -155,11 +162,11 @@ void scores_of_shape(const BlockTask& task, const float* q, float scale, float* 
   const OpenTile<G> first(*task.halves[0].plan, task.halves[0].slot);
   if (task.halves_count == 1) {
     const OpenTile<G>* tiles[] = {&first};
-    scores_of_tiles(tiles, task, q, scale, scores);
+    scores_of_tiles<G, 1>(tiles, task, q, scale, scores);
   } else {
     const OpenTile<G> second(*task.halves[1].plan, task.halves[1].slot);
     const OpenTile<G>* tiles[] = {&first, &second};
-    scores_of_tiles(tiles, task, q, scale, scores);
+    scores_of_tiles<G, 2>(tiles, task, q, scale, scores);
   }
 }
 

@@ -3,6 +3,7 @@
 // kernels (fused_avx2.hpp). Built with -mavx2 -mfma -mf16c -ffp-contract=off, so that only the
 // written fused multiply-adds fuse.
 #include "attention/fused_avx2.hpp"
+#include "attention/fused_avx512.hpp"
 #include "attention/tile_kernels.hpp"
 #include "common/cpu.hpp"
 
@@ -83,12 +84,20 @@ const Kernels* avx2_kernels() {
   return available;
 }
 
+const Kernels* avx512_kernels() {
+  static const Kernels kernels{key_scores_raw,           fold_values_raw,             fused_avx512::key_scores,
+                               fused_avx512::fold_values, fused_avx512::prepare_query, "avx512"};
+  static const Kernels* available = fused_avx512::compiled() && cpu_features().avx512_set() ? &kernels : nullptr;
+  return available;
+}
+
 }  // namespace gaac::attention
 
 #else  // no AVX2 in this build
 
 namespace gaac::attention {
 const Kernels* avx2_kernels() { return nullptr; }
+const Kernels* avx512_kernels() { return nullptr; }
 }  // namespace gaac::attention
 
 #endif

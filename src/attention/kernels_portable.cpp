@@ -184,7 +184,9 @@ const Kernels& portable_kernels() {
 }
 
 const Kernels& best_kernels() {
-  static const Kernels& best = avx2_kernels() != nullptr ? *avx2_kernels() : portable_kernels();
+  static const Kernels& best = avx512_kernels() != nullptr ? *avx512_kernels()
+                               : avx2_kernels() != nullptr ? *avx2_kernels()
+                                                           : portable_kernels();
   return best;
 }
 

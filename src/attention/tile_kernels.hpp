@@ -63,6 +63,9 @@ const Kernels& portable_kernels();
 /// AVX2 + FMA (null when this build or CPU has none): raw rows in vector loops, compressed slots
 /// rebuilt in registers by the AVX2 decoder's parts (fused_avx2.hpp).
 const Kernels* avx2_kernels();
+/// AVX-512 (F, BW, VL, VBMI on top of avx2_kernels(); null when this build or CPU has none): the
+/// AVX2 kernels for raw rows, fused_avx512.hpp for compressed slots.
+const Kernels* avx512_kernels();
 /// The fastest available.
 const Kernels& best_kernels();
 

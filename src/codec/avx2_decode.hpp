@@ -86,11 +86,17 @@ inline void store_u16(void* p, uint16_t v) { std::memcpy(p, &v, sizeof v); }
 constexpr uint64_t kByteBit0 = 0x0101010101010101ull;
 
 /// Decode: the low and high byte of each BF16 value from its stored byte (sign | mantissa) and its
-/// exponent. The 16-bit shifts leak bits across bytes only into bits the masks drop.
+/// exponent. The 16-bit shifts leak bits across bytes only into bits the masks drop. Built with
+/// AVX-512VL (the AVX-512 attention kernels), each select is one vpternlogd.
 inline void compose(__m256i stored, __m256i exponent, __m256i& lo, __m256i& hi) {
   const __m256i top = _mm256_set1_epi8(static_cast<char>(0x80));
+#if defined(__AVX512VL__)
+  lo = _mm256_ternarylogic_epi32(top, _mm256_slli_epi16(exponent, 7), stored, 0xCA);  // 0xCA: a ? b : c
+  hi = _mm256_ternarylogic_epi32(top, stored, _mm256_srli_epi16(exponent, 1), 0xCA);
+#else
   lo = _mm256_or_si256(_mm256_andnot_si256(top, stored), _mm256_and_si256(_mm256_slli_epi16(exponent, 7), top));
   hi = _mm256_or_si256(_mm256_and_si256(stored, top), _mm256_andnot_si256(top, _mm256_srli_epi16(exponent, 1)));
+#endif
 }
 
 inline void compose(__m128i stored, __m128i exponent, __m128i& lo, __m128i& hi) {

@@ -1,6 +1,6 @@
-// The attention kernels one block at a time: over compressed slots, the AVX2 fused kernels and the
-// portable ones give the same bits as the raw kernels (AVX2 and portable) over the same tiles decoded
-// first. Tiles of every mode mix, a raw group at every group position (every lane, every place in
+// The attention kernels one block at a time: over compressed slots, the AVX2 fused kernels (and the
+// AVX-512 ones where the CPU has them) and the portable ones give the same bits as the raw kernels
+// (AVX2 and portable) over the same tiles decoded first. Tiles of every mode mix, a raw group at every group position (every lane, every place in
 // its row of 16), escape slots filled to the largest capacity with raw groups, BF16 specials (zeros,
 // subnormals, infinities, NaNs), plans of both codec backends, head widths 64, 128 and 256, every
 // token range [first, end) of a block, one to five query heads.
@@ -16,6 +16,7 @@
 #include <vector>
 
 #include "attention/tile_kernels.hpp"
+#include "common/cpu.hpp"
 #include "gaac/bf16.hpp"
 #include "gaac/codec_plan.hpp"
 #include "support/tile_data.hpp"
@@ -143,6 +144,17 @@ class FusedKernels : public ::testing::Test {
  protected:
   bool specials_ = false;  ///< tiles with zeros, subnormals, infinities and NaNs in their raw groups
 
+  /// What `run(kernels, compressed)` gives for every kernel set under test, by name.
+  template <class Run>
+  static std::vector<std::pair<std::string, std::vector<float>>> candidates(const Run& run) {
+    std::vector<std::pair<std::string, std::vector<float>>> results;
+    results.emplace_back("avx2 fused", run(*attention::avx2_kernels(), true));
+    if (attention::avx512_kernels() != nullptr) results.emplace_back("avx512 fused", run(*attention::avx512_kernels(), true));
+    results.emplace_back("portable fused", run(attention::portable_kernels(), true));
+    results.emplace_back("avx2 raw", run(*attention::avx2_kernels(), false));
+    return results;
+  }
+
   void SetUp() override {
     if (attention::avx2_kernels() == nullptr) GTEST_SKIP() << "no AVX2 kernels on this machine";
   }
@@ -171,13 +183,12 @@ class FusedKernels : public ::testing::Test {
     const std::vector<float> want = run(attention::portable_kernels(), false);
     for (int g = 0; g < heads; ++g) {
       for (int t = 0; t < kTileTokens; ++t) {
-        if (t < first || t >= end) ASSERT_EQ(want[static_cast<size_t>(g * kTileTokens + t)], -1234.5f);
+        if (t < first || t >= end) {
+          ASSERT_EQ(want[static_cast<size_t>(g * kTileTokens + t)], -1234.5f) << "token " << t << " outside the range was written";
+        }
       }
     }
-    const std::pair<const char*, std::vector<float>> results[] = {{"avx2 fused", run(*attention::avx2_kernels(), true)},
-                                                                  {"portable fused", run(attention::portable_kernels(), true)},
-                                                                  {"avx2 raw", run(*attention::avx2_kernels(), false)}};
-    for (const auto& [name, got] : results) {
+    for (const auto& [name, got] : candidates(run)) {
       size_t at = 0;
       ASSERT_TRUE(same_bits(got, want, specials_, &at)) << name << " differs from portable raw at head " << at / kTileTokens << ", token "
                                              << at % kTileTokens << ": " << got[at] << " vs " << want[at] << " (" << what
@@ -204,10 +215,7 @@ class FusedKernels : public ::testing::Test {
       return acc;
     };
     const std::vector<float> want = run(attention::portable_kernels(), false);
-    const std::pair<const char*, std::vector<float>> results[] = {{"avx2 fused", run(*attention::avx2_kernels(), true)},
-                                                                  {"portable fused", run(attention::portable_kernels(), true)},
-                                                                  {"avx2 raw", run(*attention::avx2_kernels(), false)}};
-    for (const auto& [name, got] : results) {
+    for (const auto& [name, got] : candidates(run)) {
       size_t at = 0;
       ASSERT_TRUE(same_bits(got, want, specials_, &at)) << name << " differs from portable raw at head " << at / head_dim << ", channel "
                                              << at % head_dim << ": " << got[at] << " vs " << want[at] << " (" << what
@@ -342,7 +350,9 @@ TEST_F(FusedKernels, PlansOfTheScalarBackend) {
 
 TEST_F(FusedKernels, PreparedQueriesArePermutedCopies) {
   // prepare_compressed_query moves every float once: a permutation within each 64 channels.
-  const attention::PrepareQueryFn prepare = attention::avx2_kernels()->prepare_compressed_query;
+  std::vector<attention::PrepareQueryFn> prepares{attention::avx2_kernels()->prepare_compressed_query};
+  if (attention::avx512_kernels() != nullptr) prepares.push_back(attention::avx512_kernels()->prepare_compressed_query);
+  for (const attention::PrepareQueryFn prepare : prepares) {
   ASSERT_NE(prepare, nullptr);
   for (const int head_dim : kHeadDims) {
     for (int heads = 1; heads <= 3; ++heads) {
@@ -359,6 +369,14 @@ TEST_F(FusedKernels, PreparedQueriesArePermutedCopies) {
       for (const int n : seen) EXPECT_EQ(n, 1);
     }
   }
+  }
+}
+
+TEST_F(FusedKernels, AvxFiveTwelveWhereTheCpuHasIt) {
+  // The AVX-512 set is offered exactly when the CPU has its subset (every test above then runs it).
+  EXPECT_EQ(attention::avx512_kernels() != nullptr, cpu_features().avx512_set());
+  if (attention::avx512_kernels() == nullptr) GTEST_SKIP() << "no AVX-512 (F, BW, VL, VBMI) on this machine";
+  EXPECT_EQ(&attention::best_kernels(), attention::avx512_kernels());
 }
 
 }  // namespace

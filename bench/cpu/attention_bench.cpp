@@ -1,7 +1,8 @@
 // CPU decode attention: one query token per sequence attending every layer of a paged cache (a decode
-// step), GAAC read fused (slots rebuilt in registers) against the BF16 cache through the same driver
-// and against decompress-first (each slot decoded to a BF16 tile, then read as one), on one thread
-// and on all threads of the engine's pool. Also what finalizing a block costs (the append that
+// step), GAAC read fused (slots rebuilt in registers; the best kernels, and the AVX2 ones where
+// AVX-512 is the best) against the BF16 cache through the same driver and kernels and against
+// decompress-first (each slot decoded to a BF16 tile, then read as one), on one thread and on all
+// threads of the engine's pool. Also what finalizing a block costs (the append that
 // completes it encodes the block of every layer) and what memory is resident per token.
 //
 // Shapes: SmolLM2-135M (9 query / 3 KV heads, head_dim 64, 30 layers), Gemma 3 270M (4 / 1 / 256,
@@ -39,6 +40,7 @@
 #include <thread>
 #include <vector>
 
+#include "attention/attention_internal.hpp"
 #include "gaac/attention.hpp"
 #include "gaac/calibration.hpp"
 #include "gaac/kv_cache.hpp"
@@ -211,10 +213,16 @@ Config& config(const ModelShape& s, bool real, int tokens) {
   return *current_config;
 }
 
-enum class Variant { gaac_fused, bf16, decompress_first };
+enum class Variant { gaac_fused, gaac_fused_avx2, bf16, decompress_first };
 
 const char* to_string(Variant v) {
-  return v == Variant::gaac_fused ? "gaac_fused" : v == Variant::bf16 ? "bf16" : "decompress_first";
+  switch (v) {
+    case Variant::gaac_fused: return "gaac_fused";
+    case Variant::gaac_fused_avx2: return "gaac_fused_avx2";
+    case Variant::bf16: return "bf16";
+    case Variant::decompress_first: return "decompress_first";
+  }
+  return "?";
 }
 
 void attend_step(benchmark::State& state, const ModelShape& s, bool real, int tokens, Variant variant, int threads) {
@@ -229,8 +237,11 @@ void attend_step(benchmark::State& state, const ModelShape& s, bool real, int to
   o.path = variant == Variant::decompress_first ? gaac::AttentionPath::reference : gaac::AttentionPath::fused;
   o.splits = choose_splits(s.kv_heads, threads, tokens);
   if (threads > 1) o.parallel = pool_parallel();
+  const gaac::attention::Kernels& kernels =
+      variant == Variant::gaac_fused_avx2 ? *gaac::attention::avx2_kernels() : gaac::attention::best_kernels();
+  state.SetLabel(kernels.name);
   for (auto _ : state) {
-    for (int layer = 0; layer < s.layers; ++layer) gaac::attend(cache, layer, std::span(&query, 1), o);
+    for (int layer = 0; layer < s.layers; ++layer) gaac::attention::attend_with(kernels, cache, layer, std::span(&query, 1), o);
     benchmark::DoNotOptimize(c.out.data());
     benchmark::ClobberMemory();
   }
@@ -341,7 +352,8 @@ int main(int argc, char** argv) {
       for (const int tokens : kContexts) {
         run([&] {
           for (const int t : threads) {
-            for (const Variant v : {Variant::gaac_fused, Variant::bf16, Variant::decompress_first}) {
+            for (const Variant v : {Variant::gaac_fused, Variant::gaac_fused_avx2, Variant::bf16, Variant::decompress_first}) {
+              if (v == Variant::gaac_fused_avx2 && &gaac::attention::best_kernels() == gaac::attention::avx2_kernels()) continue;
               benchmark::RegisterBenchmark(
                   ("attend/" + kv + "/" + std::to_string(tokens) + "/" + to_string(v) + "/threads:" + std::to_string(t)).c_str(),
                   attend_step, s, real, tokens, v, t)->UseRealTime()->Unit(benchmark::kMicrosecond);

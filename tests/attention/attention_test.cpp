@@ -213,7 +213,9 @@ TEST(Attention, EveryPathGivesLlamaCppsBitsAtBlockEdges) {
       SCOPED_TRACE("shape " + std::to_string(s.q_heads) + "/" + std::to_string(s.kv_heads) + "/" + std::to_string(s.head_dim) +
                    ", length " + std::to_string(length));
       const Filled f(s, length, 0, 10 + static_cast<uint64_t>(length));
-      if (length >= 16) EXPECT_GT(f.gaac.usage().compressed_tiles, 0u);
+      if (length >= 16) {
+        EXPECT_GT(f.gaac.usage().compressed_tiles, 0u);
+      }
       for (int position = 0; position < length; ++position) check_every_path(f, position, 1, 1000 + static_cast<uint64_t>(position));
     }
   }

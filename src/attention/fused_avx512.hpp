@@ -1,6 +1,7 @@
-// The fused AVX-512 kernels over compressed slots (F, BW, VL on top of the AVX2 set): the AVX2
-// decoder's parts compose the values, 64-byte registers and vpternlogd do the rest, the contract's
-// arithmetic of tile_kernels.hpp bit for bit. Keys: fused_keys_avx512.cpp; values:
+// The fused AVX-512 kernels over compressed slots (built with F, BW, VL, VBMI on top of the AVX2
+// set, offered where cpu_features().avx512_set() holds): the AVX2 decoder's parts compose the
+// values, 64-byte registers and vpternlogd do the rest, the contract's arithmetic of
+// tile_kernels.hpp bit for bit. Keys: fused_keys_avx512.cpp; values:
 // fused_values_avx512.cpp. Call only when avx512_kernels() is not null.
 #pragma once
 

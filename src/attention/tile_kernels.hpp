@@ -35,7 +35,7 @@ struct BlockTask {
   int halves_count = 1;
   int tile_channels = 128;
   int first = 0, end = 0;  ///< tokens first .. end-1 of the block
-  int heads = 1;           ///< query heads
+  int heads = 1;           ///< query heads, 1 .. kMaxQueryHeads
 };
 
 /// scores[g · 16 + t] for t in [first, end): the contract's score of token t for query g. `q` holds the

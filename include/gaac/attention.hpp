@@ -10,9 +10,10 @@
 // positions are cut into consecutive ranges whose partial results (M, S, accumulator) are merged in
 // order; the result is then not llama.cpp's, but it is the same for every path and cache format.
 //
-// Every path gives the same bits for the same values: fused (compressed tiles rebuilt in SIMD
-// registers, group by group, straight from their slots), reference (each compressed tile decoded to
-// BF16 first), and a BF16 cache holding the same values.
+// Every path gives the same bits for the same values: fused (compressed tiles rebuilt in registers
+// straight from their slots: a register of 32 or 64 elements at a time with AVX2 or AVX-512, a group
+// of eight in portable code), reference (each compressed tile decoded to BF16 first), and a BF16
+// cache holding the same values. NaN results are NaN on every path, with unspecified payloads.
 #pragma once
 
 #include <span>

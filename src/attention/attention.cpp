@@ -21,7 +21,7 @@ namespace attention {
 namespace {
 
 /// Most query heads one KV head may serve (the kernels' scratch is sized for it).
-constexpr int kMaxGroup = 64;
+constexpr int kMaxGroup = kMaxQueryHeads;
 
 /// What one (query, KV head) needs to know about its sequence.
 struct QueryPlan {
@@ -39,6 +39,7 @@ struct Partial {
 /// Scratch of one worker.
 struct Scratch {
   std::vector<float> q, acc, scores, rescale, weight;
+  std::vector<float> q_compressed;  // q as the compressed key kernel reads it (Kernels::prepare_compressed_query)
   std::vector<uint16_t> tiles;  // decoded tiles of the reference path: [K/V][half][16 × C]
   std::vector<Partial> partials;
 };
@@ -155,7 +156,12 @@ class Runner {
     const PagedGeometry& g = view_.geometry;
     BlockTask task{k, g.halves(), g.tile_channels(), t0, t1, group_};
     const bool compressed_k = k[0].plan != nullptr;
-    (compressed_k ? kernels_.key_scores_compressed : kernels_.key_scores_raw)(task, s.q.data(), o_.scale, s.scores.data());
+    if (compressed_k) {
+      const float* q = kernels_.prepare_compressed_query != nullptr ? s.q_compressed.data() : s.q.data();
+      kernels_.key_scores_compressed(task, q, o_.scale, s.scores.data());
+    } else {
+      kernels_.key_scores_raw(task, s.q.data(), o_.scale, s.scores.data());
+    }
     for (int h = 0; h < group_; ++h) {
       // The online softmax of position order: first the exponentials' arguments against the running
       // maximum, all exponentials at once, then the factors and the sum.
@@ -211,6 +217,10 @@ class Runner {
     s.partials.assign(static_cast<size_t>(group_), Partial{});
     const float* q = query.q + static_cast<size_t>(head) * gd;
     for (size_t i = 0; i < gd; ++i) s.q[i] = bf16_to_float(float_to_bf16(q[i]));
+    if (kernels_.prepare_compressed_query != nullptr) {
+      s.q_compressed.resize(gd);
+      kernels_.prepare_compressed_query(group_, d, s.q.data(), s.q_compressed.data());
+    }
 
     // This split's positions: whole blocks of the attended range.
     const int first_block = p.first / kTileTokens, last_block = p.last / kTileTokens;

@@ -1,6 +1,9 @@
 // AVX2 + FMA attention kernels over BF16 rows: the contract's lanes are four 8-float registers, and a
-// block's value rows fold into 64 accumulators held in registers. Built with -mavx2 -mfma -mf16c
-// -ffp-contract=off, so that only the written fused multiply-adds fuse.
+// block's value rows fold into 64 accumulators held in registers. Compressed slots go to the fused
+// kernels (fused_avx2.hpp). Built with -mavx2 -mfma -mf16c -ffp-contract=off, so that only the
+// written fused multiply-adds fuse.
+#include "attention/fused_avx2.hpp"
+#include "attention/fused_avx512.hpp"
 #include "attention/tile_kernels.hpp"
 #include "common/cpu.hpp"
 
@@ -75,9 +78,16 @@ void fold_values_raw(const BlockTask& task, const float* rescale, const float* w
 }  // namespace
 
 const Kernels* avx2_kernels() {
-  static const Kernels kernels{key_scores_raw, fold_values_raw, portable_kernels().key_scores_compressed,
-                               portable_kernels().fold_values_compressed, "avx2"};
+  static const Kernels kernels{key_scores_raw,         fold_values_raw,           fused_avx2::key_scores,
+                               fused_avx2::fold_values, fused_avx2::prepare_query, "avx2"};
   static const Kernels* available = cpu_features().avx2_set() ? &kernels : nullptr;
+  return available;
+}
+
+const Kernels* avx512_kernels() {
+  static const Kernels kernels{key_scores_raw,           fold_values_raw,             fused_avx512::key_scores,
+                               fused_avx512::fold_values, fused_avx512::prepare_query, "avx512"};
+  static const Kernels* available = fused_avx512::compiled() && cpu_features().avx512_set() ? &kernels : nullptr;
   return available;
 }
 
@@ -87,6 +97,7 @@ const Kernels* avx2_kernels() {
 
 namespace gaac::attention {
 const Kernels* avx2_kernels() { return nullptr; }
+const Kernels* avx512_kernels() { return nullptr; }
 }  // namespace gaac::attention
 
 #endif

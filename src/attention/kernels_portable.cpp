@@ -179,12 +179,14 @@ void fold_values_compressed(const BlockTask& task, const float* rescale, const f
 }  // namespace
 
 const Kernels& portable_kernels() {
-  static const Kernels kernels{key_scores_raw, fold_values_raw, key_scores_compressed, fold_values_compressed, "portable"};
+  static const Kernels kernels{key_scores_raw, fold_values_raw, key_scores_compressed, fold_values_compressed, nullptr, "portable"};
   return kernels;
 }
 
 const Kernels& best_kernels() {
-  static const Kernels& best = avx2_kernels() != nullptr ? *avx2_kernels() : portable_kernels();
+  static const Kernels& best = avx512_kernels() != nullptr ? *avx512_kernels()
+                               : avx2_kernels() != nullptr ? *avx2_kernels()
+                                                           : portable_kernels();
   return best;
 }
 

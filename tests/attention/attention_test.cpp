@@ -1,5 +1,5 @@
-// CPU attention over the paged cache: every path (fused portable, fused AVX2, reference; a BF16 cache
-// with portable and AVX2 kernels) gives the same bits, and with one range they are llama.cpp's bits
+// CPU attention over the paged cache: every path (fused portable, fused AVX2 and AVX-512 where the CPU
+// has them, reference; a BF16 cache with every kernel set) gives the same bits, and with one range they are llama.cpp's bits
 // (the dense oracle of tests/support); with several ranges they agree with each other and stay within
 // float tolerance of float64. Lengths around block edges, long contexts, GQA shapes of both real
 // models, sliding windows, rows not yet cached, raw and exactly-full tiles, batches.
@@ -161,6 +161,7 @@ std::vector<float> check_every_path(const Filled& f, int position, int splits, u
   std::vector<std::pair<std::string, std::vector<float>>> results;
   std::vector<std::pair<std::string, const attention::Kernels*>> kernels{{"portable", &attention::portable_kernels()}};
   if (attention::avx2_kernels() != nullptr) kernels.emplace_back("avx2", attention::avx2_kernels());
+  if (attention::avx512_kernels() != nullptr) kernels.emplace_back("avx512", attention::avx512_kernels());
   for (const auto& [name, k] : kernels) {
     results.emplace_back("gaac fused " + name, run(*k, f.gaac, f.gaac_id, f, q, position, AttentionPath::fused, splits, window));
     results.emplace_back("gaac reference " + name, run(*k, f.gaac, f.gaac_id, f, q, position, AttentionPath::reference, splits, window));
@@ -212,7 +213,9 @@ TEST(Attention, EveryPathGivesLlamaCppsBitsAtBlockEdges) {
       SCOPED_TRACE("shape " + std::to_string(s.q_heads) + "/" + std::to_string(s.kv_heads) + "/" + std::to_string(s.head_dim) +
                    ", length " + std::to_string(length));
       const Filled f(s, length, 0, 10 + static_cast<uint64_t>(length));
-      if (length >= 16) EXPECT_GT(f.gaac.usage().compressed_tiles, 0u);
+      if (length >= 16) {
+        EXPECT_GT(f.gaac.usage().compressed_tiles, 0u);
+      }
       for (int position = 0; position < length; ++position) check_every_path(f, position, 1, 1000 + static_cast<uint64_t>(position));
     }
   }

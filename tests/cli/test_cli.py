@@ -609,6 +609,60 @@ def with_model(model):
     check("model validate > /dev/full fails", r.returncode == 1 and "standard output" in r.stderr, r.stderr)
     r = run("generate", "-m", model, "-p", "hi", "-n", "3", "-t", "0")
     check("model generate -t 0 (all CPUs)", r.returncode == 0, r.stderr)
+    kv_cache(model)
+
+
+def kv_cache(model):
+    """generate over the paged cache: both caches give the same tokens, the JSON report, budgets, batches, plan."""
+    question = "Name three colours."
+    runs = {}
+    for kv in ("gaac", "bf16"):
+        r = run("generate", "-m", model, "-p", question, "-n", "40", "--kv", kv, "--json")
+        ok = r.returncode == 0
+        runs[kv] = json.loads(r.stdout) if ok else {}
+        check(f"kv generate --kv {kv} --json", ok, r.stderr)
+    if len(runs["gaac"]) and len(runs["bf16"]):
+        g, b = runs["gaac"], runs["bf16"]
+        keys = ["tokens", "kv_resident_bytes", "kv_bf16_bytes", "raw_fallback_tiles", "prompt_tokens_per_s",
+                "decode_tokens_per_s"]
+        check("kv --json has the keys", all(k in g and k in b for k in keys), sorted(g))
+        check("kv the same tokens from either cache", g["tokens"] == b["tokens"] and len(g["tokens"]) > 0,
+              (g.get("tokens"), b.get("tokens")))
+        check("kv the same BF16 values held", g["kv_bf16_bytes"] == b["kv_bf16_bytes"], (g, b))
+        check("kv the GAAC cache holds them in fewer bytes", g["kv_resident_bytes"] < b["kv_resident_bytes"],
+              (g["kv_resident_bytes"], b["kv_resident_bytes"]))
+        check("kv a bf16 cache has no raw fallbacks", b["raw_fallback_tiles"] == 0, b)
+    r = run("generate", "-m", model, "-p", question, "-n", "40", "--kv-budget", "64K")
+    check("kv a budget below one block is refused, saying what one block needs", r.returncode == 1
+          and "holds less than one block" in r.stderr and "bytes for a gaac cache" in r.stderr, r.stderr)
+    r = run("generate", "-m", model, "-p", question * 8, "-n", "40", "--kv-budget", "600K")
+    check("kv a budget too small for the prompt says how much the tokens need", r.returncode == 1
+          and "is full" in r.stderr and "needs" in r.stderr and "--kv-budget" in r.stderr, r.stderr)
+    for bad in ("12Q", "1.5G", "-1", "0"):
+        r = run("generate", "-m", model, "-p", "hi", "--kv-budget", bad)
+        check(f"kv --kv-budget {bad} is a usage error naming the option", is_usage_error(r) and "--kv-budget" in r.stderr,
+              r.stderr)
+    r = run("generate", "-m", model, "-p", "hi", "--kv", "fp8")
+    check("kv --kv fp8 is a usage error", is_usage_error(r) and "--kv" in r.stderr, r.stderr)
+    batch = path("kv-batch.txt")
+    with open(batch, "w") as f:
+        f.write(question + "\n\nWhat is two plus two?\nSay hello.\n")
+    for kv in ("gaac", "bf16"):
+        r = run("generate", "-m", model, "--batch-file", batch, "-n", "40", "--kv", kv, "--json")
+        ok = r.returncode == 0
+        report = json.loads(r.stdout) if ok else {}
+        check(f"kv --batch-file --kv {kv}: three answers in one run", ok and len(report.get("sequences", [])) == 3,
+              r.stderr)
+        if ok and runs.get(kv):
+            check(f"kv --batch-file --kv {kv}: a prompt's answer is the one it gets alone",
+                  report["sequences"][0]["tokens"] == runs[kv]["tokens"], (report["sequences"][0], runs[kv]["tokens"]))
+    r = run("generate", "-m", model, "--batch-file", batch, "-p", "hi")
+    check("kv --batch-file with --prompt is refused", r.returncode == 1 and "exactly one of" in r.stderr, r.stderr)
+    r = run("plan", "-m", model, "--budget", "16M", "--tokens", "512", "--json")
+    ok = r.returncode == 0
+    plan = json.loads(r.stdout) if ok else {}
+    check("kv plan: GAAC holds more than BF16 in one budget", ok
+          and plan["gaac"]["max_tokens"] > plan["bf16"]["max_tokens"] > 0, r.stderr)
 
 
 if __name__ == "__main__":

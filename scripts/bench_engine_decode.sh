@@ -46,7 +46,8 @@ print(json.dumps({"model": sys.argv[1], "context": int(sys.argv[2]), "engine": r
 EOF
     done
     if [ -x "$python" ]; then
-      "$python" "$root/scripts/reference_logits.py" decode "$m" $model-$context.txt $decode |
+      python3 -c "import json; print('\\n'.join(map(str, json.load(open('$model-$context-gaac.json'))['tokens'])))" > $model-$context-feed.txt
+      "$python" "$root/scripts/reference_logits.py" decode "$m" $model-$context.txt $model-$context-feed.txt |
         python3 -c "import json,sys; r=json.loads(sys.stdin.read()); r['model']='$model'; r['context']=$context; print(json.dumps(r))" >> "$results"
     fi
   done

@@ -14,9 +14,10 @@ llama-cpp-python==0.3.36 numpy`) with a BF16 KV cache. Nothing of llama.cpp is p
   reference_logits.py prefill MODEL.gguf TOKENS.txt
       times llama.cpp's prefill of the token ids with its own defaults (micro-batches of 512, weights
       repacked where it does so), as the peer of `gaac capture` in docs/performance.md.
-  reference_logits.py decode MODEL.gguf TOKENS.txt N
-      prefills the token ids (llama.cpp's defaults), then times N greedy decoding steps of one token
-      each: the peer of `gaac generate`'s decode speed in docs/performance.md. Prints one JSON line.
+  reference_logits.py decode MODEL.gguf TOKENS.txt FEED.txt
+      prefills the token ids (llama.cpp's defaults), then times decoding steps of one token each, feeding
+      the ids of FEED.txt in turn (gaac's greedy continuation, so both engines do the same work): the
+      peer of `gaac generate`'s decode speed in docs/performance.md. Prints one JSON line.
 """
 
 import json
@@ -87,12 +88,13 @@ def main():
         seconds = time.time() - start
         print(f"llama.cpp prefill: {len(tokens)} tokens in {seconds:.1f} s ({len(tokens) / seconds:.0f} tokens/s)")
     elif mode == "decode":
-        n = int(sys.argv[4])
+        feed = read_tokens(sys.argv[4])
+        n = len(feed)
         llm = load(model, len(tokens) + n + 8, exact=False)
         llm.eval(tokens)
         start = time.time()
-        for _ in range(n):
-            llm.eval([int(np.argmax(llm.scores[llm.n_tokens - 1]))])
+        for token in feed:
+            llm.eval([token])
         seconds = time.time() - start
         print(json.dumps({"engine": "llama.cpp", "context_tokens": len(tokens), "decode_tokens": n,
                           "decode_tokens_per_s": n / seconds}))

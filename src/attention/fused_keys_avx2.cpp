@@ -20,12 +20,10 @@
 #include <algorithm>
 
 #include "attention/fused_tile_avx2.hpp"
+#include "attention/fused_walk.hpp"
 
 namespace gaac::attention::fused_avx2 {
 namespace {
-
-using avx2::Geometry;
-using avx2::OpenTile;
 
 /// The eight float registers of a key segment, f[t1][s1][b0] at floats [t0 s0 b1].
 struct SegmentFloats {
@@ -100,75 +98,18 @@ inline void segment_for_heads(const SegmentFloats& s, const BlockTask& task, con
   }
 }
 
-/// Tokens 8h + q for q in [q0, q1) (token half h): their segments are chunk kChunk = h (64 channels)
-/// or chunks 2h, 2h + 1 of each half-head. The loops run over q with h fixed, so the decoder's
-/// per-register arithmetic is all shifts and strides.
-template <class G, bool kPatched, int kChunk, int kHalves>
-void scores_of_half(const OpenTile<G>* const* tiles, const BlockTask& task, const float* q, int h, int q0, int q1, float scale,
-                    LaneStore& store, float* scores) {
-  constexpr int kSegments = G::kShape.channels / 64;  // per token and half-head
-  constexpr int kHeadDim = kHalves * G::kShape.channels;
-  // The halves' slots and exponents, made once (the last one twice for a single half).
-  const uint8_t* const slots[2] = {tiles[0]->slot(), tiles[kHalves - 1]->slot()};
-  const auto exponents0 = tiles[0]->template exponents<kPatched>();
-  const auto exponents1 = tiles[kHalves - 1]->template exponents<kPatched>();
-  for (int qq = q0; qq < q1; ++qq) {
-    const int t = 8 * h + qq;
-#pragma GCC unroll 2
-    for (int half = 0; half < kHalves; ++half) {
-      const auto& exponents = half == 0 ? exponents0 : exponents1;
-      const int index = half * kSegments;
-      if constexpr (kSegments == 2) {
-        segment_for_heads(segment_floats<G, 0>(slots[half], exponents, h, qq), task, q, kHeadDim, index, kHalves * kSegments, t, scale,
-                          store, scores);
-        segment_for_heads(segment_floats<G, 1>(slots[half], exponents, h, qq), task, q, kHeadDim, index + 1, kHalves * kSegments, t,
-                          scale, store, scores);
-      } else {
-        segment_for_heads(segment_floats<G, kChunk>(slots[half], exponents, 0, qq), task, q, kHeadDim, index, kHalves * kSegments, t,
-                          scale, store, scores);
-      }
-    }
+/// This instruction set's parts of the shared block walk (fused_walk.hpp).
+struct Isa {
+  using LaneStore = fused_avx2::LaneStore;
+  template <class G, int kChunk, class Exponents>
+  static SegmentFloats segment_floats(const uint8_t* slot, const Exponents& exponents, int o, int q) {
+    return fused_avx2::segment_floats<G, kChunk>(slot, exponents, o, q);
   }
-}
-
-template <class G, bool kPatched, int kHalves>
-void scores_for(const OpenTile<G>* const* tiles, const BlockTask& task, const float* q, float scale, float* scores) {
-  LaneStore store;
-  // Token t = 8h + q is lane group q of the chunks of token half h.
-  for (int h = task.first / 8; h <= (task.end - 1) / 8; ++h) {
-    const int q0 = std::max(task.first - 8 * h, 0), q1 = std::min(task.end - 8 * h, 8);
-    if (h == 0) {
-      scores_of_half<G, kPatched, 0, kHalves>(tiles, task, q, 0, q0, q1, scale, store, scores);
-    } else {
-      scores_of_half<G, kPatched, 1, kHalves>(tiles, task, q, 1, q0, q1, scale, store, scores);
-    }
+  static void segment_for_heads(const SegmentFloats& s, const BlockTask& task, const float* q, int head_dim, int index,
+                                int segments, int t, float scale, LaneStore& store, float* scores) {
+    fused_avx2::segment_for_heads(s, task, q, head_dim, index, segments, t, scale, store, scores);
   }
-}
-
-template <class G, int kHalves>
-void scores_of_tiles(const OpenTile<G>* const* tiles, const BlockTask& task, const float* q, float scale, float* scores) {
-  bool patched = false;
-  for (int half = 0; half < kHalves; ++half) patched = patched || tiles[half]->patched();
-  if (patched) {
-    scores_for<G, true, kHalves>(tiles, task, q, scale, scores);
-  } else {
-    scores_for<G, false, kHalves>(tiles, task, q, scale, scores);
-  }
-}
-
-template <int Channels>
-void scores_of_shape(const BlockTask& task, const float* q, float scale, float* scores) {
-  using G = Geometry<TensorKind::key, Channels>;
-  const OpenTile<G> first(*task.halves[0].plan, task.halves[0].slot);
-  if (task.halves_count == 1) {
-    const OpenTile<G>* tiles[] = {&first};
-    scores_of_tiles<G, 1>(tiles, task, q, scale, scores);
-  } else {
-    const OpenTile<G> second(*task.halves[1].plan, task.halves[1].slot);
-    const OpenTile<G>* tiles[] = {&first, &second};
-    scores_of_tiles<G, 2>(tiles, task, q, scale, scores);
-  }
-}
+};
 
 }  // namespace
 
@@ -182,11 +123,7 @@ void prepare_query(int heads, int head_dim, const float* q, float* out) {
 }
 
 void key_scores(const BlockTask& task, const float* q, float scale, float* scores) {
-  if (task.tile_channels == 64) {
-    scores_of_shape<64>(task, q, scale, scores);
-  } else {
-    scores_of_shape<128>(task, q, scale, scores);
-  }
+  fused::key_scores<Isa>(task, q, scale, scores);
 }
 
 }  // namespace gaac::attention::fused_avx2

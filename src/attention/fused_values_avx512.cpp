@@ -13,12 +13,10 @@
 #include <immintrin.h>
 
 #include "attention/fused_tile_avx2.hpp"
+#include "attention/fused_walk.hpp"
 
 namespace gaac::attention::fused_avx512 {
 namespace {
-
-using avx2::Geometry;
-using avx2::OpenTile;
 
 /// One chunk as floats: f[t][odd] holds token t, channels 2k + odd (k = 0..15) of the chunk.
 struct ChunkFloats {
@@ -82,51 +80,24 @@ inline void fold_chunk(const ChunkFloats& v, int first, int end, uint32_t rescal
   _mm512_storeu_ps(acc + 16, _mm512_permutex2var_ps(a[0], high, a[1]));
 }
 
-template <class G, int kOdd, bool kPatched>
-void fold_chunk_for_heads(const OpenTile<G>& tile, int o, const BlockTask& task, int half, const uint32_t* rescaled,
-                          const float* rescale, const float* weight, float* acc) {
-  ChunkFloats v;
-  chunk_floats<G, kOdd>(tile.slot(), tile.template exponents<kPatched>(), o, v);
-  const int head_dim = task.halves_count * G::kShape.channels, channel = half * G::kShape.channels + 32 * (2 * o + kOdd);
-  for (int g = 0; g < task.heads; ++g) {
-    fold_chunk(v, task.first, task.end, rescaled[g], rescale + g * kTileTokens, weight + g * kTileTokens,
-               acc + static_cast<size_t>(g) * head_dim + channel);
+/// This instruction set's parts of the shared block walk (fused_walk.hpp).
+struct Isa {
+  using ChunkFloats = fused_avx512::ChunkFloats;
+  template <class G, int kOdd, class Exponents>
+  static void chunk_floats(const uint8_t* slot, const Exponents& exponents, int o, ChunkFloats& out) {
+    fused_avx512::chunk_floats<G, kOdd>(slot, exponents, o, out);
   }
-}
-
-template <class G, bool kPatched>
-void fold_half(const OpenTile<G>& tile, const BlockTask& task, int half, const uint32_t* rescaled, const float* rescale,
-               const float* weight, float* acc) {
-  for (int o = 0; o < G::kOctets; ++o) {
-    fold_chunk_for_heads<G, 0, kPatched>(tile, o, task, half, rescaled, rescale, weight, acc);
-    fold_chunk_for_heads<G, 1, kPatched>(tile, o, task, half, rescaled, rescale, weight, acc);
+  static void fold_chunk(const ChunkFloats& v, int first, int end, uint32_t rescaled, const float* rescale, const float* weight,
+                         float* acc) {
+    fused_avx512::fold_chunk(v, first, end, rescaled, rescale, weight, acc);
   }
-}
-
-template <int Channels>
-void fold_of_shape(const BlockTask& task, const float* rescale, const float* weight, float* acc) {
-  using G = Geometry<TensorKind::value, Channels>;
-  uint32_t rescaled[kMaxQueryHeads];
-  for (int g = 0; g < task.heads; ++g) rescaled[g] = rescaled_tokens(rescale + g * kTileTokens);
-  for (int half = 0; half < task.halves_count; ++half) {
-    const OpenTile<G> tile(*task.halves[half].plan, task.halves[half].slot);
-    if (tile.patched()) {
-      fold_half<G, true>(tile, task, half, rescaled, rescale, weight, acc);
-    } else {
-      fold_half<G, false>(tile, task, half, rescaled, rescale, weight, acc);
-    }
-  }
-}
+  static uint32_t rescaled_tokens(const float* rescale) { return fused_avx512::rescaled_tokens(rescale); }
+};
 
 }  // namespace
 
 void fold_values(const BlockTask& task, const float* rescale, const float* weight, float* acc) {
-  if (task.first >= task.end) return;
-  if (task.tile_channels == 64) {
-    fold_of_shape<64>(task, rescale, weight, acc);
-  } else {
-    fold_of_shape<128>(task, rescale, weight, acc);
-  }
+  fused::fold_values<Isa>(task, rescale, weight, acc);
 }
 
 }  // namespace gaac::attention::fused_avx512

@@ -12,6 +12,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_values.hpp"
 #include "gaac/calibration.hpp"
 #include "gaac/cuda.hpp"
 #include "gaac/error.hpp"
@@ -24,8 +25,7 @@ namespace {
 
 using namespace gaac;
 using namespace gaac::cuda;
-
-thread_local std::string last_error;
+using namespace gaac::bench;
 
 /// One benchmark case: `copies` device copies of the same caches (rotated so the L2 never serves a
 /// call from the previous one), the batch's sequence table, a workspace.
@@ -40,103 +40,6 @@ struct BenchCase {
   uint64_t gaac_bytes = 0, bf16_bytes = 0;  // bytes of units the attended tiles occupy
   std::string describe;
 };
-
-/// The calibration of one layer of `table`, as a one-layer table (for caches of one layer).
-CalibrationTable calibration_of_layer(const CalibrationTable& table, int layer) {
-  CalibrationTable one(1, table.kv_heads(), table.head_dim());
-  for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
-    for (int h = 0; h < table.kv_heads(); ++h) {
-      std::ranges::copy(table.b3(kind, layer, h), one.b3(kind, 0, h).begin());
-      std::ranges::copy(table.b4(kind, layer, h), one.b4(kind, 0, h).begin());
-    }
-    one.set_escape_capacity(kind, 0, table.escape_capacity(kind, layer));
-  }
-  one.metadata() = table.metadata();
-  return one;
-}
-
-/// Values and calibration of a case: a synthetic layer (calibrated on itself); one layer of a KV dump
-/// (with its calibration table's layer, or calibrated on itself); or, when the dump's heads are half
-/// as wide as the case's, heads made of two of the dump's (layer, head) pairs side by side — real KV
-/// statistics in a shape no dumped model has — with the table's bases arranged the same way and
-/// slot capacities chosen for the wider tiles.
-void base_values(const std::string& source, int layer, const std::string& calibration, int kv_heads, int head_dim,
-                 uint64_t seed, KvDump& out, CalibrationTable& table) {
-  if (source == "synthetic") {
-    SyntheticKvSpec spec;
-    spec.layers = 1, spec.kv_heads = kv_heads, spec.head_dim = head_dim, spec.tokens = 4096, spec.seed = seed;
-    out = make_synthetic_kv(spec);
-    const KvDump* b = &out;
-    table = calibrate(std::span<const KvDump* const>(&b, 1));
-    return;
-  }
-  KvDump all = load_kv_dump(source);
-  const bool has_table = !calibration.empty();
-  const CalibrationTable file = has_table ? load_calibration(calibration) : CalibrationTable();
-  out = KvDump();
-  if (all.head_dim() == head_dim) {
-    out.layers.push_back(std::move(all.layers.at(static_cast<size_t>(layer))));
-    if (out.kv_heads() != kv_heads)
-      throw Error("bench: the dump has " + std::to_string(out.kv_heads()) + " KV heads, the case " + std::to_string(kv_heads));
-    if (has_table) {
-      table = calibration_of_layer(file, layer);
-    } else {
-      const KvDump* b = &out;
-      table = calibrate(std::span<const KvDump* const>(&b, 1));
-    }
-    return;
-  }
-  const int narrow = all.head_dim(), heads = all.kv_heads();
-  if (2 * narrow != head_dim || static_cast<int>(all.layers.size()) * heads < 2 * kv_heads)
-    throw Error("bench: cannot build " + std::to_string(kv_heads) + " heads of width " + std::to_string(head_dim) +
-                " from the dump's " + std::to_string(all.layers.size()) + " layers of " + std::to_string(heads) +
-                " heads of width " + std::to_string(narrow));
-  const int tokens = all.layers.front().k.tokens;
-  out.layers.resize(1);
-  table = CalibrationTable(1, kv_heads, head_dim);
-  for (int kind = 0; kind < 2; ++kind) {
-    KvTensor& dst = kind ? out.layers[0].v : out.layers[0].k;
-    dst.tokens = tokens, dst.kv_heads = kv_heads, dst.head_dim = head_dim;
-    dst.data.resize(dst.elements());
-    const TensorKind tk = kind ? TensorKind::value : TensorKind::key;
-    for (int h = 0; h < kv_heads; ++h)
-      for (int part = 0; part < 2; ++part) {
-        const int pair = 2 * h + part, l = pair / heads, hh = pair % heads;
-        const KvTensor& src = kind ? all.layers[static_cast<size_t>(l)].v : all.layers[static_cast<size_t>(l)].k;
-        for (int t = 0; t < tokens; ++t)
-          for (int c = 0; c < narrow; ++c)
-            dst.data[(static_cast<size_t>(t) * kv_heads + h) * head_dim + part * narrow + c] = src.at(t, hh, c);
-        if (has_table) {
-          std::ranges::copy(file.b3(tk, l, hh), table.b3(tk, 0, h).begin() + part * narrow);
-          std::ranges::copy(file.b4(tk, l, hh), table.b4(tk, 0, h).begin() + part * narrow);
-        }
-      }
-  }
-  const KvDump* b = &out;
-  if (!has_table) {
-    table = calibrate(std::span<const KvDump* const>(&b, 1));
-    return;
-  }
-  Calibrator capacities(1, kv_heads, head_dim);
-  capacities.add_escape_sizes(out, table);
-  capacities.choose_capacities(table);
-}
-
-KvDump tiled(const KvDump& base, int tokens, int shift) {
-  KvDump d;
-  d.layers.resize(1);
-  const int n = base.layers[0].k.tokens;
-  const size_t row = static_cast<size_t>(base.kv_heads()) * base.head_dim();
-  for (int kind = 0; kind < 2; ++kind) {
-    const KvTensor& src = kind ? base.layers[0].v : base.layers[0].k;
-    KvTensor& dst = kind ? d.layers[0].v : d.layers[0].k;
-    dst.tokens = tokens, dst.kv_heads = src.kv_heads, dst.head_dim = src.head_dim;
-    dst.data.resize(static_cast<size_t>(tokens) * row);
-    for (int t = 0; t < tokens; ++t)
-      std::memcpy(dst.data.data() + static_cast<size_t>(t) * row, src.data.data() + static_cast<size_t>((t + shift) % n) * row, row * 2);
-  }
-  return d;
-}
 
 /// Bytes of the units that the tiles attended by the batch's newest tokens occupy.
 uint64_t attended_unit_bytes(const KvCache& cache, const SequenceTable& t, int window) {
@@ -158,52 +61,12 @@ uint64_t attended_unit_bytes(const KvCache& cache, const SequenceTable& t, int w
   return bytes;
 }
 
-/// A cache of one layer holding each of `sequences` as one sequence, appended whole (complete blocks
-/// encoded on every core), and their table.
-KvCache fill(const std::vector<KvDump>& sequences, CacheFormat format, const CalibrationTable& table, int window,
-             SequenceTable& batch) {
-  CacheConfig config;
-  const KvDump& first = sequences.front();
-  config.geometry = {1, first.kv_heads(), first.head_dim(), {window}};
-  config.format = format;
-  config.calibration = &table;
-  config.budget_bytes = worst_case_budget(config.geometry, format, &table, first.layers[0].k.tokens,
-                                          static_cast<int>(sequences.size()));
-  config.parallel = [](size_t n, const std::function<void(size_t, size_t)>& body) {
-    const size_t threads = std::max<size_t>(1, std::min<size_t>(std::thread::hardware_concurrency(), n));
-    std::vector<std::thread> pool;
-    for (size_t i = 0; i < threads; ++i) pool.emplace_back([&, i] { body(n * i / threads, n * (i + 1) / threads); });
-    for (std::thread& t : pool) t.join();
-  };
-  KvCache cache(std::move(config));
-  std::vector<SequenceId> ids;
-  for (const KvDump& d : sequences) {
-    ids.push_back(cache.add_sequence());
-    const KvView k[] = {view_of(d.layers[0].k)};
-    const KvView v[] = {view_of(d.layers[0].v)};
-    if (cache.append(ids.back(), k, v).status != CacheStatus::ok) throw Error("bench: the cache is full");
-  }
-  batch = cache.sequence_table(ids);
-  return cache;
-}
-
-template <class F>
-int guarded(F&& f) {
-  try {
-    f();
-    return 0;
-  } catch (const std::exception& e) {
-    last_error = e.what();
-    return -1;
-  }
-}
-
 }  // namespace
 
 extern "C" {
 
 /// Message of the last failure of this thread.
-const char* gaac_bench_error() { return last_error.c_str(); }
+const char* gaac_bench_error() { return last_error().c_str(); }
 
 /// Builds a case: `batch` sequences of `context` tokens, `kv_heads` heads of width `head_dim`, values
 /// from `source` ("synthetic", or a KV dump: its layer `layer`, or heads of half the width paired up),

@@ -1,6 +1,8 @@
-// CUDA decode attention over the paged cache (docs/format.md, section 13): the device mirror of a
-// cache, the fused GAAC kernel, its BF16 twin and the decompress-first path. Host API only: nothing
-// here needs a CUDA compiler, and every function throws gaac::Error on a CUDA failure or bad input.
+// gaac on NVIDIA GPUs (sm_90): the device mirror of a paged cache (docs/format.md, section 13), decode
+// attention over it (the fused GAAC kernel, its BF16 twin, decompress-first), finalize of open blocks
+// on the device, decompression to dense or paged BF16, and .gaac snapshot encoding from device
+// tensors. Host API only: nothing here needs a CUDA compiler, and every function throws gaac::Error on
+// a CUDA failure or bad input.
 #pragma once
 
 #include <cstddef>
@@ -8,6 +10,8 @@
 #include <string>
 #include <vector>
 
+#include "gaac/calibration.hpp"
+#include "gaac/kv_dump.hpp"
 #include "gaac/paged_layout.hpp"
 
 struct CUstream_st;
@@ -79,11 +83,20 @@ class DeviceCache {
   uint8_t* units_data() const { return static_cast<uint8_t*>(units_buffer_.data()); }
   uint32_t* entries_data() const { return static_cast<uint32_t*>(entries_buffer_.data()); }
 
+  /// The device's free-unit stack (room for every unit) and its count, a u32 in device memory: the
+  /// units finalize_blocks() gives back are pushed there. Starts as the host cache's free units that
+  /// the device pool holds, in the host's order.
+  uint32_t* free_stack_data() const { return static_cast<uint32_t*>(free_stack_buffer_.data()); }
+  uint32_t* free_count_data() const { return static_cast<uint32_t*>(free_count_buffer_.data()); }
+  /// The free units on the device, bottom of the stack first (synchronises: for tests and tools).
+  std::vector<uint32_t> free_units() const;
+
  private:
   PagedCacheView view_;
   std::vector<int32_t> windows_;
   uint32_t units_ = 0;
   DeviceBuffer units_buffer_, entries_buffer_, bases_buffer_, lane_bases_buffer_, windows_buffer_;
+  DeviceBuffer free_stack_buffer_, free_count_buffer_;
 };
 
 /// The sequence tables of a batch in device memory, with the host-side numbers a launch needs.
@@ -182,5 +195,54 @@ DecodePlan decode_attention(const DeviceCache& cache, const DeviceSequences& seq
 /// into `bf16` (made by DeviceCache::bf16_for) as a raw BF16 tile, entries included.
 void decompress(const DeviceCache& compressed, const DeviceSequences& sequences, int layer, DeviceCache& bf16,
                 Stream stream = nullptr);
+
+/// Where decompress_dense() writes: element (layer l, token t, KV head h, channel c) of K goes to
+///   k + l·layer_stride + X + h·head_stride + c,
+/// with X = s·outer_stride + position·token_stride for the token at `position` of sequence s
+/// (`paged` false: `[sequences][tokens][heads][dim]`, e.g. `[tokens, heads, dim]` for one sequence), or
+/// X = row·outer_stride + (position mod 16)·token_stride for a token of block row `row` (`paged` true:
+/// FlashInfer's paged NHD, one 16-token page per block row). V alike. Strides count elements.
+struct DenseLayout {
+  uint16_t* k = nullptr;
+  uint16_t* v = nullptr;
+  bool paged = false;
+  int64_t layer_stride = 0;
+  int64_t outer_stride = 0;
+  int64_t token_stride = 0;
+  int64_t head_stride = 0;
+};
+
+/// Decompresses layers `first_layer .. first_layer + layers - 1` of every sequence of `sequences`:
+/// every token the cache holds (compressed slots, raw tiles, the BF16 tails; tiles released by a
+/// sliding window are skipped, their destination left as it was) as BF16 into `out`. Works on a
+/// compressed or a BF16 cache. Asynchronous on `stream`.
+void decompress_dense(const DeviceCache& cache, const DeviceSequences& sequences, int first_layer, int layers,
+                      const DenseLayout& out, Stream stream = nullptr);
+
+/// Finalizes open blocks on the device, as KvCache::append does on the host when a block's 16th
+/// token arrives: in layers `first_layer .. first_layer + layers - 1` of the `count` block rows
+/// `rows` (device memory; kNoRow entries are skipped), every raw tile is encoded once with the cache's
+/// escape capacity. A tile whose escapes fit becomes a compressed tile in its first unit (its entry
+/// changes class, not unit) and its second unit is pushed on the device free stack; a tile that does
+/// not fit stays raw. Compressed and absent tiles are left alone, so finalizing a block twice changes
+/// nothing. The caller has written all 16 tokens of every tile it names. Slot and entry bytes equal
+/// the host cache's; the free stack holds the same units, in the order the CTAs finish. Many blocks
+/// in one call never race: each tile is one warp's, and each CTA reserves its stack slots with one
+/// atomic. Asynchronous on `stream`; a compressed cache only.
+void finalize_blocks(DeviceCache& cache, const uint32_t* rows, int count, int first_layer, int layers,
+                     Stream stream = nullptr);
+
+/// One tensor section of a .gaac snapshot (docs/format.md, section 11) for (layer, kind) of
+/// `calibration`, encoded on the device from a dense BF16 tensor there: `tokens` rows of `kv_heads` ×
+/// head_dim elements, `token_stride` elements apart (heads consecutive inside a row). Byte for byte
+/// what the host snapshot writer makes of the same values. Synchronises `stream`.
+std::vector<uint8_t> encode_snapshot_section(const uint16_t* tensor, int tokens, size_t token_stride,
+                                             const CalibrationTable& calibration, TensorKind kind, int layer,
+                                             Stream stream = nullptr);
+
+/// The .gaac image of `dump` (as gaac::snapshot_image makes it, byte for byte) with its tiles encoded
+/// on the device: every tensor is copied there and encoded with encode_snapshot_section().
+std::vector<uint8_t> snapshot_image(const KvDump& dump, const CalibrationTable& calibration,
+                                    const Progress& progress = {});
 
 }  // namespace gaac::cuda

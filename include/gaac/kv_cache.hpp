@@ -173,6 +173,9 @@ class GAAC_API KvCache {
   SequenceTable sequence_table(std::span<const SequenceId> sequences) const;
   /// The codec plans the cache encodes with (null for a bf16 cache); fused kernels decode with them.
   const CodecPlans* plans() const;
+  /// The free units of the pool, in the order they will be taken last to first (so a mirror of the
+  /// pool elsewhere, such as the GPU's, can keep taking and giving them the same way).
+  std::span<const uint32_t> free_units() const;
   /// Memory and contents (walks the table: for reports, not for every step).
   CacheUsage usage() const;
   /// CacheUsage::resident_bytes() without the walk: units in use and the entries of rows in use.

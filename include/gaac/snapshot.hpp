@@ -5,6 +5,7 @@
 #include "gaac/export.h"
 
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <string>
 #include <vector>
@@ -25,6 +26,14 @@ struct GAAC_API Snapshot {
 
 /// Builds the complete .gaac image of `dump`, compressed with `calibration` (which must match it).
 GAAC_API std::vector<uint8_t> snapshot_image(const KvDump& dump, const CalibrationTable& calibration, const Progress& progress = {});
+
+/// Makes the tensor section (docs/format.md, section 11) of one (layer, K or V) of a snapshot.
+using TensorSectionEncoder = std::function<std::vector<uint8_t>(int layer, TensorKind kind)>;
+
+/// snapshot_image() with the tensor sections made by `encode` (another executor of the codec, such
+/// as the GPU's) and everything else, the container included, made here.
+GAAC_API std::vector<uint8_t> snapshot_image(const KvDump& dump, const CalibrationTable& calibration,
+                                             const TensorSectionEncoder& encode, const Progress& progress = {});
 
 /// Writes a .gaac file (to a temporary name, then renamed into place).
 GAAC_API void write_snapshot(const KvDump& dump, const CalibrationTable& calibration, const std::string& path,

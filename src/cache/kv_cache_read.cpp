@@ -151,6 +151,8 @@ CacheUsage KvCache::usage() const {
   return u;
 }
 
+std::span<const uint32_t> KvCache::free_units() const { return state_->pool.free_units(); }
+
 void KvCache::check_invariants() const {
   const State& s = *state_;
   const auto fail = [](const std::string& what) { throw Error("KV cache invariant broken: " + what); };

@@ -1,8 +1,12 @@
-// Decompress-first: every tile of a batch's blocks in one layer rebuilt as a raw BF16 tile, so the
-// BF16 twin can run on the result. One warp per tile: the same per-lane decoder as the fused kernel,
-// the tile assembled row-major in shared memory, then written with 16-byte stores.
+// Decompression on the device. decompress(): every tile of a batch's blocks in one layer rebuilt as
+// a raw BF16 tile, so the BF16 twin can run on the result (decompress-first). decompress_dense():
+// every token of a batch's sequences, any layers, written where the caller's layout says. One warp
+// per tile in both: the same per-lane decoder as the fused kernel, the tile assembled row-major in
+// shared memory, then written with 16-byte stores.
 #include <cuda_runtime.h>
 
+#include <algorithm>
+#include <cstdint>
 #include <string>
 
 #include "cuda/check.hpp"
@@ -67,6 +71,27 @@ __device__ void decode_tile_to_rows(const uint8_t* slot, const uint8_t* b3, cons
   }
 }
 
+/// Brings the tile of `entry` (compressed or raw) to `tile` (row-major, 16 × C BF16, shared memory).
+template <int C>
+__device__ void stage_tile(const PagedGeometry& geo, const uint8_t* units, uint32_t entry, TensorKind kind,
+                           const uint8_t* b3, const uint8_t* b4, int lane, uint16_t* tile) {
+  const uint8_t* first = units + geo.unit_offset(entry_unit(entry));
+  constexpr int kVectors = 16 * C * 2 / 16;  // 16-byte pieces of a raw tile
+  if (entry_class(entry) == TileClass::raw) {
+    const uint8_t* second =
+        geo.raw_split() ? units + geo.unit_offset(*reinterpret_cast<const uint32_t*>(first + geo.partner_offset())) : first + 16 * C;
+    for (int v = lane; v < kVectors; v += 32) {
+      const uint8_t* src = v < kVectors / 2 ? first + 16 * v : second + 16 * (v - kVectors / 2);
+      reinterpret_cast<uint4*>(tile)[v] = *reinterpret_cast<const uint4*>(src);
+    }
+  } else if (kind == TensorKind::key) {
+    decode_tile_to_rows<C, true>(first, b3, b4, lane, tile);
+  } else {
+    decode_tile_to_rows<C, false>(first, b3, b4, lane, tile);
+  }
+  __syncwarp();
+}
+
 template <int C, int P>
 __global__ void __launch_bounds__(kWarps * 32) decompress_kernel(const DecompressArgs a) {
   constexpr int kTiles = 2 * P;
@@ -87,26 +112,59 @@ __global__ void __launch_bounds__(kWarps * 32) decompress_kernel(const Decompres
     if (lane == 0) a.dst_entries[out_index] = kAbsentEntry;
     return;
   }
+  const uint8_t* b3 = a.bases + a.src.bases_index(a.layer, kind, 0, head) + half * C;
+  const uint8_t* b4 = a.bases + a.src.bases_index(a.layer, kind, 1, head) + half * C;
+  stage_tile<C>(a.src, a.units, entry, kind, b3, b4, lane, tiles[warp]);
   uint4* dst = reinterpret_cast<uint4*>(a.dst_units + a.dst.unit_offset(static_cast<uint32_t>(out_index)));
-  const uint8_t* first = a.units + a.src.unit_offset(entry_unit(entry));
-  constexpr int kVectors = 16 * C * 2 / 16;  // 16-byte pieces of a raw tile
-  if (cls == TileClass::raw) {
-    const uint8_t* second =
-        a.src.raw_split() ? a.units + a.src.unit_offset(*reinterpret_cast<const uint32_t*>(first + 16 * C)) : first + 16 * C;
-    for (int v = lane; v < kVectors; v += 32) {
-      const uint8_t* src = v < kVectors / 2 ? first + 16 * v : second + 16 * (v - kVectors / 2);
-      dst[v] = *reinterpret_cast<const uint4*>(src);
-    }
-  } else {
-    uint16_t* tile = tiles[warp];
-    const uint8_t* b3 = a.bases + a.src.bases_index(a.layer, kind, 0, head) + half * C;
-    const uint8_t* b4 = a.bases + a.src.bases_index(a.layer, kind, 1, head) + half * C;
-    if (kind == TensorKind::key) decode_tile_to_rows<C, true>(first, b3, b4, lane, tile);
-    else decode_tile_to_rows<C, false>(first, b3, b4, lane, tile);
-    __syncwarp();
-    for (int v = lane; v < kVectors; v += 32) dst[v] = reinterpret_cast<const uint4*>(tile)[v];
-  }
+  for (int v = lane; v < 16 * C * 2 / 16; v += 32) dst[v] = reinterpret_cast<const uint4*>(tiles[warp])[v];
   if (lane == 0) a.dst_entries[out_index] = make_entry(TileClass::raw, static_cast<uint32_t>(out_index));
+}
+
+struct DenseArgs {
+  PagedGeometry geo;
+  const uint8_t* units = nullptr;
+  const uint32_t* entries = nullptr;
+  const uint8_t* bases = nullptr;
+  SequenceTableView seqs;
+  int first_layer = 0, layers = 0;
+  DenseLayout out;
+};
+
+/// One warp per tile of (sequence blockIdx.y, block, layer, head, K/V, half): the tile staged in
+/// shared memory, then its rows written with 16-byte stores.
+template <int C, int P>
+__global__ void __launch_bounds__(kWarps * 32) decompress_dense_kernel(const DenseArgs a) {
+  constexpr int kTiles = 2 * P;
+  __shared__ __align__(16) uint16_t tiles[kWarps][16 * C];
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int s = static_cast<int>(blockIdx.y);
+  const long long id = static_cast<long long>(blockIdx.x) * kWarps + warp;
+  const int kv = a.geo.kv_heads;
+  const int j = static_cast<int>(id % kTiles), head = static_cast<int>((id / kTiles) % kv);
+  const int layer = a.first_layer + static_cast<int>((id / kTiles / kv) % a.layers);
+  const long long block = id / kTiles / kv / a.layers;
+  const int first = a.seqs.indptr[s];
+  if (block >= a.seqs.indptr[s + 1] - first) return;
+  const uint32_t row = a.seqs.rows[first + block];
+  if (row == kNoRow) return;
+  const TensorKind kind = j < P ? TensorKind::key : TensorKind::value;
+  const int half = j % P;
+  const uint32_t entry = a.entries[a.geo.entry_index(layer, row, head, kind, half)];
+  const TileClass cls = entry_class(entry);
+  if (cls != TileClass::compressed && cls != TileClass::raw) return;
+  const uint8_t* b3 = a.bases ? a.bases + a.geo.bases_index(layer, kind, 0, head) + half * C : nullptr;
+  const uint8_t* b4 = a.bases ? a.bases + a.geo.bases_index(layer, kind, 1, head) + half * C : nullptr;
+  stage_tile<C>(a.geo, a.units, entry, kind, b3, b4, lane, tiles[warp]);
+  const long long rows = min(static_cast<long long>(kTileTokens), a.seqs.lengths[s] - block * kTileTokens);
+  uint16_t* base = (kind == TensorKind::key ? a.out.k : a.out.v) + layer * a.out.layer_stride +
+                   head * a.out.head_stride + half * C;
+  base += a.out.paged ? static_cast<long long>(row) * a.out.outer_stride
+                      : s * a.out.outer_stride + block * kTileTokens * a.out.token_stride;
+  constexpr int kPieces = C * 2 / 16;  // 16-byte pieces per row
+  for (int v = lane; v < rows * kPieces; v += 32) {
+    const int t = v / kPieces, piece = v % kPieces;
+    *reinterpret_cast<uint4*>(base + t * a.out.token_stride + piece * 8) = reinterpret_cast<const uint4*>(tiles[warp])[v];
+  }
 }
 
 }  // namespace
@@ -140,6 +198,43 @@ void decompress(const DeviceCache& compressed, const DeviceSequences& sequences,
     default: throw Error("decompress: head width " + std::to_string(src.head_dim) + " is not 64, 128 or 256");
   }
   check(cudaGetLastError(), "decompress launch");
+}
+
+void decompress_dense(const DeviceCache& cache, const DeviceSequences& sequences, int first_layer, int layers,
+                      const DenseLayout& out, Stream stream) {
+  const PagedGeometry& geo = cache.view().geometry;
+  if (first_layer < 0 || layers < 0 || first_layer + layers > geo.layers)
+    throw Error("decompress_dense: layers " + std::to_string(first_layer) + " + " + std::to_string(layers) +
+                " out of range for a cache of " + std::to_string(geo.layers) + " layers");
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (!out.k || !out.v || !aligned(out.k) || !aligned(out.v))
+    throw Error("decompress_dense: the K and V outputs must be device pointers aligned to 16 bytes");
+  for (const int64_t stride : {out.layer_stride, out.outer_stride, out.token_stride, out.head_stride}) {
+    if (stride < 0 || stride % 8 != 0)
+      throw Error("decompress_dense: strides must be non-negative multiples of 8 elements (16 bytes), got " +
+                  std::to_string(stride));
+  }
+  int longest = 0;
+  for (int s = 0; s < sequences.sequences(); ++s) longest = std::max(longest, sequences.blocks(s));
+  const long long tiles = static_cast<long long>(longest) * layers * geo.kv_heads * 2 * geo.halves();
+  if (tiles == 0) return;
+  DenseArgs a;
+  a.geo = geo;
+  a.units = cache.view().units;
+  a.entries = cache.view().entries;
+  a.bases = cache.view().bases;
+  a.seqs = sequences.view();
+  a.first_layer = first_layer;
+  a.layers = layers;
+  a.out = out;
+  const dim3 grid(static_cast<unsigned>((tiles + kWarps - 1) / kWarps), static_cast<unsigned>(sequences.sequences()));
+  switch (geo.head_dim) {
+    case 64: decompress_dense_kernel<64, 1><<<grid, kWarps * 32, 0, stream>>>(a); break;
+    case 128: decompress_dense_kernel<128, 1><<<grid, kWarps * 32, 0, stream>>>(a); break;
+    case 256: decompress_dense_kernel<128, 2><<<grid, kWarps * 32, 0, stream>>>(a); break;
+    default: throw Error("decompress_dense: head width " + std::to_string(geo.head_dim) + " is not 64, 128 or 256");
+  }
+  check(cudaGetLastError(), "decompress_dense launch");
 }
 
 }  // namespace gaac::cuda

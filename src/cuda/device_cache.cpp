@@ -118,11 +118,31 @@ DeviceCache DeviceCache::upload(const KvCache& host_cache) {
   if (host.windows) std::copy(host.windows, host.windows + geo.layers, cache.windows_.begin());
   cache.windows_buffer_ = DeviceBuffer(cache.windows_.size() * 4);
   cache.windows_buffer_.upload(cache.windows_.data(), cache.windows_.size() * 4);
+  // The free stack: the host's free units the device pool holds, bottom first, room for every unit.
+  std::vector<uint32_t> free_units;
+  for (const uint32_t unit : host_cache.free_units()) {
+    if (unit < units) free_units.push_back(unit);
+  }
+  cache.free_stack_buffer_ = DeviceBuffer(std::max<size_t>(units, 1) * 4);
+  cache.free_stack_buffer_.upload(free_units.data(), free_units.size() * 4);
+  const auto free_count = static_cast<uint32_t>(free_units.size());
+  cache.free_count_buffer_ = DeviceBuffer(4);
+  cache.free_count_buffer_.upload(&free_count, 4);
   cache.view_ = {geo, static_cast<const uint8_t*>(cache.units_buffer_.data()),
                  static_cast<const uint32_t*>(cache.entries_buffer_.data()),
                  static_cast<const uint8_t*>(cache.bases_buffer_.data()),
                  static_cast<const int32_t*>(cache.windows_buffer_.data())};
   return cache;
+}
+
+std::vector<uint32_t> DeviceCache::free_units() const {
+  uint32_t count = 0;
+  if (free_count_buffer_.bytes() == 0) return {};
+  free_count_buffer_.download(&count, 4);
+  if (count > units_) throw Error("DeviceCache: the device free stack holds more units than the pool");
+  std::vector<uint32_t> units(count);
+  free_stack_buffer_.download(units.data(), static_cast<size_t>(count) * 4);
+  return units;
 }
 
 DeviceCache DeviceCache::bf16_for(const PagedGeometry& like, int window) {

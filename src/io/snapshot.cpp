@@ -8,6 +8,7 @@
 #include <array>
 #include <cstring>
 #include <map>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
 
@@ -118,18 +119,18 @@ std::vector<uint8_t> tensor_section(const KvTensor& tensor, std::span<const Tile
   return out;
 }
 
-std::vector<Section> build_sections(const KvDump& dump, const CalibrationTable& calibration, const Progress& progress) {
+std::vector<Section> build_sections(const KvDump& dump, const CalibrationTable& calibration,
+                                    const TensorSectionEncoder& encode, const Progress& progress) {
   validate_dump(dump);
   calibration.validate();
   calibration.check_matches(dump);
   std::vector<Section> sections;
   sections.push_back({kMetadataSection, 0, metadata_section(dump, calibration)});
   sections.push_back({kCalibrationSection, 0, calibration_section(calibration)});
-  const CodecPlans plans(calibration);
   for (size_t l = 0; l < dump.layers.size(); ++l) {
     for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
       sections.push_back({kTensorSection, static_cast<uint32_t>(2 * l + (kind == TensorKind::key ? 0 : 1)),
-                          tensor_section(dump.layers[l].of(kind), plans.tensor_plans(kind, static_cast<int>(l)))});
+                          encode(static_cast<int>(l), kind)});
     }
     if (progress) progress(l + 1, dump.layers.size());
   }
@@ -370,7 +371,17 @@ void read_tensor(const Reader& r, std::span<const uint8_t> bytes, KvTensor& t, T
 }  // namespace
 
 std::vector<uint8_t> snapshot_image(const KvDump& dump, const CalibrationTable& calibration, const Progress& progress) {
-  const std::vector<Section> sections = build_sections(dump, calibration, progress);
+  std::optional<CodecPlans> plans;  // made once the calibration has been checked against the dump
+  const TensorSectionEncoder encode = [&](int layer, TensorKind kind) {
+    if (!plans) plans.emplace(calibration);
+    return tensor_section(dump.layers[static_cast<size_t>(layer)].of(kind), plans->tensor_plans(kind, layer));
+  };
+  return snapshot_image(dump, calibration, encode, progress);
+}
+
+std::vector<uint8_t> snapshot_image(const KvDump& dump, const CalibrationTable& calibration,
+                                    const TensorSectionEncoder& encode, const Progress& progress) {
+  const std::vector<Section> sections = build_sections(dump, calibration, encode, progress);
   std::vector<uint8_t> image = header_for(sections);
   for (const Section& s : sections) {
     image.insert(image.end(), s.bytes.begin(), s.bytes.end());

@@ -19,6 +19,24 @@
 
 namespace gaac::test {
 
+/// Tokens first .. first + tokens − 1 of every layer of `d`.
+inline KvDump stretch(const KvDump& d, int first, int tokens) {
+  KvDump out;
+  for (const KvLayer& l : d.layers) {
+    KvLayer part;
+    for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
+      const KvTensor& src = l.of(kind);
+      KvTensor& dst = part.of(kind);
+      dst = {tokens, src.kv_heads, src.head_dim, {}};
+      const size_t row = static_cast<size_t>(src.kv_heads) * src.head_dim;
+      dst.data.assign(src.data.begin() + static_cast<std::ptrdiff_t>(first * row),
+                      src.data.begin() + static_cast<std::ptrdiff_t>((first + tokens) * row));
+    }
+    out.layers.push_back(std::move(part));
+  }
+  return out;
+}
+
 /// A cache's configuration for `dumps` (same layers, heads and width), with a budget that holds them
 /// and the decoy whatever their values.
 inline CacheConfig cache_config_for(std::span<const KvDump> dumps, CacheFormat format, const CalibrationTable* table,

@@ -44,24 +44,6 @@ KvDump synthetic(const CrossCase& c, int tokens, uint64_t seed) {
   return make_synthetic_kv(spec);
 }
 
-/// Tokens first .. first + tokens − 1 of every layer of `d`.
-KvDump stretch(const KvDump& d, int first, int tokens) {
-  KvDump out;
-  for (const KvLayer& l : d.layers) {
-    KvLayer part;
-    for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
-      const KvTensor& src = l.of(kind);
-      KvTensor& dst = part.of(kind);
-      dst = {tokens, src.kv_heads, src.head_dim, {}};
-      const size_t row = static_cast<size_t>(src.kv_heads) * src.head_dim;
-      dst.data.assign(src.data.begin() + static_cast<std::ptrdiff_t>(first * row),
-                      src.data.begin() + static_cast<std::ptrdiff_t>((first + tokens) * row));
-    }
-    out.layers.push_back(std::move(part));
-  }
-  return out;
-}
-
 void cross_check(const CrossCase& c) {
   int total = 0;
   for (const int n : c.lengths) total += n;
@@ -69,8 +51,8 @@ void cross_check(const CrossCase& c) {
   const KvDump all = synthetic(c, total + kCalibrationTokens, 1000);
   std::vector<KvDump> seqs;
   for (int s = 0, at = 0; s < static_cast<int>(c.lengths.size()); at += c.lengths[static_cast<size_t>(s)], ++s)
-    seqs.push_back(stretch(all, at, c.lengths[static_cast<size_t>(s)]));
-  const KvDump calibration_kv = stretch(all, total, kCalibrationTokens);  // windows learnt on other KV
+    seqs.push_back(test::stretch(all, at, c.lengths[static_cast<size_t>(s)]));
+  const KvDump calibration_kv = test::stretch(all, total, kCalibrationTokens);  // windows learnt on other KV
   const KvDump* calibration_ptr = &calibration_kv;
   const CalibrationTable table = calibrate(std::span<const KvDump* const>(&calibration_ptr, 1));
   const std::vector<int> windows = {0, c.window};

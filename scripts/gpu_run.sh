@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # One call on a GPU machine: take the prebuilt CUDA binaries if they run there (else build them), run
-# the GPU tests, the decode-attention benchmark against PyTorch SDPA and FlashInfer, the comparisons
-# with earlier kernel versions, compute-sanitizer memcheck and racecheck on a small case, and Nsight
-# Compute on one case. $OUT (default ./gpu-out) receives bench.json, bench.log and logs.tar.gz (every
-# other log).
+# the GPU tests, the decode-attention benchmark against PyTorch SDPA and FlashInfer, the codec
+# benchmark against the peer codecs (--codecs), the comparisons with earlier kernel versions,
+# compute-sanitizer memcheck and racecheck on small cases, and Nsight Compute on one case. $OUT
+# (default ./gpu-out) receives bench.json, bench.log, codecs.json and logs.tar.gz (every other log).
 #   scripts/gpu_run.sh [--prebuilt DIR] [--data DIR] [--bench-args "..."] [--skip-tests] [--skip-sanitizer]
-#                      [--skip-bench] [--profile SHAPE:CTX:BS] [--compare NAME=LIB]... [--limit SECONDS]
+#                      [--skip-bench] [--codecs PEERS_DIR] [--codec-args "..."] [--profile SHAPE:CTX:BS]
+#                      [--compare NAME=LIB]... [--limit SECONDS]
 # --compare times an earlier build of the benchmark library (another kernel version) on 64K batch 1
 # of `llama` against this one, in the same call, after the main benchmark; --limit is the time the
 # call may take (default 570 s), from which the benchmark's budget is derived.
@@ -15,6 +16,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 prebuilt="" data="" bench_args="" skip_tests=0 skip_sanitizer=0 profile="" skip_bench=0 limit=570 compare=()
+codecs="" codec_args=""
 while [ $# -gt 0 ]; do
   case $1 in
     --prebuilt) prebuilt=$2; shift 2 ;;
@@ -23,6 +25,8 @@ while [ $# -gt 0 ]; do
     --skip-tests) skip_tests=1; shift ;;
     --skip-sanitizer) skip_sanitizer=1; shift ;;
     --skip-bench) skip_bench=1; shift ;;
+    --codecs) codecs=$2; shift 2 ;;  # PEERS_DIR: scripts/prepare_codec_peers.sh output
+    --codec-args) codec_args=$2; shift 2 ;;
     --profile) profile=$2; shift 2 ;;  # SHAPE:CTX:BS: Nsight Compute on one GAAC and one twin launch
     --compare) compare+=("$2"); shift 2 ;;
     --limit) limit=$2; shift 2 ;;
@@ -38,7 +42,8 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,po
 nvcc --version | tail -1
 
 bin=""
-if [ -n "$prebuilt" ] && "$prebuilt/cuda_decode_test" --gtest_list_tests >/dev/null 2>&1; then
+if [ -n "$prebuilt" ] && "$prebuilt/cuda_decode_test" --gtest_list_tests >/dev/null 2>&1 &&
+  "$prebuilt/cuda_codec_test" --gtest_list_tests >/dev/null 2>&1; then
   bin=$prebuilt
   echo "using prebuilt binaries from $prebuilt"
 else
@@ -47,10 +52,10 @@ else
   [ -n "$data" ] && [ -f "$data/xxhash/xxhash.h" ] && xx=(-DGAAC_XXHASH_INCLUDE_DIR="$PWD/$data/xxhash")
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DGAAC_BUILD_BENCHMARKS=OFF -DGAAC_BUILD_TOOLS=OFF \
     "${xx[@]}" >"$out/cmake.log" 2>&1 || { tail -30 "$out/cmake.log"; exit 1; }
-  ninja -C build-gpu cuda_decode_test lane_decode_test gaac_gpu_bench >"$out/build.log" 2>&1 ||
+  ninja -C build-gpu cuda_decode_test cuda_codec_test lane_decode_test gaac_gpu_bench >"$out/build.log" 2>&1 ||
     { tail -40 "$out/build.log"; exit 1; }
   mkdir -p build-gpu/collected
-  cp build-gpu/tests/cuda_decode_test build-gpu/tests/lane_decode_test \
+  cp build-gpu/tests/cuda_decode_test build-gpu/tests/cuda_codec_test build-gpu/tests/lane_decode_test \
     build-gpu/bench/gpu/libgaac_gpu_bench.so build-gpu/collected/
   bin=build-gpu/collected
 fi
@@ -58,7 +63,7 @@ fi
 status=0
 if [ $skip_tests -eq 0 ]; then
   stage "tests"
-  for t in lane_decode_test cuda_decode_test; do
+  for t in lane_decode_test cuda_codec_test cuda_decode_test; do
     timeout 300 "$bin/$t" --gtest_brief=1 >"$out/$t.log" 2>&1
     rc=$?
     echo "$t: exit $rc"; tail -3 "$out/$t.log"
@@ -67,10 +72,15 @@ if [ $skip_tests -eq 0 ]; then
 fi
 sanitize() {
   stage "compute-sanitizer"
-  for tool in memcheck racecheck; do
-    timeout 120 compute-sanitizer --tool $tool --error-exitcode 3 "$bin/cuda_decode_test" \
-      --gtest_filter=GpuDecode.SmallCaseForTheSanitizers >"$out/sanitizer-$tool.log" 2>&1
-    echo "$tool: exit $?"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|hazard|Invalid" "$out/sanitizer-$tool.log" | head -5
+  for t in cuda_decode_test:GpuDecode cuda_codec_test:GpuCodec; do
+    for tool in memcheck racecheck; do
+      log="$out/sanitizer-${t%%:*}-$tool.log"
+      timeout 120 compute-sanitizer --tool $tool --error-exitcode 3 "$bin/${t%%:*}" \
+        --gtest_filter="${t#*:}.SmallCaseForTheSanitizers" >"$log" 2>&1
+      rc=$?
+      echo "${t%%:*} $tool: exit $rc"; grep -E "ERROR SUMMARY|RACECHECK SUMMARY|hazard|Invalid" "$log" | head -5
+      [ $rc -ne 0 ] && status=1
+    done
   done
 }
 
@@ -89,8 +99,10 @@ profile_kernels() {
 # Logs go into one archive at the end (a call returns few files): bench.json, bench.log, logs.tar.gz.
 finish() {
   stage "done"
-  (cd "$out" && tar -czf logs.tar.gz --exclude=bench.json --exclude=bench.log --exclude=logs.tar.gz -- * 2>/dev/null &&
-    find . -maxdepth 1 -type f ! -name bench.json ! -name bench.log ! -name logs.tar.gz -delete)
+  (cd "$out" && tar -czf logs.tar.gz --exclude=bench.json --exclude=bench.log --exclude=codecs.json --exclude=codecs.log \
+    --exclude=logs.tar.gz -- * 2>/dev/null &&
+    find . -maxdepth 1 -type f ! -name bench.json ! -name bench.log ! -name codecs.json ! -name codecs.log \
+      ! -name logs.tar.gz -delete)
   exit $status
 }
 
@@ -111,6 +123,13 @@ if [ $skip_bench -eq 0 ]; then
   PYTHONUNBUFFERED=1 timeout $((left + 30)) python3 bench/gpu/bench_decode.py --lib "$bin/libgaac_gpu_bench.so" \
     --out "$out/bench.json" ${kv_dir:+--kv-dir "$kv_dir"} --budget-s $((left - 20)) $bench_args 2>&1 |
     grep -v "^  \(gaac\|bf16\)_.*stages\|^$" | tail -70
+fi
+if [ -n "$codecs" ]; then
+  stage "codec benchmark (peers from $codecs)"
+  # shellcheck disable=SC2086
+  PYTHONUNBUFFERED=1 timeout $((limit - SECONDS - 30 > 60 ? limit - SECONDS - 30 : 60)) python3 bench/gpu/bench_codecs.py \
+    --lib "$bin/libgaac_gpu_bench.so" --peers-dir "$codecs" ${kv_dir:+--kv-dir "$kv_dir"} --out "$out/codecs.json" \
+    $codec_args 2>&1 | tee "$out/codecs.log" | tail -80
 fi
 for c in "${compare[@]}"; do
   name=${c%%=*} lib=${c#*=}

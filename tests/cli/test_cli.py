@@ -101,6 +101,13 @@ def basics():
     check("restored file identical", open(kv, "rb").read() == open(restored, "rb").read())
     r = run("verify", kv, "--calib", calib)
     check("verify exit", r.returncode == 0 and "verify OK" in r.stdout, r.stdout + r.stderr)
+    on_gpu = path("kv-cuda.gaac")
+    r = run("compress", kv, "--calib", calib, "--device", "cuda", "-o", on_gpu)
+    if r.returncode == 0:
+        check("compress --device cuda: the CPU's bytes", open(on_gpu, "rb").read() == open(packed, "rb").read())
+    else:
+        check("compress --device cuda without a GPU: a clear error, nothing written",
+              r.returncode == 1 and "CUDA" in r.stderr and not os.path.exists(on_gpu), r.stderr)
 
     data = bytearray(open(packed, "rb").read())
     data[len(data) // 2] ^= 0x10

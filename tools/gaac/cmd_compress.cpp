@@ -4,11 +4,31 @@
 #include "activity.hpp"
 #include "commands.hpp"
 #include "common.hpp"
+#include "gaac/error.hpp"
 #include "gaac/snapshot.hpp"
 #include "io/output_file.hpp"
 #include "progress.hpp"
 
+#if GAAC_CLI_CUDA
+#include "gaac/cuda.hpp"
+#endif
+
 namespace gaac::cli {
+namespace {
+
+/// The snapshot image encoded on `device` ("cpu" or "cuda").
+std::vector<uint8_t> encode_on(const std::string& device, const KvDump& dump, const CalibrationTable& table,
+                               const Progress& progress) {
+  if (device == "cpu") return snapshot_image(dump, table, progress);
+#if GAAC_CLI_CUDA
+  if (!cuda::device_available()) throw gaac::Error("compress --device cuda: no CUDA device found");
+  return cuda::snapshot_image(dump, table, progress);
+#else
+  throw gaac::Error("compress --device cuda: this gaac was built without CUDA");
+#endif
+}
+
+}  // namespace
 
 void add_compress(CLI::App& app) {
   auto* cmd = app.add_subcommand("compress", "Compress a KV dump into a lossless .gaac snapshot");
@@ -19,7 +39,11 @@ void add_compress(CLI::App& app) {
   cmd->add_option("--calib", *calib, "Calibration table (default: calibrate on the input itself)")
       ->check(CLI::ExistingFile);
   cmd->add_option("-o,--output", *output, "Snapshot to write (.gaac)")->required();
-  cmd->callback([input, calib, output] {
+  auto device = std::make_shared<std::string>("cpu");
+  cmd->add_option("--device", *device, "Where the tiles are encoded: cpu, or cuda (the same bytes)")
+      ->check(CLI::IsMember({"cpu", "cuda"}))
+      ->capture_default_str();
+  cmd->callback([input, calib, output, device] {
     const std::vector<std::string> inputs{*input, *calib};
     io::check_output(*output, inputs);  // before the work: a bad output fails at once
     const KvDump dump = load_dump(*input);
@@ -28,7 +52,7 @@ void add_compress(CLI::App& app) {
     {
       const Activity activity("compressing " + *input);
       ProgressBar bar("compressing");
-      image = snapshot_image(dump, table, std::ref(bar));
+      image = encode_on(*device, dump, table, std::ref(bar));
     }
     {
       const Activity activity("writing " + *output);

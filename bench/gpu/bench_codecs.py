@@ -73,19 +73,29 @@ class Timer:
             ts.append((time.perf_counter() - t0) * 1e6)
         return statistics.median(ts)
 
-    def measure(self, fn, n, small):
-        """fn(i) issues call i (i mod n: rotation). Returns (queued µs per call, spread, wall µs per call)."""
+    def measure(self, fn, n, small, rearm=None):
+        """fn(i) issues call i (i mod n: rotation). Returns (queued µs per call, spread, wall µs per call).
+        With `rearm` (a codec whose call consumes its input, as gaac's finalize does) every call gets its own
+        copy: at most n calls between two rearm() calls, which run untimed before each batch."""
+        if rearm:
+            rearm()
         for i in range(3):  # warm-up: compilation, allocator, caches of the codec
             fn(i % n)
         torch.cuda.synchronize()
-        wall = self.wall_us(fn, n, 5 if not small else 20)
+        if rearm:
+            rearm()
+        wall = self.wall_us(fn, n, min(n, 5 if not small else 20) if rearm else (5 if not small else 20))
         if small:
             calls = self.block_calls
         else:
             calls = max(3, min(30, int(self.target_ms * 1000 / max(wall, 1.0))))
+        if rearm:
+            calls = min(calls, n)
         per = []
         for _ in range(self.batches):
             torch.cuda.synchronize()
+            if rearm:
+                rearm()
             self.sleep()
             s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
             s.record()
@@ -95,6 +105,12 @@ class Timer:
             e.synchronize()
             per.append(s.elapsed_time(e) * 1000.0 / calls)
         return statistics.median(per), [min(per), max(per)], wall, calls
+
+
+def short(e, n=160):
+    """One line of an exception, for tables."""
+    msg = f"{type(e).__name__}: {e}".strip().splitlines()[0]
+    return msg if len(msg) <= n else msg[:n - 3] + "..."
 
 
 def stream_ptr():
@@ -260,18 +276,28 @@ class GaacCodec(Codec):
             raise RuntimeError("decompress after the encode timings != dense input")
 
     def _arm(self, blocks, copies):
-        self.g.check(self.g.lib.gaac_codec_arm(self.h, blocks, copies, stream_ptr()), "arm")
-        self.g.check(self.g.lib.gaac_codec_finalize(self.h, blocks, 0, stream_ptr()), "finalize")
-        torch.cuda.synchronize()
-        self.g.check(self.g.lib.gaac_codec_finalize_check(self.h, blocks, 0), "finalize_check")
+        """Finalize consumes its open blocks (a block is encoded once; finalizing it again does nothing), so
+        each timed call gets an armed copy of its own, and rearm() restores them all between batches."""
         lib, h, s = self.g.lib, self.h, stream_ptr()
-        return lambda i: lib.gaac_codec_finalize(h, blocks, i, s)
+        self.g.check(lib.gaac_codec_arm(h, blocks, copies, s), "arm")
+        self.g.check(lib.gaac_codec_finalize(h, blocks, 0, s), "finalize")
+        torch.cuda.synchronize()
+        self.g.check(lib.gaac_codec_finalize_check(h, blocks, 0), "finalize_check")
+
+        def rearm():
+            torch.cuda.synchronize()
+            self.g.check(lib.gaac_codec_arm(h, blocks, copies, s), "arm")
+        return (lambda i: lib.gaac_codec_finalize(h, blocks, i, s)), copies, rearm
 
     def encode_block(self, L):
-        return self._arm(1, 64), 64
+        return self._arm(1, 128)
+
+    def encode_blocks_64(self, L):
+        """A decode step of a batch of 64 sequences that all complete a block: one call."""
+        return self._arm(64, 128)
 
     def encode_layer(self, L):
-        return self._arm(L.tokens // BLOCK_TOKENS, 2), 2
+        return self._arm(L.tokens // BLOCK_TOKENS, 4)
 
     def decode_layer(self, L):
         lib, h, s = self.g.lib, self.h, stream_ptr()
@@ -291,7 +317,6 @@ class NvcompCodec(Codec):
         self.nvcomp, self.name, self.opts = nvcomp, label, opts
         self.codec = nvcomp.Codec(cuda_stream=stream_ptr(), **opts)
         self.view = None  # how input arrays are given (found in prepare)
-        self.static_notes.append("preconfigured encode/decode into preallocated buffers")
 
     def _array(self, t):
         import cupy as cp
@@ -305,9 +330,9 @@ class NvcompCodec(Codec):
         cc = self.codec.compression_config(nbytes)
         return cc, self.codec.decompression_config(cc)
 
-    def _out(self, nbytes):
+    def _out(self, array):
         import cupy as cp
-        return cp.empty(int(self.codec.get_max_comp_buffer_size(nbytes)), dtype=cp.uint8)
+        return cp.empty(int(self.codec.get_max_comp_buffer_size(array)), dtype=cp.uint8)
 
     def prepare(self, L):
         import cupy as cp
@@ -332,13 +357,17 @@ class NvcompCodec(Codec):
         try:  # the timed path: preconfigured, preallocated
             self.preconfigured = True
             self.cc, self.dc = self._configs(L.bf16_bytes)
-            self.comp = [self.codec.encode(self._array(kv), out=self._out(L.bf16_bytes), compression_config=self.cc)
-                         for kv in (L.kv, L.kv2)]
+            arrays = [self._array(kv) for kv in (L.kv, L.kv2)]
+            self.comp_bufs = [self._out(a) for a in arrays]  # kept: the encoded Arrays may only view them
+            self.comp = [self.codec.encode(a, out=b, compression_config=self.cc)
+                         for a, b in zip(arrays, self.comp_bufs)]
             self._check_timed_path(L)
+            self.notes.append("preconfigured encode/decode (compression_config/decompression_config) into "
+                              "preallocated buffers")
         except Exception as e:  # noqa: BLE001 - fall back to the plain calls (which synchronise)
             self.preconfigured = False
-            self.notes.append(f"preconfigured path failed ({type(e).__name__}: {e}); plain encode/decode timed, "
-                              "they synchronise and allocate")
+            self.notes.append(f"preconfigured path failed ({short(e)}); plain encode/decode timed, which "
+                              "allocate and may synchronise")
             self.comp = [plain, self.codec.encode(self._array(L.kv2))]
             self._check_timed_path(L)
         self.notes.append(f"input given as {'typed' if self.view == 'typed' else 'uint8'} array")
@@ -351,7 +380,8 @@ class NvcompCodec(Codec):
 
     def _check_timed_path(self, L):
         for r in range(2):
-            self.dec[r].fill(0)
+            self.dec[r].fill(0)  # on CuPy's stream: finish it before the decode on ours
+            torch.cuda.synchronize()
             self._decode(r)
             torch.cuda.synchronize()
             if not same_bytes(torch.from_dlpack(self.dec[r]), L.kv):
@@ -362,7 +392,7 @@ class NvcompCodec(Codec):
         if not self.preconfigured:
             return lambda i: enc(arrays[i])
         cc, _ = self._configs(nbytes)
-        outs = [self._out(nbytes) for _ in arrays]
+        outs = [self._out(a) for a in arrays]
         return lambda i: enc(arrays[i], out=outs[i], compression_config=cc)
 
     def encode_block(self, L):
@@ -586,7 +616,10 @@ class DFloat11Codec(Codec):
         if need > 48 * 1024:
             self.kernel.max_dynamic_shared_size_bytes = need
         self.outs = [(torch.empty_like(L.k), torch.empty_like(L.v)) for _ in range(2)]
-        self.ext = self.cp.cuda.ExternalStream(stream_ptr())
+        import warnings
+        with warnings.catch_warnings():  # CuPy 14 prefers Stream.from_external; this still works
+            warnings.simplefilter("ignore", DeprecationWarning)
+            self.ext = self.cp.cuda.ExternalStream(stream_ptr())
         with self.ext:
             self._launch(self.c[0], self.outs[0][0])
             self._launch(self.c[1], self.outs[0][1])
@@ -765,7 +798,7 @@ def make_codecs(args, root, wanted, unavailable):
             made = ctor()
             codecs.extend(made if isinstance(made, list) else [made])
         except Exception as e:  # noqa: BLE001 - record why, go on
-            unavailable[label] = f"{type(e).__name__}: {e}"
+            unavailable[label] = short(e, 400)
             log(f"[{label}] unavailable: {e}")
 
     if root is None:
@@ -786,7 +819,7 @@ def make_codecs(args, root, wanted, unavailable):
             try:
                 out.append(NvcompCodec(nv, label, opts))
             except Exception as e:  # noqa: BLE001
-                unavailable[label] = f"{type(e).__name__}: {e}"
+                unavailable[label] = short(e, 400)
         return out
 
     add("nvcomp", "nvCOMP", nvcomp_all)
@@ -815,20 +848,27 @@ def run_codec(codec, L, timer):
         log(f"  [{codec.name}] ratio {row['ratio']:.4f}, lossless ok ({time.perf_counter() - t0:.1f} s)")
     except Exception as e:  # noqa: BLE001
         row["lossless"] = False if "lossless" in str(e) else None
-        row["errors"]["prepare"] = f"{type(e).__name__}: {e}"
+        row["errors"]["prepare"] = short(e, 400)
         log(f"  [{codec.name}] prepare failed: {e}")
         traceback.print_exc(file=sys.stderr)
         return row
-    for phase, small, bytes_ in (("encode_block", True, L.block_bytes), ("encode_layer", False, L.bf16_bytes),
-                                 ("decode_layer", False, L.bf16_bytes)):
+    phases = [("encode_block", True, L.block_bytes), ("encode_layer", False, L.bf16_bytes),
+              ("decode_layer", False, L.bf16_bytes)]
+    if isinstance(codec, GaacCodec):
+        phases.insert(1, ("encode_blocks_64", True, 64 * L.block_bytes))
+    for phase, small, bytes_ in phases:
         try:
             got = getattr(codec, phase)(L)
             if got is None:
                 continue
-            fn, n = got
-            us, spread, wall, calls = timer.measure(fn, n, small)
+            fn, n, rearm = got if len(got) == 3 else (*got, None)
+            us, spread, wall, calls = timer.measure(fn, n, small, rearm)
             torch.cuda.synchronize()
-            if phase == "encode_block":
+            if phase == "encode_blocks_64":
+                row["gaac"].update(finalize_64_blocks_us=us, finalize_64_blocks_wall_us=wall,
+                                   finalize_64_blocks_spread_us=spread)
+                codec.notes.append(f"64 blocks in one call: {us:.1f} µs ({wall:.0f} wall)")
+            elif phase == "encode_block":
                 row.update(encode_block_us=us, encode_block_wall_us=wall, encode_block_spread_us=spread)
             elif phase == "encode_layer":
                 row.update(encode_layer_us=us, encode_gbs=bytes_ / us / 1e3, encode_layer_wall_us=wall,
@@ -837,7 +877,7 @@ def run_codec(codec, L, timer):
                 row.update(decode_us=us, decode_gbs=bytes_ / us / 1e3, decode_wall_us=wall, decode_spread_us=spread)
             log(f"  [{codec.name}] {phase}: {us:.1f} µs/call queued ({calls} calls), {wall:.1f} µs wall")
         except Exception as e:  # noqa: BLE001
-            row["errors"][phase] = f"{type(e).__name__}: {e}"
+            row["errors"][phase] = short(e, 400)
             log(f"  [{codec.name}] {phase} failed: {e}")
             traceback.print_exc(file=sys.stderr)
     if isinstance(codec, GaacCodec):  # the device result must still equal the CPU encoder's bytes
@@ -855,7 +895,8 @@ def fmt(x, spec):
 
 
 def table(dataset, rows, unavailable):
-    out = [f"\n### {dataset['name']}: {dataset['tokens']} tokens, {dataset['bf16_bytes'] / 1e6:.0f} MB BF16 (K+V)\n",
+    out = [f"\n### {dataset['name']}: {dataset['tokens']} tokens, {dataset['bf16_bytes'] / 1e6:.0f} MB BF16 (K+V); "
+           f"device-to-device copy {dataset['copy_tbs']:.2f} TB/s (read + written)\n",
            "| codec | ratio | random access per tile | encode µs, 1 block (wall) | encode GB/s, layer | "
            "decode µs, 64K layer (wall) | decode GB/s of BF16 | notes |",
            "|---|---|---|---|---|---|---|---|"]
@@ -892,6 +933,8 @@ def main():
         ap.error("--lib is required unless --no-gaac")
     wanted = set(args.only.split(","))
     torch.cuda.init()
+    # Everything runs on one explicit stream (never 0, which some APIs read as "make your own stream").
+    torch.cuda.set_stream(torch.cuda.Stream())
     timer = Timer(args.quick)
     root = unpack_peers(args.peers_dir, args.unpack_dir)
     manifest = json.load(open(os.path.join(root, "manifest.json"))) if root else {}
@@ -925,7 +968,12 @@ def main():
             continue
         codecs = ([GaacCodec(g, h)] if h else []) + peers
         rows = [run_codec(c, L, timer) for c in codecs]
+        # The memory's speed in this run: a device-to-device copy of the layer (bytes read + written / time).
+        copy_us, _, _, _ = timer.measure(lambda i: (L.kv2 if i % 2 else L.kv).copy_(L.kv if i % 2 else L.kv2), 2, False)
+        copy_tbs = 2 * L.bf16_bytes / copy_us / 1e6
+        log(f"  device-to-device copy of the layer: {copy_us:.1f} µs, {copy_tbs:.2f} TB/s read + written")
         info = dict(name=ds, tokens=L.tokens, bf16_bytes=L.bf16_bytes, block_bytes=L.block_bytes,
+                    copy_us=copy_us, copy_tbs=copy_tbs,
                     source="gaac_codec_copy_dense" if h else "made in bench_codecs.py", gaac=L.gaac, rows=rows)
         result["datasets"].append(info)
         tables.append(table(info, rows, unavailable))

@@ -98,12 +98,18 @@ void arm(CodecCase& c, int blocks, int copies) {
     const KvView v15[] = {view_of(d.layers[0].v).tokens_from(0, kTileTokens - 1)};
     const SequenceId id = open.add_sequence();
     if (open.append(id, k15, v15).status != CacheStatus::ok) throw Error("bench: the open cache is full");
-    const SequenceId fid = a.finalized->add_sequence();
-    const KvView k16[] = {view_of(d.layers[0].k)};
-    const KvView v16[] = {view_of(d.layers[0].v)};
-    if (a.finalized->append(fid, k16, v16).status != CacheStatus::ok) throw Error("bench: the finalized cache is full");
+    // The reference: the same cache, given each block's 16th token by KvCache::append afterwards.
+    if (a.finalized->append(a.finalized->add_sequence(), k15, v15).status != CacheStatus::ok)
+      throw Error("bench: the reference cache is full");
     rows.push_back(open.sequence_table(std::span(&id, 1)).rows.back());
     ids.push_back(id);
+  }
+  for (int i = 0; i < blocks; ++i) {
+    const KvDump d = block_of(c.values, i, kTileTokens);
+    const KvView k1[] = {view_of(d.layers[0].k).tokens_from(kTileTokens - 1, 1)};
+    const KvView v1[] = {view_of(d.layers[0].v).tokens_from(kTileTokens - 1, 1)};
+    if (a.finalized->append(ids[static_cast<size_t>(i)], k1, v1).status != CacheStatus::ok)
+      throw Error("bench: the reference cache is full");
   }
   // The pool with every open block's 16th token written into its tail (row 7 of the second unit).
   const PagedCacheView v = open.view();

@@ -1,8 +1,11 @@
 // Decompression on the device. decompress(): every tile of a batch's blocks in one layer rebuilt as
 // a raw BF16 tile, so the BF16 twin can run on the result (decompress-first). decompress_dense():
-// every token of a batch's sequences, any layers, written where the caller's layout says. One warp
-// per tile in both: the same per-lane decoder as the fused kernel, the tile assembled row-major in
-// shared memory, then written with 16-byte stores.
+// every token of a batch's sequences, any layers, written where the caller's layout says.
+//
+// One tile loop serves both (they differ only in which tiles they take and where rows go): a warp
+// loads a tile's slot (its lane parts and the whole escape slot at once, so a tile is one memory
+// trip), rebuilds it with the fused kernel's per-lane decoder into shared memory and writes its rows
+// with 16-byte stores; with kTilesPerWarp > 1 it loads the next tile while it rebuilds one.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -19,27 +22,45 @@ namespace gaac::cuda {
 namespace {
 
 constexpr int kWarps = 4;
+// Tiles per warp. Measured at 64K tokens (docs/performance.md, decompress versions): four tiles per
+// warp with the next one in flight (v2) ran 187 µs, slower than one tile per warp with more warps
+// resident (v1: 156 µs, two memory trips per tile); v3 keeps one tile per warp, in one memory trip.
+constexpr int kTilesPerWarp = 1;
+constexpr int kEscapePadding = 16;  // the decoder may read a few bytes past the escapes it uses
 
-struct DecompressArgs {
-  PagedGeometry src;  ///< compressed cache
+/// The cache tiles are read from.
+struct Source {
+  PagedGeometry geo;
   const uint8_t* units = nullptr;
   const uint32_t* entries = nullptr;
   const uint8_t* bases = nullptr;
-  int layer = 0;
-  PagedGeometry dst;  ///< one-layer BF16 cache, one unit per entry
-  uint8_t* dst_units = nullptr;
-  uint32_t* dst_entries = nullptr;
-  const uint32_t* rows = nullptr;  ///< the batch's block rows
-  int total_rows = 0;
 };
 
-/// Rebuilds one compressed tile into `tile` (row-major, 16 × C BF16, shared memory).
+/// One tile to rebuild: where it is, what it is, and where its first `rows` rows go.
+struct TileJob {
+  uint32_t entry = kAbsentEntry;
+  TensorKind kind = TensorKind::key;
+  int layer = 0, head = 0, half = 0, rows = 0;
+  uint16_t* dst = nullptr;
+  int64_t dst_stride = 0;         ///< elements between rows at dst
+  uint32_t* dst_entry = nullptr;  ///< the BF16 cache's entry to set (decompress-first), or null
+  uint32_t dst_entry_value = 0;
+};
+
+/// What a lane holds of a compressed tile between its load and its rebuild.
+template <int C, int Chunks>
+struct InFlight {
+  lane::LaneSlot<C> slot;
+  uint4 escapes[Chunks];  ///< bytes 16·(lane + 32·k) .. + 15 of the escape slot
+};
+
+/// Rebuilds a compressed tile whose lane part `s` is loaded and whose escape bytes are at `escapes`
+/// into `tile` (row-major, 16 × C BF16, shared memory).
 template <int C, bool Key>
-__device__ void decode_tile_to_rows(const uint8_t* slot, const uint8_t* b3, const uint8_t* b4, int lane, uint16_t* tile) {
+__device__ void decode_tile_to_rows(const lane::LaneSlot<C>& s, const uint8_t* escapes, const uint8_t* b3,
+                                    const uint8_t* b4, int lane, uint16_t* tile) {
   using S = lane::SlotShape<C>;
   constexpr int kWords = lane::kBaseWords<C, Key>;
-  lane::LaneSlot<C> s;
-  lane::load_lane_slot<C>(slot, lane, s);
   const uint32_t offset = detail::warp_exclusive_scan(lane::escape_bytes_of_lane(s.tags), lane);
   uint32_t w3[kWords], dl[kWords];
 #pragma unroll
@@ -49,7 +70,7 @@ __device__ void decode_tile_to_rows(const uint8_t* slot, const uint8_t* b3, cons
   }
   uint32_t exponents[S::kQuads];
   const auto base3_at = [&](int w) { return lane::base_word<C, Key>(b3, lane, w); };
-  lane::lane_exponents<C, Key, lane::EscapePath::wide>(s, slot + S::kEscapeOffset, offset, w3, dl, base3_at, exponents);
+  lane::lane_exponents<C, Key, lane::EscapePath::wide>(s, escapes, offset, w3, dl, base3_at, exponents);
   const int g = lane / 4, t = lane % 4;
 #pragma unroll
   for (int q = 0; q < S::kQuads; ++q) {
@@ -71,100 +92,176 @@ __device__ void decode_tile_to_rows(const uint8_t* slot, const uint8_t* b3, cons
   }
 }
 
-/// Brings the tile of `entry` (compressed or raw) to `tile` (row-major, 16 × C BF16, shared memory).
-template <int C>
-__device__ void stage_tile(const PagedGeometry& geo, const uint8_t* units, uint32_t entry, TensorKind kind,
-                           const uint8_t* b3, const uint8_t* b4, int lane, uint16_t* tile) {
-  const uint8_t* first = units + geo.unit_offset(entry_unit(entry));
-  constexpr int kVectors = 16 * C * 2 / 16;  // 16-byte pieces of a raw tile
-  if (entry_class(entry) == TileClass::raw) {
-    const uint8_t* second =
-        geo.raw_split() ? units + geo.unit_offset(*reinterpret_cast<const uint32_t*>(first + geo.partner_offset())) : first + 16 * C;
-    for (int v = lane; v < kVectors; v += 32) {
-      const uint8_t* src = v < kVectors / 2 ? first + 16 * v : second + 16 * (v - kVectors / 2);
-      reinterpret_cast<uint4*>(tile)[v] = *reinterpret_cast<const uint4*>(src);
-    }
-  } else if (kind == TensorKind::key) {
-    decode_tile_to_rows<C, true>(first, b3, b4, lane, tile);
-  } else {
-    decode_tile_to_rows<C, false>(first, b3, b4, lane, tile);
+template <int C, int Chunks>
+__device__ void start_tile(const Source& src, const TileJob& job, int lane, InFlight<C, Chunks>& f) {
+  if (entry_class(job.entry) != TileClass::compressed) return;
+  const uint8_t* slot = src.units + src.geo.unit_offset(entry_unit(job.entry));
+  lane::load_lane_slot<C>(slot, lane, f.slot);
+  const auto capacity = static_cast<uint32_t>(src.geo.escape_capacity());
+#pragma unroll
+  for (int k = 0; k < Chunks; ++k) {
+    const uint32_t at = 16u * static_cast<uint32_t>(lane + 32 * k);
+    f.escapes[k] = at < capacity ? *reinterpret_cast<const uint4*>(slot + lane::SlotShape<C>::kEscapeOffset + at)
+                                 : make_uint4(0, 0, 0, 0);
   }
-  __syncwarp();
 }
 
-template <int C, int P>
-__global__ void __launch_bounds__(kWarps * 32) decompress_kernel(const DecompressArgs a) {
-  constexpr int kTiles = 2 * P;
-  __shared__ __align__(16) uint16_t tiles[kWarps][16 * C];
-  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  const long long id = static_cast<long long>(blockIdx.x) * kWarps + warp;
-  const int kv = a.src.kv_heads;
-  if (id >= static_cast<long long>(a.total_rows) * kv * kTiles) return;
-  const int j = static_cast<int>(id % kTiles), head = static_cast<int>((id / kTiles) % kv);
-  const uint32_t row = a.rows[id / kTiles / kv];
-  if (row == kNoRow) return;
-  const TensorKind kind = j < P ? TensorKind::key : TensorKind::value;
-  const int half = j % P;
-  const uint32_t entry = a.entries[a.src.entry_index(a.layer, row, head, kind, half)];
-  const size_t out_index = a.dst.entry_index(0, row, head, kind, half);
-  const TileClass cls = entry_class(entry);
+/// Writes rows 0 .. job.rows-1 of `tile` (row-major, C elements per row, 16-byte aligned) to job.dst.
+template <int C>
+__device__ void write_rows(const TileJob& job, const uint16_t* tile, int lane) {
+  constexpr int kPieces = C * 2 / 16;  // 16-byte pieces per row
+  for (int v = lane; v < job.rows * kPieces; v += 32) {
+    const int t = v / kPieces, piece = v % kPieces;
+    *reinterpret_cast<uint4*>(job.dst + t * job.dst_stride + piece * 8) = reinterpret_cast<const uint4*>(tile)[v];
+  }
+}
+
+template <int C, int Chunks>
+__device__ void finish_tile(const Source& src, const TileJob& job, const InFlight<C, Chunks>& f, int lane,
+                            uint16_t* tile, uint8_t* escapes) {
+  const TileClass cls = entry_class(job.entry);
   if (cls != TileClass::compressed && cls != TileClass::raw) {
-    if (lane == 0) a.dst_entries[out_index] = kAbsentEntry;
+    if (job.dst_entry && lane == 0) *job.dst_entry = kAbsentEntry;
     return;
   }
-  const uint8_t* b3 = a.bases + a.src.bases_index(a.layer, kind, 0, head) + half * C;
-  const uint8_t* b4 = a.bases + a.src.bases_index(a.layer, kind, 1, head) + half * C;
-  stage_tile<C>(a.src, a.units, entry, kind, b3, b4, lane, tiles[warp]);
-  uint4* dst = reinterpret_cast<uint4*>(a.dst_units + a.dst.unit_offset(static_cast<uint32_t>(out_index)));
-  for (int v = lane; v < 16 * C * 2 / 16; v += 32) dst[v] = reinterpret_cast<const uint4*>(tiles[warp])[v];
-  if (lane == 0) a.dst_entries[out_index] = make_entry(TileClass::raw, static_cast<uint32_t>(out_index));
+  const uint8_t* first = src.units + src.geo.unit_offset(entry_unit(job.entry));
+  if (cls == TileClass::raw) {
+    // Straight from the pool: tokens 0..7 in unit a, 8..15 in its partner (or after them, unsplit).
+    const uint8_t* second = src.geo.raw_split()
+                                ? src.units + src.geo.unit_offset(*reinterpret_cast<const uint32_t*>(first + src.geo.partner_offset()))
+                                : first + 16 * C;
+    constexpr int kPieces = C * 2 / 16;
+    for (int v = lane; v < job.rows * kPieces; v += 32) {
+      const int t = v / kPieces, piece = v % kPieces;
+      const uint8_t* from = (t < kTileTokens / 2 ? first + t * C * 2 : second + (t - kTileTokens / 2) * C * 2) + piece * 16;
+      *reinterpret_cast<uint4*>(job.dst + t * job.dst_stride + piece * 8) = *reinterpret_cast<const uint4*>(from);
+    }
+  } else {
+#pragma unroll
+    for (int k = 0; k < Chunks; ++k) reinterpret_cast<uint4*>(escapes)[lane + 32 * k] = f.escapes[k];
+    __syncwarp();
+    const uint8_t* b3 = src.bases + src.geo.bases_index(job.layer, job.kind, 0, job.head) + job.half * C;
+    const uint8_t* b4 = src.bases + src.geo.bases_index(job.layer, job.kind, 1, job.head) + job.half * C;
+    if (job.kind == TensorKind::key) {
+      decode_tile_to_rows<C, true>(f.slot, escapes, b3, b4, lane, tile);
+    } else {
+      decode_tile_to_rows<C, false>(f.slot, escapes, b3, b4, lane, tile);
+    }
+    __syncwarp();
+    write_rows<C>(job, tile, lane);
+    __syncwarp();  // the next tile overwrites the staging
+  }
+  if (job.dst_entry && lane == 0) *job.dst_entry = job.dst_entry_value;
 }
 
-struct DenseArgs {
-  PagedGeometry geo;
-  const uint8_t* units = nullptr;
-  const uint32_t* entries = nullptr;
-  const uint8_t* bases = nullptr;
+/// The tile loop: warp w of CTA (x, y) rebuilds the target's tiles kTilesPerWarp·(x·kWarps + w) and
+/// the next kTilesPerWarp − 1, two in flight.
+template <int C, int P, int Chunks, class Target>
+__global__ void __launch_bounds__(kWarps * 32) decompress_kernel(const Source src, const Target target) {
+  __shared__ __align__(16) uint16_t tiles[kWarps][kTileTokens * C];
+  __shared__ __align__(16) uint8_t escapes[kWarps][Chunks * 512 + kEscapePadding];
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const long long first = (static_cast<long long>(blockIdx.x) * kWarps + warp) * kTilesPerWarp;
+  TileJob jobs[2];
+  InFlight<C, Chunks> flight[2];
+  jobs[0] = target.template locate<C, P>(src, first);
+  start_tile(src, jobs[0], lane, flight[0]);
+#pragma unroll
+  for (int k = 0; k < kTilesPerWarp; ++k) {
+    if (k + 1 < kTilesPerWarp) {
+      jobs[(k + 1) % 2] = target.template locate<C, P>(src, first + k + 1);
+      start_tile(src, jobs[(k + 1) % 2], lane, flight[(k + 1) % 2]);
+    }
+    finish_tile(src, jobs[k % 2], flight[k % 2], lane, tiles[warp], escapes[warp]);
+  }
+}
+
+/// decompress(): the tiles of one layer of a batch's block rows, into a one-layer BF16 cache with one
+/// unit per entry.
+struct PagedTarget {
+  int layer = 0;
+  PagedGeometry dst;
+  uint8_t* dst_units = nullptr;
+  uint32_t* dst_entries = nullptr;
+  const uint32_t* rows = nullptr;
+  int total_rows = 0;
+
+  template <int C, int P>
+  __device__ TileJob locate(const Source& src, long long id) const {
+    TileJob job;
+    const int kv = src.geo.kv_heads;
+    if (id >= static_cast<long long>(total_rows) * kv * 2 * P) return job;
+    const int j = static_cast<int>(id % (2 * P));
+    job.head = static_cast<int>((id / (2 * P)) % kv);
+    const uint32_t row = rows[id / (2 * P) / kv];
+    if (row == kNoRow) return job;
+    job.kind = j < P ? TensorKind::key : TensorKind::value;
+    job.half = j % P;
+    job.layer = layer;
+    job.entry = src.entries[src.geo.entry_index(layer, row, job.head, job.kind, job.half)];
+    const size_t out = dst.entry_index(0, row, job.head, job.kind, job.half);
+    job.dst = reinterpret_cast<uint16_t*>(dst_units + dst.unit_offset(static_cast<uint32_t>(out)));
+    job.dst_stride = C;
+    job.rows = kTileTokens;
+    job.dst_entry = dst_entries + out;
+    job.dst_entry_value = make_entry(TileClass::raw, static_cast<uint32_t>(out));
+    return job;
+  }
+};
+
+/// decompress_dense(): sequence blockIdx.y's blocks in layers first_layer.., into the caller's layout.
+struct DenseTarget {
   SequenceTableView seqs;
   int first_layer = 0, layers = 0;
   DenseLayout out;
+
+  template <int C, int P>
+  __device__ TileJob locate(const Source& src, long long id) const {
+    TileJob job;
+    const int s = static_cast<int>(blockIdx.y), kv = src.geo.kv_heads;
+    const int j = static_cast<int>(id % (2 * P));
+    job.head = static_cast<int>((id / (2 * P)) % kv);
+    job.layer = first_layer + static_cast<int>((id / (2 * P) / kv) % layers);
+    const long long block = id / (2 * P) / kv / layers;
+    const int begin = seqs.indptr[s];
+    if (block >= seqs.indptr[s + 1] - begin) return job;
+    const uint32_t row = seqs.rows[begin + block];
+    if (row == kNoRow) return job;
+    job.kind = j < P ? TensorKind::key : TensorKind::value;
+    job.half = j % P;
+    job.entry = src.entries[src.geo.entry_index(job.layer, row, job.head, job.kind, job.half)];
+    job.rows = static_cast<int>(min(static_cast<long long>(kTileTokens), seqs.lengths[s] - block * kTileTokens));
+    job.dst = (job.kind == TensorKind::key ? out.k : out.v) + job.layer * out.layer_stride + job.head * out.head_stride +
+              job.half * C +
+              (out.paged ? static_cast<long long>(row) * out.outer_stride
+                         : s * out.outer_stride + block * kTileTokens * out.token_stride);
+    job.dst_stride = out.token_stride;
+    return job;
+  }
 };
 
-/// One warp per tile of (sequence blockIdx.y, block, layer, head, K/V, half): the tile staged in
-/// shared memory, then its rows written with 16-byte stores.
-template <int C, int P>
-__global__ void __launch_bounds__(kWarps * 32) decompress_dense_kernel(const DenseArgs a) {
-  constexpr int kTiles = 2 * P;
-  __shared__ __align__(16) uint16_t tiles[kWarps][16 * C];
-  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  const int s = static_cast<int>(blockIdx.y);
-  const long long id = static_cast<long long>(blockIdx.x) * kWarps + warp;
-  const int kv = a.geo.kv_heads;
-  const int j = static_cast<int>(id % kTiles), head = static_cast<int>((id / kTiles) % kv);
-  const int layer = a.first_layer + static_cast<int>((id / kTiles / kv) % a.layers);
-  const long long block = id / kTiles / kv / a.layers;
-  const int first = a.seqs.indptr[s];
-  if (block >= a.seqs.indptr[s + 1] - first) return;
-  const uint32_t row = a.seqs.rows[first + block];
-  if (row == kNoRow) return;
-  const TensorKind kind = j < P ? TensorKind::key : TensorKind::value;
-  const int half = j % P;
-  const uint32_t entry = a.entries[a.geo.entry_index(layer, row, head, kind, half)];
-  const TileClass cls = entry_class(entry);
-  if (cls != TileClass::compressed && cls != TileClass::raw) return;
-  const uint8_t* b3 = a.bases ? a.bases + a.geo.bases_index(layer, kind, 0, head) + half * C : nullptr;
-  const uint8_t* b4 = a.bases ? a.bases + a.geo.bases_index(layer, kind, 1, head) + half * C : nullptr;
-  stage_tile<C>(a.geo, a.units, entry, kind, b3, b4, lane, tiles[warp]);
-  const long long rows = min(static_cast<long long>(kTileTokens), a.seqs.lengths[s] - block * kTileTokens);
-  uint16_t* base = (kind == TensorKind::key ? a.out.k : a.out.v) + layer * a.out.layer_stride +
-                   head * a.out.head_stride + half * C;
-  base += a.out.paged ? static_cast<long long>(row) * a.out.outer_stride
-                      : s * a.out.outer_stride + block * kTileTokens * a.out.token_stride;
-  constexpr int kPieces = C * 2 / 16;  // 16-byte pieces per row
-  for (int v = lane; v < rows * kPieces; v += 32) {
-    const int t = v / kPieces, piece = v % kPieces;
-    *reinterpret_cast<uint4*>(base + t * a.out.token_stride + piece * 8) = reinterpret_cast<const uint4*>(tiles[warp])[v];
+/// Launches the tile loop over `tiles` tiles (per sequence when `sequences` > 1) of a cache whose
+/// heads are `head_dim` wide.
+template <class Target>
+void launch(const Source& src, const Target& target, long long tiles, int sequences, cudaStream_t stream, const char* what) {
+  if (tiles == 0) return;
+  const long long per_cta = static_cast<long long>(kWarps) * kTilesPerWarp;
+  const dim3 grid(static_cast<unsigned>((tiles + per_cta - 1) / per_cta), static_cast<unsigned>(sequences));
+  const bool wide = src.geo.escape_capacity() > 512;  // escape slots of more than one 16-byte piece per lane
+  const auto go = [&]<int C, int P>() {
+    if (wide) {
+      decompress_kernel<C, P, 3, Target><<<grid, kWarps * 32, 0, stream>>>(src, target);
+    } else {
+      decompress_kernel<C, P, 1, Target><<<grid, kWarps * 32, 0, stream>>>(src, target);
+    }
+  };
+  switch (src.geo.head_dim) {
+    case 64: go.template operator()<64, 1>(); break;
+    case 128: go.template operator()<128, 1>(); break;
+    case 256: go.template operator()<128, 2>(); break;
+    default: throw Error(std::string(what) + ": head width " + std::to_string(src.geo.head_dim) + " is not 64, 128 or 256");
   }
+  check(cudaGetLastError(), std::string(what) + " launch");
 }
 
 }  // namespace
@@ -177,27 +274,16 @@ void decompress(const DeviceCache& compressed, const DeviceSequences& sequences,
   if (dst.kv_heads != src.kv_heads || dst.head_dim != src.head_dim || dst.row_capacity != src.row_capacity)
     throw Error("decompress: target was not made by DeviceCache::bf16_for for this cache");
   if (layer < 0 || layer >= src.layers) throw Error("decompress: layer out of range");
-  DecompressArgs a;
-  a.src = src;
-  a.units = compressed.view().units;
-  a.entries = compressed.view().entries;
-  a.bases = compressed.view().bases;
-  a.layer = layer;
-  a.dst = dst;
-  a.dst_units = bf16.units_data();
-  a.dst_entries = bf16.entries_data();
-  a.rows = sequences.view().rows;
-  a.total_rows = sequences.total_blocks();
-  const long long tiles = static_cast<long long>(a.total_rows) * src.kv_heads * 2 * src.halves();
-  if (tiles == 0) return;
-  const unsigned grid = static_cast<unsigned>((tiles + kWarps - 1) / kWarps);
-  switch (src.head_dim) {
-    case 64: decompress_kernel<64, 1><<<grid, kWarps * 32, 0, stream>>>(a); break;
-    case 128: decompress_kernel<128, 1><<<grid, kWarps * 32, 0, stream>>>(a); break;
-    case 256: decompress_kernel<128, 2><<<grid, kWarps * 32, 0, stream>>>(a); break;
-    default: throw Error("decompress: head width " + std::to_string(src.head_dim) + " is not 64, 128 or 256");
-  }
-  check(cudaGetLastError(), "decompress launch");
+  PagedTarget target;
+  target.layer = layer;
+  target.dst = dst;
+  target.dst_units = bf16.units_data();
+  target.dst_entries = bf16.entries_data();
+  target.rows = sequences.view().rows;
+  target.total_rows = sequences.total_blocks();
+  const Source source{src, compressed.view().units, compressed.view().entries, compressed.view().bases};
+  launch(source, target, static_cast<long long>(target.total_rows) * src.kv_heads * 2 * src.halves(), 1, stream,
+         "decompress");
 }
 
 void decompress_dense(const DeviceCache& cache, const DeviceSequences& sequences, int first_layer, int layers,
@@ -216,25 +302,14 @@ void decompress_dense(const DeviceCache& cache, const DeviceSequences& sequences
   }
   int longest = 0;
   for (int s = 0; s < sequences.sequences(); ++s) longest = std::max(longest, sequences.blocks(s));
-  const long long tiles = static_cast<long long>(longest) * layers * geo.kv_heads * 2 * geo.halves();
-  if (tiles == 0) return;
-  DenseArgs a;
-  a.geo = geo;
-  a.units = cache.view().units;
-  a.entries = cache.view().entries;
-  a.bases = cache.view().bases;
-  a.seqs = sequences.view();
-  a.first_layer = first_layer;
-  a.layers = layers;
-  a.out = out;
-  const dim3 grid(static_cast<unsigned>((tiles + kWarps - 1) / kWarps), static_cast<unsigned>(sequences.sequences()));
-  switch (geo.head_dim) {
-    case 64: decompress_dense_kernel<64, 1><<<grid, kWarps * 32, 0, stream>>>(a); break;
-    case 128: decompress_dense_kernel<128, 1><<<grid, kWarps * 32, 0, stream>>>(a); break;
-    case 256: decompress_dense_kernel<128, 2><<<grid, kWarps * 32, 0, stream>>>(a); break;
-    default: throw Error("decompress_dense: head width " + std::to_string(geo.head_dim) + " is not 64, 128 or 256");
-  }
-  check(cudaGetLastError(), "decompress_dense launch");
+  DenseTarget target;
+  target.seqs = sequences.view();
+  target.first_layer = first_layer;
+  target.layers = layers;
+  target.out = out;
+  const Source source{geo, cache.view().units, cache.view().entries, cache.view().bases};
+  launch(source, target, static_cast<long long>(longest) * layers * geo.kv_heads * 2 * geo.halves(),
+         sequences.sequences(), stream, "decompress_dense");
 }
 
 }  // namespace gaac::cuda

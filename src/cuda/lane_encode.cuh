@@ -3,13 +3,14 @@
 // so the bytes are the same by construction and tested to be.
 //
 // Lane L does what the reference does for lane L: its groups' modes, its sign+mantissa chunks, its
-// code words, its tag field; a warp scan places its escape bytes. Two passes over the tile in shared
-// memory: the first picks the modes and counts escapes (so a tile that overflows the slot is known
-// before anything is written, and nothing is), the second writes. Device code only.
+// code words, its tag field; a warp scan places its escape bytes. Two passes over the lane's quads,
+// held in registers: the first picks the modes and counts escapes (so a tile that overflows the slot
+// is known before anything is written, and nothing is), the second writes. Device code only.
 #pragma once
 
 #include <cstdint>
 
+#include "cuda/lane_decode.cuh"
 #include "cuda/warp.cuh"
 #include "gaac/format.hpp"
 
@@ -34,11 +35,44 @@ __device__ __forceinline__ void stage_rows(const uint16_t* src, size_t src_strid
   }
 }
 
+/// The exponents and sign+mantissa bytes of the four elements of a pair of BF16 values `lo` (bytes 0
+/// and 2 of the quad) and `hi` (bytes 1 and 3), two BF16 in each word: four elements in four bytes.
+__device__ __forceinline__ void split_quad(uint32_t lo, uint32_t hi, uint32_t& exponents, uint32_t& sign_mantissa) {
+  exponents = ((lo >> 7) & 0x00FF00FFu) | ((hi << 1) & 0xFF00FF00u);
+  const uint32_t sm_lo = ((lo >> 8) & 0x00800080u) | (lo & 0x007F007Fu);
+  const uint32_t sm_hi = ((hi >> 8) & 0x00800080u) | (hi & 0x007F007Fu);
+  sign_mantissa = sm_lo | sm_hi << 8;
+}
+
+/// Lane `lane`'s quad `quad` of the staged tile, as exponent and sign+mantissa bytes in the quad's
+/// byte order (element_slot): keys read two words of one token (channels 16s+2t+{0,1} and +{8,9}),
+/// values four halfwords of one channel (tokens 2t+{0,1} and 2t+{8,9}).
+template <int C, bool Key>
+__device__ __forceinline__ void load_quad(const uint16_t* staged, int lane, int quad, uint32_t& exponents,
+                                          uint32_t& sign_mantissa) {
+  const int g = lane / 4, t = lane % 4;
+  uint32_t lo, hi;
+  if (Key) {
+    const uint16_t* row = staged + (8 * (quad / (C / 16)) + g) * kStagedRow<C> + 16 * (quad % (C / 16)) + 2 * t;
+    lo = *reinterpret_cast<const uint32_t*>(row);
+    hi = *reinterpret_cast<const uint32_t*>(row + 8);
+  } else {
+    const uint16_t* column = staged + 8 * quad + g;
+    lo = column[(2 * t) * kStagedRow<C>] | static_cast<uint32_t>(column[(2 * t + 1) * kStagedRow<C>]) << 16;
+    hi = column[(2 * t + 8) * kStagedRow<C>] | static_cast<uint32_t>(column[(2 * t + 9) * kStagedRow<C>]) << 16;
+  }
+  split_quad(lo, hi, exponents, sign_mantissa);
+}
+
 /// Encodes the staged tile (16 rows of kStagedRow<C> elements in shared memory) with the tile's bases
-/// (`b3`, `b4`: C bytes each, any memory) and escape capacity `capacity` (a multiple of
-/// 16). Returns the tile's escape bytes, the same in every lane. When they fit the capacity the slot,
+/// (`b3`, `b4`: C bytes each, any memory) and escape capacity `capacity` (a multiple of 16). Returns
+/// the tile's escape bytes, the same in every lane. When they fit the capacity the slot,
 /// `fixed_bytes + capacity` bytes with its unused escape bytes zero, is written to `slot` (16-byte
 /// aligned); otherwise nothing is written. All 32 lanes must call it.
+///
+/// Four elements at a time in the bytes of a word: offsets are one byte-wise subtraction
+/// (`__vsub4`), and because calibrated bases keep every window inside 0..255 (b3 ≤ 248, b4 ≤ 240) an
+/// exponent below its base wraps to at least 8 (16), so "fits the window" is one mask test.
 template <int C, bool Key>
 __device__ uint32_t encode_staged_tile(const uint16_t* staged, const uint8_t* b3, const uint8_t* b4, uint32_t capacity,
                                        uint8_t* slot, int lane) {
@@ -46,25 +80,21 @@ __device__ uint32_t encode_staged_tile(const uint16_t* staged, const uint8_t* b3
   constexpr int kQuads = shape.quads_per_lane();
   constexpr int kGroups = shape.groups_per_lane();
   constexpr int kWords = code_words_per_lane(shape);
-  const auto element = [&](int quad, int byte) {
-    const ElementSlot at = element_slot(shape, lane, quad, byte);
-    return staged[at.token * kStagedRow<C> + at.channel];
-  };
-  const auto channel = [&](int quad, int byte) { return element_slot(shape, lane, quad, byte).channel; };
 
-  // Pass 1: the modes of the lane's groups (its tag field) and its escape bytes.
+  // Pass 1: every quad's bytes, the modes of the lane's groups (its tag field) and its escape bytes.
+  uint32_t exponents[kQuads], sign_mantissa[kQuads], offsets3[kQuads], offsets4[kQuads];
+#pragma unroll
+  for (int q = 0; q < kQuads; ++q) {
+    load_quad<C, Key>(staged, lane, q, exponents[q], sign_mantissa[q]);
+    const int w = base_word_of_quad<C, Key>(q);
+    offsets3[q] = __vsub4(exponents[q], base_word<C, Key>(b3, lane, w));
+    offsets4[q] = __vsub4(exponents[q], base_word<C, Key>(b4, lane, w));
+  }
   uint32_t tags = 0, escapes = 0;
 #pragma unroll
   for (int p = 0; p < kGroups; ++p) {
-    bool fits3 = true, fits4 = true;
-#pragma unroll
-    for (int i = 0; i < kGroupSize; ++i) {
-      const int quad = 2 * p + i / kQuadSize, byte = i % kQuadSize;
-      const int e = bf16_exponent(element(quad, byte)), ch = channel(quad, byte);
-      const int d3 = e - b3[ch], d4 = e - b4[ch];
-      fits3 = fits3 && d3 >= 0 && d3 < 8;
-      fits4 = fits4 && d4 >= 0 && d4 < 16;
-    }
+    const bool fits3 = ((offsets3[2 * p] | offsets3[2 * p + 1]) & 0xF8F8F8F8u) == 0;
+    const bool fits4 = ((offsets4[2 * p] | offsets4[2 * p + 1]) & 0xF0F0F0F0u) == 0;
     const GroupMode mode = fits3 ? GroupMode::bits3 : fits4 ? GroupMode::bits4 : GroupMode::raw;
     tags |= static_cast<uint32_t>(mode) << (2 * p);
     escapes += static_cast<uint32_t>(escape_bytes_for(mode));
@@ -73,7 +103,7 @@ __device__ uint32_t encode_staged_tile(const uint16_t* staged, const uint8_t* b3
   const uint32_t total = __shfl_sync(0xffffffffu, start + escapes, 31);
   if (total > capacity) return total;
 
-  // Pass 2: sign+mantissa chunks (16 bytes per lane each), code words, escape bytes.
+  // Pass 2: sign+mantissa chunks (16 bytes per lane each), code words, escape bit-planes.
   uint8_t* escape_slot = slot + shape.escape_offset();
   for (uint32_t i = static_cast<uint32_t>(lane) * 16; i < capacity; i += 32 * 16) {
     *reinterpret_cast<uint4*>(escape_slot + i) = make_uint4(0, 0, 0, 0);
@@ -81,35 +111,34 @@ __device__ uint32_t encode_staged_tile(const uint16_t* staged, const uint8_t* b3
   __syncwarp();
 #pragma unroll
   for (int chunk = 0; chunk < kQuads / 4; ++chunk) {
-    uint32_t w[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j) {
-      w[j] = 0;
-#pragma unroll
-      for (int b = 0; b < kQuadSize; ++b) w[j] |= static_cast<uint32_t>(bf16_sign_mantissa(element(4 * chunk + j, b))) << (8 * b);
-    }
-    *reinterpret_cast<uint4*>(slot + sign_mantissa_offset(lane, 4 * chunk, 0)) = make_uint4(w[0], w[1], w[2], w[3]);
+    *reinterpret_cast<uint4*>(slot + sign_mantissa_offset(lane, 4 * chunk, 0)) =
+        make_uint4(sign_mantissa[4 * chunk], sign_mantissa[4 * chunk + 1], sign_mantissa[4 * chunk + 2],
+                   sign_mantissa[4 * chunk + 3]);
   }
   uint32_t words[kWords] = {};
   uint32_t at = start;
 #pragma unroll
   for (int p = 0; p < kGroups; ++p) {
     const auto mode = static_cast<GroupMode>((tags >> (2 * p)) & 3u);
-    uint32_t planes[5] = {0, 0, 0, 0, 0};
+    uint32_t d[2];
 #pragma unroll
-    for (int i = 0; i < kGroupSize; ++i) {
-      const int quad = 2 * p + i / kQuadSize, byte = i % kQuadSize, ch = channel(quad, byte);
-      const int base = mode == GroupMode::bits3 ? b3[ch] : mode == GroupMode::bits4 ? b4[ch] : 0;
-      const uint32_t offset = static_cast<uint32_t>(bf16_exponent(element(quad, byte)) - base);
-      const CodeBits where = code_bits(shape, quad);
-      words[where.low_word] |= (offset & ((1u << where.low_bits) - 1)) << (8 * byte + where.low_shift);
-      if (where.high_word >= 0) words[where.high_word] |= ((offset >> 2) & 1u) << (8 * byte + where.high_shift);
-#pragma unroll
-      for (int k = 0; k < 5; ++k) planes[k] |= ((offset >> (3 + k)) & 1u) << i;
+    for (int h = 0; h < 2; ++h) {
+      const int q = 2 * p + h;
+      d[h] = mode == GroupMode::bits3 ? offsets3[q] : mode == GroupMode::bits4 ? offsets4[q] : exponents[q];
+      const CodeBits where = code_bits(shape, q);
+      words[where.low_word] |= (d[h] & (((1u << where.low_bits) - 1) * 0x01010101u)) << where.low_shift;
+      if (where.high_word >= 0) words[where.high_word] |= ((d[h] >> 2) & 0x01010101u) << where.high_shift;
     }
-    const int n = escape_bytes_for(mode);
-    for (int k = 0; k < n; ++k) escape_slot[at + k] = static_cast<uint8_t>(planes[k]);
-    at += static_cast<uint32_t>(n);
+    if (mode != GroupMode::bits3) {  // rare: bit-plane k holds bit 3 + k of element i at bit i
+      const int n = escape_bytes_for(mode);
+      for (int k = 0; k < n; ++k) {
+        uint32_t plane = 0;
+#pragma unroll
+        for (int i = 0; i < kGroupSize; ++i) plane |= ((d[i / kQuadSize] >> (8 * (i % kQuadSize) + 3 + k)) & 1u) << i;
+        escape_slot[at + k] = static_cast<uint8_t>(plane);
+      }
+      at += static_cast<uint32_t>(n);
+    }
   }
 #pragma unroll
   for (int w = 0; w < kWords; ++w) {
@@ -121,7 +150,7 @@ __device__ uint32_t encode_staged_tile(const uint16_t* staged, const uint8_t* b3
   constexpr int kLanesPerWord = 16 / kGroups;
   uint32_t word = tags << (2 * kGroups * (lane % kLanesPerWord));
 #pragma unroll
-  for (int d = 1; d < kLanesPerWord; d <<= 1) word |= __shfl_xor_sync(0xffffffffu, word, d);
+  for (int dist = 1; dist < kLanesPerWord; dist <<= 1) word |= __shfl_xor_sync(0xffffffffu, word, dist);
   if (lane % kLanesPerWord == 0) {
     *reinterpret_cast<uint32_t*>(slot + shape.tag_offset() + 4 * (lane / kLanesPerWord)) = word;
   }

@@ -66,14 +66,14 @@ Realistic realistic(int layers, int kv_heads, int head_dim, const std::vector<in
 
 constexpr int kB3 = 120, kB4 = 116, kCapacity = 32;
 
-/// A table of `layers` layers whose every channel has bases kB3 / kB4 and escape capacity `capacity`.
-CalibrationTable uniform_table(int layers, int kv_heads, int head_dim, size_t capacity) {
+/// A table of `layers` layers whose every channel has bases b3 / b4 and escape capacity `capacity`.
+CalibrationTable uniform_table(int layers, int kv_heads, int head_dim, size_t capacity, int b3 = kB3, int b4 = kB4) {
   CalibrationTable t(layers, kv_heads, head_dim);
   for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
     for (int l = 0; l < layers; ++l) {
       for (int h = 0; h < kv_heads; ++h) {
-        std::ranges::fill(t.b3(kind, l, h), static_cast<uint8_t>(kB3));
-        std::ranges::fill(t.b4(kind, l, h), static_cast<uint8_t>(kB4));
+        std::ranges::fill(t.b3(kind, l, h), static_cast<uint8_t>(b3));
+        std::ranges::fill(t.b4(kind, l, h), static_cast<uint8_t>(b4));
       }
       t.set_escape_capacity(kind, l, capacity);
     }
@@ -419,6 +419,32 @@ TEST_F(GpuCodec, SnapshotImagesEqualHost) {
     SCOPED_TRACE(testing::Message() << "every pattern, " << channels << " channels");
     const auto [dump, table] = every_pattern(channels);
     check_snapshot(dump, table);
+  }
+}
+
+// Bases at the ends of their ranges (b3 0 or 248, b4 0 or 240) and exponents near both windows' edges
+// and everywhere: where an exponent below its base must not pass for a small offset.
+TEST_F(GpuCodec, SnapshotExtremeBasesEqualHost) {
+  for (const auto& [b3, b4] : {std::pair{0, 0}, {248, 240}, {248, 0}, {0, 240}, {7, 15}}) {
+    for (const int hd : {64, 128}) {
+      SCOPED_TRACE(testing::Message() << "b3 " << b3 << ", b4 " << b4 << ", d " << hd);
+      std::mt19937_64 rng(static_cast<uint64_t>(b3 * 1000 + b4 + hd));
+      KvDump d;
+      KvLayer layer;
+      for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
+        KvTensor& t = layer.of(kind);
+        t = {16 * 40 + 3, 2, hd, std::vector<uint16_t>(static_cast<size_t>(16 * 40 + 3) * 2 * hd)};
+        for (size_t i = 0; i < t.data.size(); ++i) {
+          const int near[] = {b3 - 1, b3, b3 + 7, b3 + 8, b4 - 1, b4, b4 + 15, b4 + 16, 0, 255};
+          // Tiles of three kinds, by block: near the edges, uniform over 0..255, all in b3's window.
+          const size_t block = i / (static_cast<size_t>(16) * 2 * hd);
+          const int e = block % 3 == 0 ? near[rng() % 10] : block % 3 == 1 ? static_cast<int>(rng() % 256) : b3 + static_cast<int>(rng() % 8);
+          t.data[i] = test::bf16_bits(static_cast<int>(rng() & 1), std::clamp(e, 0, 255), static_cast<int>(rng() % 128));
+        }
+      }
+      d.layers.push_back(std::move(layer));
+      check_snapshot(d, uniform_table(1, 2, hd, TileShape{TensorKind::key, hd}.max_slot_capacity(), b3, b4));
+    }
   }
 }
 

@@ -28,6 +28,12 @@ constexpr int kWarps = 4;
 constexpr int kTilesPerWarp = 1;
 constexpr int kEscapePadding = 16;  // the decoder may read a few bytes past the escapes it uses
 
+/// Elements per row of a tile rebuilt in shared memory: 8 more than its channels, so that the rows
+/// the lanes of a warp write at once (eight tokens for keys, tokens 2 apart for values) start in
+/// different banks (v3 wrote rows C apart: 8-way conflicts on keys, 4-way on values).
+template <int C>
+inline constexpr int kRow = C + 8;
+
 /// The cache tiles are read from.
 struct Source {
   PagedGeometry geo;
@@ -55,7 +61,7 @@ struct InFlight {
 };
 
 /// Rebuilds a compressed tile whose lane part `s` is loaded and whose escape bytes are at `escapes`
-/// into `tile` (row-major, 16 × C BF16, shared memory).
+/// into `tile` (16 rows of C BF16, kRow<C> elements apart, shared memory).
 template <int C, bool Key>
 __device__ void decode_tile_to_rows(const lane::LaneSlot<C>& s, const uint8_t* escapes, const uint8_t* b3,
                                     const uint8_t* b4, int lane, uint16_t* tile) {
@@ -79,15 +85,15 @@ __device__ void decode_tile_to_rows(const lane::LaneSlot<C>& s, const uint8_t* e
     if (Key) {
       // Quad h·(C/16) + s: token 8h + g, channels 16s + 2t + {0, 1} (r0) and + {8, 9} (r1).
       const int token = 8 * (q / (C / 16)) + g, channel = 16 * (q % (C / 16)) + 2 * t;
-      *reinterpret_cast<uint32_t*>(tile + token * C + channel) = r0;
-      *reinterpret_cast<uint32_t*>(tile + token * C + channel + 8) = r1;
+      *reinterpret_cast<uint32_t*>(tile + token * kRow<C> + channel) = r0;
+      *reinterpret_cast<uint32_t*>(tile + token * kRow<C> + channel + 8) = r1;
     } else {
       // Quad c: channel 8c + g, tokens 2t, 2t+1 (r0) and 2t+8, 2t+9 (r1).
       const int channel = 8 * q + g;
-      tile[(2 * t) * C + channel] = static_cast<uint16_t>(r0);
-      tile[(2 * t + 1) * C + channel] = static_cast<uint16_t>(r0 >> 16);
-      tile[(2 * t + 8) * C + channel] = static_cast<uint16_t>(r1);
-      tile[(2 * t + 9) * C + channel] = static_cast<uint16_t>(r1 >> 16);
+      tile[(2 * t) * kRow<C> + channel] = static_cast<uint16_t>(r0);
+      tile[(2 * t + 1) * kRow<C> + channel] = static_cast<uint16_t>(r0 >> 16);
+      tile[(2 * t + 8) * kRow<C> + channel] = static_cast<uint16_t>(r1);
+      tile[(2 * t + 9) * kRow<C> + channel] = static_cast<uint16_t>(r1 >> 16);
     }
   }
 }
@@ -106,13 +112,14 @@ __device__ void start_tile(const Source& src, const TileJob& job, int lane, InFl
   }
 }
 
-/// Writes rows 0 .. job.rows-1 of `tile` (row-major, C elements per row, 16-byte aligned) to job.dst.
+/// Writes rows 0 .. job.rows-1 of `tile` (rows kRow<C> elements apart) to job.dst.
 template <int C>
 __device__ void write_rows(const TileJob& job, const uint16_t* tile, int lane) {
   constexpr int kPieces = C * 2 / 16;  // 16-byte pieces per row
   for (int v = lane; v < job.rows * kPieces; v += 32) {
     const int t = v / kPieces, piece = v % kPieces;
-    *reinterpret_cast<uint4*>(job.dst + t * job.dst_stride + piece * 8) = reinterpret_cast<const uint4*>(tile)[v];
+    *reinterpret_cast<uint4*>(job.dst + t * job.dst_stride + piece * 8) =
+        *reinterpret_cast<const uint4*>(tile + t * kRow<C> + piece * 8);
   }
 }
 
@@ -158,7 +165,7 @@ __device__ void finish_tile(const Source& src, const TileJob& job, const InFligh
 /// the next kTilesPerWarp − 1, two in flight.
 template <int C, int P, int Chunks, class Target>
 __global__ void __launch_bounds__(kWarps * 32) decompress_kernel(const Source src, const Target target) {
-  __shared__ __align__(16) uint16_t tiles[kWarps][kTileTokens * C];
+  __shared__ __align__(16) uint16_t tiles[kWarps][kTileTokens * kRow<C>];
   __shared__ __align__(16) uint8_t escapes[kWarps][Chunks * 512 + kEscapePadding];
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const long long first = (static_cast<long long>(blockIdx.x) * kWarps + warp) * kTilesPerWarp;

@@ -16,10 +16,11 @@
 
 namespace gaac::cuda::lane {
 
-/// Elements per row of a tile staged in shared memory: two more than the channels, so the eight
-/// tokens (keys) or the tokens 2 apart (values) a warp reads at once fall in different banks.
+/// Elements per row of a tile staged in shared memory: eight more than the channels (16 bytes, four
+/// banks), so the eight tokens (keys) or the tokens 2 apart (values) a warp reads at once fall in
+/// different banks, and rows stay 16-byte aligned.
 template <int C>
-inline constexpr int kStagedRow = C + 2;
+inline constexpr int kStagedRow = C + 8;
 
 /// Copies rows `first .. first + count - 1` of a tile (row-major, `C` BF16 each, 16-byte aligned,
 /// consecutive rows `src_stride` elements apart) into the staged tile, all lanes of the warp.
@@ -29,9 +30,8 @@ __device__ __forceinline__ void stage_rows(const uint16_t* src, size_t src_strid
   constexpr int kPieces = C * 2 / 16;  // 16-byte pieces per row
   for (int i = lane; i < count * kPieces; i += 32) {
     const int row = i / kPieces, piece = i % kPieces;
-    const uint4 v = *reinterpret_cast<const uint4*>(src + static_cast<size_t>(row) * src_stride + piece * 8);
-    uint32_t* d = reinterpret_cast<uint32_t*>(staged + (first + row) * kStagedRow<C> + piece * 8);
-    d[0] = v.x, d[1] = v.y, d[2] = v.z, d[3] = v.w;
+    *reinterpret_cast<uint4*>(staged + (first + row) * kStagedRow<C> + piece * 8) =
+        *reinterpret_cast<const uint4*>(src + static_cast<size_t>(row) * src_stride + piece * 8);
   }
 }
 

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "cuda/check.hpp"
+#include "cuda/lane_bases.hpp"
 #include "cuda/lane_decode.cuh"
 #include "cuda/warp.cuh"
 #include "gaac/cuda.hpp"
@@ -39,7 +40,7 @@ struct Source {
   PagedGeometry geo;
   const uint8_t* units = nullptr;
   const uint32_t* entries = nullptr;
-  const uint8_t* bases = nullptr;
+  const uint32_t* lane_bases = nullptr;  ///< DeviceCache::lane_bases(); null for a BF16 cache
 };
 
 /// One tile to rebuild: where it is, what it is, and where its first `rows` rows go.
@@ -61,21 +62,25 @@ struct InFlight {
 };
 
 /// Rebuilds a compressed tile whose lane part `s` is loaded and whose escape bytes are at `escapes`
-/// into `tile` (16 rows of C BF16, kRow<C> elements apart, shared memory).
+/// into `tile` (16 rows of C BF16, kRow<C> elements apart, shared memory). `words3` and `deltas` are
+/// the tile's sections of the cache's lane bases (lane_bases.hpp): b3 words and b4 − b3 words, four
+/// of a lane's words in each 16-byte load.
 template <int C, bool Key>
-__device__ void decode_tile_to_rows(const lane::LaneSlot<C>& s, const uint8_t* escapes, const uint8_t* b3,
-                                    const uint8_t* b4, int lane, uint16_t* tile) {
+__device__ void decode_tile_to_rows(const lane::LaneSlot<C>& s, const uint8_t* escapes, const uint32_t* words3,
+                                    const uint32_t* deltas, int lane, uint16_t* tile) {
   using S = lane::SlotShape<C>;
   constexpr int kWords = lane::kBaseWords<C, Key>;
   const uint32_t offset = detail::warp_exclusive_scan(lane::escape_bytes_of_lane(s.tags), lane);
   uint32_t w3[kWords], dl[kWords];
 #pragma unroll
-  for (int w = 0; w < kWords; ++w) {
-    w3[w] = lane::base_word<C, Key>(b3, lane, w);
-    dl[w] = lane::base_word<C, Key>(b4, lane, w) - w3[w];
+  for (int w = 0; w < kWords; w += 4) {
+    const uint4 a = reinterpret_cast<const uint4*>(words3)[(w / 4) * 32 + lane];
+    const uint4 b = reinterpret_cast<const uint4*>(deltas)[(w / 4) * 32 + lane];
+    w3[w] = a.x, w3[w + 1] = a.y, w3[w + 2] = a.z, w3[w + 3] = a.w;
+    dl[w] = b.x, dl[w + 1] = b.y, dl[w + 2] = b.z, dl[w + 3] = b.w;
   }
   uint32_t exponents[S::kQuads];
-  const auto base3_at = [&](int w) { return lane::base_word<C, Key>(b3, lane, w); };
+  const auto base3_at = [&](int w) { return w3[w]; };
   lane::lane_exponents<C, Key, lane::EscapePath::wide>(s, escapes, offset, w3, dl, base3_at, exponents);
   const int g = lane / 4, t = lane % 4;
 #pragma unroll
@@ -147,12 +152,14 @@ __device__ void finish_tile(const Source& src, const TileJob& job, const InFligh
 #pragma unroll
     for (int k = 0; k < Chunks; ++k) reinterpret_cast<uint4*>(escapes)[lane + 32 * k] = f.escapes[k];
     __syncwarp();
-    const uint8_t* b3 = src.bases + src.geo.bases_index(job.layer, job.kind, 0, job.head) + job.half * C;
-    const uint8_t* b4 = src.bases + src.geo.bases_index(job.layer, job.kind, 1, job.head) + job.half * C;
+    // The (layer, head, half) block of lane bases: key b3, key b4 − b3, value b3, value b4 − b3.
+    const uint32_t* words = src.lane_bases + detail::lane_bases_index(src.geo, job.layer, job.head) +
+                            job.half * detail::lane_base_words_per_half(C);
+    constexpr int kKeyWords = 32 * (C / 16), kValueWords = 32 * (C / 8);
     if (job.kind == TensorKind::key) {
-      decode_tile_to_rows<C, true>(f.slot, escapes, b3, b4, lane, tile);
+      decode_tile_to_rows<C, true>(f.slot, escapes, words, words + kKeyWords, lane, tile);
     } else {
-      decode_tile_to_rows<C, false>(f.slot, escapes, b3, b4, lane, tile);
+      decode_tile_to_rows<C, false>(f.slot, escapes, words + 2 * kKeyWords, words + 2 * kKeyWords + kValueWords, lane, tile);
     }
     __syncwarp();
     write_rows<C>(job, tile, lane);
@@ -288,7 +295,7 @@ void decompress(const DeviceCache& compressed, const DeviceSequences& sequences,
   target.dst_entries = bf16.entries_data();
   target.rows = sequences.view().rows;
   target.total_rows = sequences.total_blocks();
-  const Source source{src, compressed.view().units, compressed.view().entries, compressed.view().bases};
+  const Source source{src, compressed.view().units, compressed.view().entries, compressed.lane_bases()};
   launch(source, target, static_cast<long long>(target.total_rows) * src.kv_heads * 2 * src.halves(), 1, stream,
          "decompress");
 }
@@ -314,7 +321,7 @@ void decompress_dense(const DeviceCache& cache, const DeviceSequences& sequences
   target.first_layer = first_layer;
   target.layers = layers;
   target.out = out;
-  const Source source{geo, cache.view().units, cache.view().entries, cache.view().bases};
+  const Source source{geo, cache.view().units, cache.view().entries, cache.lane_bases()};
   launch(source, target, static_cast<long long>(longest) * layers * geo.kv_heads * 2 * geo.halves(),
          sequences.sequences(), stream, "decompress_dense");
 }

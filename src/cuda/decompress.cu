@@ -80,7 +80,7 @@ __device__ void decode_tile_to_rows(const lane::LaneSlot<C>& s, const uint8_t* e
     dl[w] = b.x, dl[w + 1] = b.y, dl[w + 2] = b.z, dl[w + 3] = b.w;
   }
   uint32_t exponents[S::kQuads];
-  const auto base3_at = [&](int w) { return w3[w]; };
+  const auto base3_at = [&](int w) { return words3[((w / 4) * 32 + lane) * 4 + w % 4]; };  // rare: raw groups
   lane::lane_exponents<C, Key, lane::EscapePath::wide>(s, escapes, offset, w3, dl, base3_at, exponents);
   const int g = lane / 4, t = lane % 4;
 #pragma unroll

@@ -196,6 +196,8 @@ class Gaac:
         L.gaac_codec_finalize_check.argtypes = [vp, i, i]
         L.gaac_codec_decompress.argtypes = [vp, vp, vp, vp]
         L.gaac_codec_close.argtypes = [vp]
+        L.gaac_codec_snapshot.argtypes = [vp, ctypes.POINTER(ctypes.c_double), ctypes.POINTER(ctypes.c_double),
+                                          ctypes.POINTER(ctypes.c_uint64)]
         for f in ("gaac_codec_copy_dense", "gaac_codec_arm", "gaac_codec_finalize", "gaac_codec_finalize_check",
                   "gaac_codec_decompress"):
             getattr(L, f).restype = i
@@ -880,6 +882,19 @@ def run_codec(codec, L, timer):
             row["errors"][phase] = short(e, 400)
             log(f"  [{codec.name}] {phase} failed: {e}")
             traceback.print_exc(file=sys.stderr)
+    if isinstance(codec, GaacCodec):  # a .gaac snapshot of the layer, made by the CPU and by the GPU
+        try:
+            cpu_us, gpu_us, size = ctypes.c_double(), ctypes.c_double(), ctypes.c_uint64()
+            codec.g.check(codec.g.lib.gaac_codec_snapshot(codec.h, ctypes.byref(cpu_us), ctypes.byref(gpu_us),
+                                                          ctypes.byref(size)), "snapshot")
+            row["gaac"].update(snapshot_cpu_us=cpu_us.value, snapshot_gpu_us=gpu_us.value, snapshot_bytes=size.value)
+            codec.notes.append(f".gaac image of the layer ({size.value / 1e6:.1f} MB, ratio "
+                               f"{L.bf16_bytes / size.value:.4f}): CPU {cpu_us.value / 1e3:.0f} ms on one thread, "
+                               f"GPU {gpu_us.value / 1e3:.1f} ms with transfers, same bytes")
+            log(f"  [{codec.name}] snapshot: CPU {cpu_us.value / 1e3:.1f} ms, GPU {gpu_us.value / 1e3:.1f} ms, "
+                f"{size.value} bytes, equal")
+        except Exception as e:  # noqa: BLE001
+            row["errors"]["snapshot"] = str(e)
     if isinstance(codec, GaacCodec):  # the device result must still equal the CPU encoder's bytes
         try:
             codec.g.check(codec.g.lib.gaac_codec_finalize_check(codec.h, L.tokens // BLOCK_TOKENS, 1),

@@ -14,10 +14,9 @@
 #     manifest.json                   versions, source commits, build flags
 #
 # Work files (wheels, fetched sources, objects) stay in .gpu/peers-work (also ignored), so that .gpu/peers
-# holds the archive alone and can be carried whole. The fetched sources are read from the
-# mirrors that the session's `fetch` tool leaves in /work/.mirror/<owner>+<name>/repo (fetch
-# github:facebookresearch/dietgpu, github:HPMLL/ZipServ_ASPLOS26, github:Intelligent-Microsystems-Lab/SplitZip
-# first), else cloned from GitHub. They are for reading and measuring only: never commit them.
+# holds the archive alone and can be carried whole. The peers' sources are taken at their HEAD from bare
+# clones under $MIRROR/<owner>+<name>/repo when present (MIRROR defaults to /work/.mirror), else cloned
+# from GitHub; manifest.json records the commits. They are for reading and measuring only: never commit them.
 #
 # On the GPU machine:  python3 bench/gpu/bench_codecs.py --peers-dir .gpu/peers ...   (unpacks into /tmp)
 set -euo pipefail

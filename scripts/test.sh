@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Builds gaac and runs every test: the suite (Release), the suite again under AddressSanitizer +
-# UndefinedBehaviorSanitizer, and each libFuzzer target for a bounded time.
+# Builds gaac and runs every test: the suite (Release), the Python package's wheel and tests, the suite
+# again under AddressSanitizer + UndefinedBehaviorSanitizer, and each libFuzzer target for a bounded time.
 #   scripts/test.sh            everything (what CI runs)
-#   scripts/test.sh --quick    the Release suite only
+#   scripts/test.sh --quick    the Release suite and the Python package only
 # Environment: GAAC_FUZZ_SECONDS (default 30) per fuzz target, GAAC_JOBS (default nproc).
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -23,6 +23,17 @@ stage "Release build and test suite"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure -j"$jobs"
+
+stage "Python package: wheel, install, tests"
+# The wheel is built from this tree by pip (scikit-build-core + nanobind from PyPI), installed into a
+# fresh virtual environment and tested against the CLI built above.
+rm -rf build/python-venv build/wheels
+python3 -m venv build/python-venv
+build/python-venv/bin/pip install -q --upgrade pip
+build/python-venv/bin/pip install -q "scikit-build-core>=0.10" "nanobind>=2.0" numpy pytest
+build/python-venv/bin/pip wheel -q --no-build-isolation --no-deps -w build/wheels .
+build/python-venv/bin/pip install -q build/wheels/gaac-*.whl
+(cd build && GAAC_CLI="$PWD/tools/gaac/gaac" python-venv/bin/python -m pytest -q ../tests/python)
 [ $quick -eq 1 ] && exit 0
 
 stage "AddressSanitizer + UndefinedBehaviorSanitizer build and test suite"

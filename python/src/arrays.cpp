@@ -1,0 +1,63 @@
+#include "arrays.hpp"
+
+#include <cstring>
+#include <utility>
+
+#include "gaac/error.hpp"
+
+namespace nb = nanobind;
+
+namespace gaac::python {
+
+KvTensor tensor_from(const AnyArray& a, const std::string& what) {
+  const nb::dlpack::dtype dt = a.dtype();
+  const bool bf16 = dt.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat) && dt.bits == 16 && dt.lanes == 1;
+  const bool u16 = dt.code == static_cast<uint8_t>(nb::dlpack::dtype_code::UInt) && dt.bits == 16 && dt.lanes == 1;
+  if (!bf16 && !u16) throw Error(what + ": expected a bfloat16 (or uint16) array");
+  if (a.ndim() != 3) throw Error(what + ": expected [tokens, kv_heads, head_dim], got " + std::to_string(a.ndim()) + " dimensions");
+  KvTensor t;
+  t.tokens = static_cast<int>(a.shape(0));
+  t.kv_heads = static_cast<int>(a.shape(1));
+  t.head_dim = static_cast<int>(a.shape(2));
+  if (a.shape(0) >= (size_t{1} << 31) || a.shape(1) > 4096 || a.shape(2) > 4096)
+    throw Error(what + ": shape out of range");
+  t.data.resize(t.elements());
+  const auto* src = static_cast<const uint16_t*>(a.data());
+  const int64_t s0 = a.stride(0), s1 = a.stride(1), s2 = a.stride(2);
+  size_t i = 0;
+  for (int tok = 0; tok < t.tokens; ++tok)
+    for (int h = 0; h < t.kv_heads; ++h) {
+      const uint16_t* row = src + tok * s0 + h * s1;
+      if (s2 == 1) {
+        std::memcpy(t.data.data() + i, row, static_cast<size_t>(t.head_dim) * 2);
+        i += static_cast<size_t>(t.head_dim);
+      } else {
+        for (int c = 0; c < t.head_dim; ++c) t.data[i++] = row[c * s2];
+      }
+    }
+  return t;
+}
+
+Bf16Array array_from(KvTensor&& tensor) {
+  auto* owned = new std::vector<uint16_t>(std::move(tensor.data));
+  nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<std::vector<uint16_t>*>(p); });
+  const size_t shape[3] = {static_cast<size_t>(tensor.tokens), static_cast<size_t>(tensor.kv_heads),
+                           static_cast<size_t>(tensor.head_dim)};
+  return Bf16Array(owned->data(), 3, shape, owner);
+}
+
+KvDump dump_from(const std::vector<AnyArray>& k, const std::vector<AnyArray>& v, const std::string& what) {
+  if (k.size() != v.size()) {
+    throw Error(what + ": " + std::to_string(k.size()) + " K layers but " + std::to_string(v.size()) + " V layers");
+  }
+  if (k.empty()) throw Error(what + ": no layers");
+  KvDump d;
+  for (size_t l = 0; l < k.size(); ++l) {
+    const std::string where = what + ": layer " + std::to_string(l);
+    d.layers.push_back({tensor_from(k[l], where + " K"), tensor_from(v[l], where + " V")});
+  }
+  validate_dump(d);
+  return d;
+}
+
+}  // namespace gaac::python

@@ -1,0 +1,32 @@
+// Arrays crossing between Python and the library: BF16 tensors `[tokens, kv_heads, head_dim]` from
+// any DLPack producer (PyTorch bfloat16, NumPy uint16 holding BF16 bit patterns, ...) read in place,
+// and arrays the library made handed to NumPy without a copy.
+#pragma once
+
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+
+#include <string>
+#include <vector>
+
+#include "gaac/kv_dump.hpp"
+
+namespace gaac::python {
+
+/// A CPU array of any dtype, as nanobind receives it from a DLPack producer.
+using AnyArray = nanobind::ndarray<nanobind::device::cpu>;
+/// A NumPy array of BF16 bit patterns (uint16) owned by a capsule.
+using Bf16Array = nanobind::ndarray<nanobind::numpy, uint16_t>;
+
+/// Copies a `[tokens, kv_heads, head_dim]` BF16 (or uint16) array, any strides, into a KvTensor.
+/// Throws gaac::Error naming `what` for another dtype, rank or device.
+KvTensor tensor_from(const AnyArray& array, const std::string& what);
+
+/// Hands the tensor's elements to NumPy (moved, not copied): an array `[tokens, kv_heads, head_dim]` of
+/// uint16 BF16 bit patterns (torch.from_numpy(a).view(torch.bfloat16) makes it a bfloat16 tensor).
+Bf16Array array_from(KvTensor&& tensor);
+
+/// A dump from per-layer K and V arrays (`k[l]`, `v[l]`); `what` names the caller in errors.
+KvDump dump_from(const std::vector<AnyArray>& k, const std::vector<AnyArray>& v, const std::string& what);
+
+}  // namespace gaac::python

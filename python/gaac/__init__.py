@@ -21,9 +21,12 @@ True
 from ._gaac import (  # noqa: F401
     SNAPSHOT_VERSION,
     TILE_FORMAT_VERSION,
+    CacheFullError,
     Calibration,
     GaacError,
+    KvCache,
     Snapshot,
+    attend,
     calibrate,
     compress,
     load_kv_dump,
@@ -31,8 +34,8 @@ from ._gaac import (  # noqa: F401
     synthetic_kv,
 )
 
-__all__ = ["Calibration", "GaacError", "Snapshot", "calibrate", "compress", "load_kv_dump", "save_kv_dump",
-           "synthetic_kv", "to_torch", "SNAPSHOT_VERSION", "TILE_FORMAT_VERSION"]
+__all__ = ["CacheFullError", "Calibration", "GaacError", "KvCache", "Snapshot", "attend", "calibrate", "compress",
+           "load_kv_dump", "save_kv_dump", "synthetic_kv", "to_torch", "SNAPSHOT_VERSION", "TILE_FORMAT_VERSION"]
 
 
 def to_torch(array):

@@ -9,18 +9,34 @@ namespace nb = nanobind;
 
 namespace gaac::python {
 
-KvTensor tensor_from(const AnyArray& a, const std::string& what) {
+namespace {
+
+/// Throws unless `a` is a 3-D array of 16-bit elements, BF16 or uint16, of a sane shape.
+void check_bf16_array(const AnyArray& a, const std::string& what) {
   const nb::dlpack::dtype dt = a.dtype();
   const bool bf16 = dt.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat) && dt.bits == 16 && dt.lanes == 1;
   const bool u16 = dt.code == static_cast<uint8_t>(nb::dlpack::dtype_code::UInt) && dt.bits == 16 && dt.lanes == 1;
   if (!bf16 && !u16) throw Error(what + ": expected a bfloat16 (or uint16) array");
   if (a.ndim() != 3) throw Error(what + ": expected [tokens, kv_heads, head_dim], got " + std::to_string(a.ndim()) + " dimensions");
+  if (a.shape(0) >= (size_t{1} << 31) || a.shape(1) > 4096 || a.shape(2) > 4096) throw Error(what + ": shape out of range");
+}
+
+}  // namespace
+
+KvView view_from(const AnyArray& a, const std::string& what) {
+  check_bf16_array(a, what);
+  if (a.stride(2) != 1 || a.stride(0) < 0 || a.stride(1) < 0)
+    throw Error(what + ": the channels of a head must be contiguous (and strides non-negative)");
+  return {static_cast<const uint16_t*>(a.data()), static_cast<int>(a.shape(0)), static_cast<int>(a.shape(1)),
+          static_cast<int>(a.shape(2)), static_cast<size_t>(a.stride(0)), static_cast<size_t>(a.stride(1))};
+}
+
+KvTensor tensor_from(const AnyArray& a, const std::string& what) {
+  check_bf16_array(a, what);
   KvTensor t;
   t.tokens = static_cast<int>(a.shape(0));
   t.kv_heads = static_cast<int>(a.shape(1));
   t.head_dim = static_cast<int>(a.shape(2));
-  if (a.shape(0) >= (size_t{1} << 31) || a.shape(1) > 4096 || a.shape(2) > 4096)
-    throw Error(what + ": shape out of range");
   t.data.resize(t.elements());
   const auto* src = static_cast<const uint16_t*>(a.data());
   const int64_t s0 = a.stride(0), s1 = a.stride(1), s2 = a.stride(2);

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "gaac/kv_dump.hpp"
+#include "gaac/tensor_view.hpp"
 
 namespace gaac::python {
 
@@ -21,6 +22,10 @@ using Bf16Array = nanobind::ndarray<nanobind::numpy, uint16_t>;
 /// Copies a `[tokens, kv_heads, head_dim]` BF16 (or uint16) array, any strides, into a KvTensor.
 /// Throws gaac::Error naming `what` for another dtype, rank or device.
 KvTensor tensor_from(const AnyArray& array, const std::string& what);
+
+/// A view of a `[tokens, kv_heads, head_dim]` BF16 (or uint16) array in place: no copy; channels must
+/// be contiguous. The array must outlive the view.
+KvView view_from(const AnyArray& array, const std::string& what);
 
 /// Hands the tensor's elements to NumPy (moved, not copied): an array `[tokens, kv_heads, head_dim]` of
 /// uint16 BF16 bit patterns (torch.from_numpy(a).view(torch.bfloat16) makes it a bfloat16 tensor).

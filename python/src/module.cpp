@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "arrays.hpp"
+#include "cache.hpp"
 #include "gaac/calibration.hpp"
 #include "gaac/error.hpp"
 #include "gaac/format.hpp"
@@ -69,7 +70,8 @@ NB_MODULE(_gaac, m) {
   using namespace gaac;
   using namespace gaac::python;
   m.doc() = "gaac: lossless compression of BF16 KV caches (GAAC). See the package docstring.";
-  nb::exception<Error>(m, "GaacError", PyExc_RuntimeError);
+  const nb::object gaac_error = nb::exception<Error>(m, "GaacError", PyExc_RuntimeError);
+  bind_cache(m, gaac_error);
   m.attr("TILE_FORMAT_VERSION") = kTileFormatVersion;
   m.attr("SNAPSHOT_VERSION") = kSnapshotVersion;
 

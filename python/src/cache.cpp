@@ -172,19 +172,27 @@ void bind_cache(nb::module_& m, nb::handle gaac_error) {
   m.def(
       "attend",
       [](const KvCache& cache, int layer, const std::vector<SequenceId>& sequences, const FloatArray& q,
-         std::optional<std::vector<int>> positions, std::optional<float> scale, const std::string& path, int splits) {
+         std::optional<std::vector<int>> positions, std::optional<float> scale, const std::string& path, int splits,
+         std::optional<std::vector<AnyArray>> extra_k, std::optional<std::vector<AnyArray>> extra_v) {
         const size_t n = sequences.size();
         if (q.ndim() != 3 || q.shape(0) != n || q.shape(2) != static_cast<size_t>(cache.geometry().head_dim))
           throw Error("attend: q must be float32 [sequences, q_heads, head_dim]");
         if (positions && positions->size() != n) throw Error("attend: one position per sequence");
+        if (extra_k.has_value() != extra_v.has_value() || (extra_k && (extra_k->size() != n || extra_v->size() != n)))
+          throw Error("attend: extra_k and extra_v go together, one array per sequence");
         const int q_heads = static_cast<int>(q.shape(1)), d = cache.geometry().head_dim;
         auto* out = new std::vector<float>(n * static_cast<size_t>(q_heads) * d);
         nb::capsule owner(out, [](void* p) noexcept { delete static_cast<std::vector<float>*>(p); });
         std::vector<AttentionQuery> queries;
         for (size_t i = 0; i < n; ++i) {
           check_sequence(cache, sequences[i]);
-          const int position = positions ? (*positions)[i] : cache.length(sequences[i]) - 1;
-          queries.push_back({sequences[i], position, q.data() + i * q_heads * d, out->data() + i * q_heads * d, {}, {}});
+          AttentionQuery query{sequences[i], 0, q.data() + i * q_heads * d, out->data() + i * q_heads * d, {}, {}};
+          if (extra_k) {
+            query.extra_k = view_from((*extra_k)[i], "attend: extra_k[" + std::to_string(i) + "]");
+            query.extra_v = view_from((*extra_v)[i], "attend: extra_v[" + std::to_string(i) + "]");
+          }
+          query.position = positions ? (*positions)[i] : cache.length(sequences[i]) + query.extra_k.tokens - 1;
+          queries.push_back(query);
         }
         AttentionOptions o;
         o.q_heads = q_heads;
@@ -199,11 +207,12 @@ void bind_cache(nb::module_& m, nb::handle gaac_error) {
         return FloatOut(out->data(), 3, shape, owner);
       },
       "cache"_a, "layer"_a, "sequences"_a, "q"_a, "positions"_a = nb::none(), "scale"_a = nb::none(), "path"_a = "fused",
-      "splits"_a = 1,
+      "splits"_a = 1, "extra_k"_a = nb::none(), "extra_v"_a = nb::none(),
       "Decode attention of one query token per sequence over `layer` of the cache, read in place (compressed "
       "tiles rebuilt in registers by the 'fused' path, decoded first by 'reference'): q is float32 [sequences, "
       "q_heads, head_dim]; each query attends to its sequence's positions up to `positions[i]` (default: its "
-      "last), within the layer's sliding window; `scale` defaults to 1/sqrt(head_dim). Returns float32 [sequences, "
+      "last), within the layer's sliding window; `extra_k[i]` / `extra_v[i]` ([tokens, kv_heads, head_dim], read in "
+      "place) are rows that follow the cached ones, not appended yet (a forward pass's own tokens); `scale` defaults to 1/sqrt(head_dim). Returns float32 [sequences, "
       "q_heads, head_dim]. A GAAC cache and a BF16 cache holding the same values give the same bits.");
 }
 

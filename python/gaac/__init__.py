@@ -23,18 +23,21 @@ from ._gaac import (  # noqa: F401
     TILE_FORMAT_VERSION,
     CacheFullError,
     Calibration,
+    DeviceCache,
     GaacError,
     KvCache,
     Snapshot,
     attend,
     calibrate,
     compress,
+    cuda_available,
     load_kv_dump,
     save_kv_dump,
     synthetic_kv,
 )
 
-__all__ = ["CacheFullError", "Calibration", "GaacError", "KvCache", "Snapshot", "attend", "calibrate", "compress",
+__all__ = ["CacheFullError", "Calibration", "DeviceCache", "GaacError", "KvCache", "Snapshot", "attend", "calibrate",
+           "compress", "cuda_available",
            "load_kv_dump", "save_kv_dump", "synthetic_kv", "to_torch", "SNAPSHOT_VERSION", "TILE_FORMAT_VERSION"]
 
 

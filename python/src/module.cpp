@@ -72,6 +72,7 @@ NB_MODULE(_gaac, m) {
   m.doc() = "gaac: lossless compression of BF16 KV caches (GAAC). See the package docstring.";
   const nb::object gaac_error = nb::exception<Error>(m, "GaacError", PyExc_RuntimeError);
   bind_cache(m, gaac_error);
+  bind_cuda(m);
   m.attr("TILE_FORMAT_VERSION") = kTileFormatVersion;
   m.attr("SNAPSHOT_VERSION") = kSnapshotVersion;
 

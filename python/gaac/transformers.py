@@ -10,10 +10,10 @@ place with ``gaac.attend``. Use both together::
     cache = gt.GaacCache(model.config, table, max_tokens=4096)
     out = model.generate(input_ids, past_key_values=cache, max_new_tokens=64, do_sample=False)
 
-The prompt is attended with PyTorch's SDPA over its own keys and values (the cache is empty then), each
-decoding step with ``gaac.attend`` over the cache plus the step's own token. A forward's K and V are added to
-the cache at the start of the next one, all layers at once. Limits of this version: CPU tensors; one prompt per
-sequence (prefill into an empty cache, then single-token steps); batches without padding.
+The first prompt is attended with PyTorch's SDPA over its own keys and values (the cache is empty then);
+every later forward (decoding steps, the next prompt of a conversation) with ``gaac.attend`` over the cache
+plus the forward's own rows. A forward's K and V are added to the cache at the start of the next one, all
+layers at once. Limits of this version: CPU tensors; batches without padding.
 """
 import contextvars
 
@@ -71,9 +71,6 @@ class GaacLayer(CacheLayerMixin):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
         self.owner._commit_before(self.index)
-        if self.owner.length() > 0 and key_states.shape[-2] != 1:
-            raise gaac.GaacError("GaacCache: a forward of several tokens after the prompt (chunked prefill) is not "
-                                 "supported; decode one token at a time")
         self.pending = (key_states, value_states)
         _current.set((self.owner, self.index))
         return key_states, value_states
@@ -136,21 +133,27 @@ class GaacCache(Cache):
 
 
 def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-    """The ``"gaac"`` attention function: SDPA over the prompt, ``gaac.attend`` over the cache for each decoding
-    step (one query token per sequence)."""
+    """The ``"gaac"`` attention function: SDPA over a prompt that starts the cache; otherwise ``gaac.attend`` over
+    the cache plus the forward's own rows, one query per (sequence, new token), each attending up to its own
+    position (a decoding step, or a later prompt such as the next turn of a chat)."""
     current = _current.get()
-    if current is None or query.shape[2] > 1:
+    if current is None or (query.shape[2] > 1 and current[0].length() == 0):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     owner, layer = current
     if kwargs.get("softcap") is not None:
         raise gaac.GaacError("GaacCache: attention logit soft-capping is not supported")
-    batch, q_heads, _, head_dim = query.shape
-    q = query[:, :, 0, :].float().contiguous().numpy()
-    extra_k, extra_v = _rows(key), _rows(value)
-    out = gaac.attend(owner.kv, layer, owner.sequences, q, scale=scaling, path=owner.attention_path,
+    batch, q_heads, tokens, head_dim = query.shape
+    q = query.transpose(1, 2).float().contiguous().view(batch * tokens, q_heads, head_dim).numpy()
+    rows_k, rows_v = _rows(key), _rows(value)
+    start = owner.length()
+    sequences = [s for s in owner.sequences for _ in range(tokens)]
+    positions = [start + i for _ in owner.sequences for i in range(tokens)]
+    extra_k = [rows_k[b] for b in range(batch) for _ in range(tokens)]
+    extra_v = [rows_v[b] for b in range(batch) for _ in range(tokens)]
+    out = gaac.attend(owner.kv, layer, sequences, q, positions=positions, scale=scaling, path=owner.attention_path,
                       extra_k=extra_k, extra_v=extra_v)
-    out = torch.from_numpy(out).to(query.dtype).view(batch, 1, q_heads, head_dim)
+    out = torch.from_numpy(out).to(query.dtype).view(batch, tokens, q_heads, head_dim)
     return out, None
 
 

@@ -81,6 +81,28 @@ def test_smollm2_gaac_equals_bf16_twin():
     report("SmolLM2", out)
 
 
+def test_smollm2_second_turn_reads_the_cache():
+    """A second prompt on a cache that already holds a conversation: its tokens attend to the cache and to
+    each other through gaac.attend; GAAC and the BF16 twin still give the same tokens."""
+    torch, gt, model = load("SmolLM2-135M-Instruct.Q4_1.gguf")
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(MODELS, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+    table = gt.calibrate(model, tok((ROOT / "data" / "calibration_text.txt").read_text(),
+                                    return_tensors="pt").input_ids[:, :512])
+    first = tok("Name three rivers in Europe:", return_tensors="pt").input_ids
+    second = tok(" Now name three mountains:", return_tensors="pt").input_ids
+    tokens = {}
+    for fmt in ("gaac", "bf16"):
+        cache = gt.GaacCache(model.config, table, max_tokens=128, cache_format=fmt)
+        ids = model.generate(first, past_key_values=cache, max_new_tokens=12, do_sample=False)
+        ids = model.generate(torch.cat([ids, second], dim=1), past_key_values=cache, max_new_tokens=12,
+                             do_sample=False)
+        tokens[fmt] = ids[0].tolist()
+        assert cache.get_seq_length() == ids.shape[1] - 1  # all but the last generated token (pending: the last forward)
+    assert tokens["gaac"] == tokens["bf16"]
+
+
 @pytest.mark.skipif(os.environ.get("GAAC_SLOW_TESTS") != "1", reason="minutes on a small CPU: GAAC_SLOW_TESTS=1")
 def test_gemma3_gaac_equals_bf16_twin_with_sliding_windows():
     torch, gt, model = load("gemma-3-270m-q4_k_m.gguf")

@@ -17,7 +17,6 @@ layers at once. Limits of this version: CPU tensors; batches without padding.
 """
 import contextvars
 
-import numpy as np
 import torch
 from transformers import AttentionInterface, Cache
 from transformers.cache_utils import CacheLayerMixin
@@ -169,6 +168,6 @@ def calibrate(model, input_ids):
 
     cache = DynamicCache(config=model.config)
     model(input_ids=input_ids, past_key_values=cache, use_cache=True)
-    k = [np.ascontiguousarray(l.keys[0].transpose(0, 1).contiguous().view(torch.uint16).numpy()) for l in cache.layers]
-    v = [np.ascontiguousarray(l.values[0].transpose(0, 1).contiguous().view(torch.uint16).numpy()) for l in cache.layers]
-    return gaac.calibrate(k, v)
+    # gaac.calibrate reads bfloat16 tensors of any strides: [tokens, kv_heads, dim] views of the layers.
+    return gaac.calibrate([l.keys[0].transpose(0, 1) for l in cache.layers],
+                          [l.values[0].transpose(0, 1) for l in cache.layers])

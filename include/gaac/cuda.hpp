@@ -18,6 +18,7 @@ struct CUstream_st;
 
 namespace gaac {
 class KvCache;
+struct CacheConfig;
 }
 
 namespace gaac::cuda {
@@ -62,6 +63,11 @@ class DeviceCache {
   /// it hold nothing a kernel reads), the whole block table, the bases and the windows. The pool gets
   /// 16 bytes of padding past its last unit: the kernels may read that far.
   static DeviceCache upload(const KvCache& host);
+  /// An empty cache made on the device alone, carved from `config`'s budget exactly as a KvCache of
+  /// that config is (the same unit size, units, block rows and bases), every unit free and no host
+  /// pool. Sequences grow in it on the device: DeviceSequences::reserve, then begin_tokens,
+  /// write_tokens and finalize_completed.
+  static DeviceCache create(const CacheConfig& config);
   /// An empty BF16 cache of one layer with the given KV heads, head width and rows, one unit for every
   /// entry: what decompress() writes.
   static DeviceCache bf16_for(const PagedGeometry& like, int window);
@@ -90,13 +96,31 @@ class DeviceCache {
   uint32_t* free_count_data() const { return static_cast<uint32_t*>(free_count_buffer_.data()); }
   /// The free units on the device, bottom of the stack first (synchronises: for tests and tools).
   std::vector<uint32_t> free_units() const;
+  /// Number of free units on the device (synchronises the device: kernels on any stream).
+  uint32_t free_unit_count() const;
+  /// Sticky status word in device memory: kOutOfUnits once a begin_tokens found too few free units
+  /// (the tiles it could not open stay absent). 0 while all is well.
+  uint32_t* status_data() const { return static_cast<uint32_t*>(status_buffer_.data()); }
+  /// The status word (synchronises the device).
+  uint32_t status() const;
+  /// Status bit: a block could not be opened for want of free units.
+  static constexpr uint32_t kOutOfUnits = 1;
+  /// Takes `count` block rows no sequence uses yet (for DeviceSequences::reserve); throws when the
+  /// table has too few left.
+  uint32_t take_rows(uint32_t count);
+  /// Counts the entries of each class in the block table (synchronises; for accounting).
+  struct TileCounts {
+    uint64_t compressed = 0, raw = 0, absent = 0;
+  };
+  TileCounts count_tiles() const;
 
  private:
   PagedCacheView view_;
   std::vector<int32_t> windows_;
   uint32_t units_ = 0;
   DeviceBuffer units_buffer_, entries_buffer_, bases_buffer_, lane_bases_buffer_, windows_buffer_;
-  DeviceBuffer free_stack_buffer_, free_count_buffer_;
+  DeviceBuffer free_stack_buffer_, free_count_buffer_, status_buffer_;
+  uint32_t rows_taken_ = 0;
 };
 
 /// The sequence tables of a batch in device memory, with the host-side numbers a launch needs.
@@ -104,6 +128,9 @@ class DeviceSequences {
  public:
   /// Copies a host table (its pointers are host memory) to the device.
   static DeviceSequences upload(const SequenceTableView& host);
+  /// `sequences` empty sequences of a cache made by DeviceCache::create, each with block rows
+  /// reserved for `max_tokens` tokens: they grow on the device (begin_tokens), without the host.
+  static DeviceSequences reserve(DeviceCache& cache, int sequences, int max_tokens);
 
   const SequenceTableView& view() const { return view_; }
   int sequences() const { return view_.sequences; }
@@ -115,12 +142,23 @@ class DeviceSequences {
   int attended_blocks(int s, int window) const;
   /// Total block rows listed (indptr[sequences]).
   int total_blocks() const { return total_blocks_; }
+  /// Tokens each sequence has room for (reserved tables; for uploaded ones, 16 × its blocks).
+  int capacity(int s) const { return blocks(s) * kTileTokens; }
+  /// The device lengths, writable (kernels that grow the sequences).
+  int32_t* lengths_data() const { return static_cast<int32_t*>(lengths_buffer_.data()); }
+  /// Tokens added by the last begin_tokens (0 before any).
+  int last_count() const { return last_count_; }
+  /// Scratch rows (one per sequence and block) for finalize_completed.
+  uint32_t* scratch_rows() const { return static_cast<uint32_t*>(scratch_rows_.data()); }
+  /// The host's side of begin_tokens: every length grows by `count` (throws past a capacity).
+  void note_begin(int count);
 
  private:
   SequenceTableView view_;
   std::vector<int32_t> lengths_, blocks_;
   int total_blocks_ = 0;
-  DeviceBuffer indptr_, rows_, lengths_buffer_;
+  int last_count_ = 0;
+  DeviceBuffer indptr_, rows_, lengths_buffer_, scratch_rows_;
 };
 
 /// Which parts of decode attention a launch does; anything but `full` is for time breakdowns and
@@ -138,6 +176,9 @@ struct DecodeConfig {
   int q_heads = 0;             ///< query heads: a multiple of the KV heads, at most 8 per KV head
   float softmax_scale = 0.0f;  ///< 0: 1/sqrt(head_dim)
   int blocks_per_split = 0;    ///< blocks per CTA; 0: chosen from the context and the SM count
+  /// Plan as if the longest sequence had at least this many tokens (0: the lengths): a launch captured
+  /// in a CUDA graph stays right while its sequences grow up to this length on the device.
+  int plan_tokens = 0;
   int stages = 0;              ///< pipeline stages per warp; 0: the kernel's default (2, 3 or 4 exist)
   Work work = Work::full;
 };
@@ -231,6 +272,38 @@ void decompress_dense(const DeviceCache& cache, const DeviceSequences& sequences
 /// atomic. Asynchronous on `stream`; a compressed cache only.
 void finalize_blocks(DeviceCache& cache, const uint32_t* rows, int count, int first_layer, int layers,
                      Stream stream = nullptr);
+
+/// Where write_tokens() reads: token j of sequence s, KV head h, channel c of K is
+/// `k[s·sequence_stride + h·head_stride + j·token_stride + c]` (V alike, the same strides); strides
+/// count elements and are multiples of 8, the pointers 16-byte aligned (PyTorch's `[batch, kv_heads,
+/// tokens, head_dim]` key states, transposed or not).
+struct TokenRows {
+  const uint16_t* k = nullptr;
+  const uint16_t* v = nullptr;
+  int64_t sequence_stride = 0;
+  int64_t head_stride = 0;
+  int64_t token_stride = 0;
+};
+
+/// Adds `count` tokens to every sequence of `sequences` (a reserved table), on the device: in each
+/// layer, the tiles of a sliding window's blocks that the new newest token no longer sees are freed
+/// (entries absent, units pushed on the free stack), every block the new tokens start is opened as a
+/// BF16 tail (its tiles' units popped from the free stack and zeroed; in a sliding layer only blocks
+/// the window still sees), and the lengths grow by `count`. With too few free units the tiles that
+/// could not be opened stay absent and the cache's status word gets kOutOfUnits: check status()
+/// before trusting what follows. Graph-safe: no host sync, no allocation; asynchronous on `stream`.
+/// The host keeps the lengths too (for plans); throws when a sequence would pass its capacity.
+void begin_tokens(DeviceCache& cache, DeviceSequences& sequences, int count, Stream stream = nullptr);
+
+/// Writes the K and V rows of the tokens the last begin_tokens added (its `count` tokens of every
+/// sequence) into layer `layer`'s tails. Graph-safe; asynchronous on `stream`.
+void write_tokens(DeviceCache& cache, const DeviceSequences& sequences, int layer, const TokenRows& rows,
+                  Stream stream = nullptr);
+
+/// Finalizes (finalize_blocks) every block of every layer that the last begin_tokens completed, the
+/// rows chosen on the device from the lengths. Call it after write_tokens of every layer, before the
+/// next begin_tokens. Nothing to do for a BF16 cache. Graph-safe; asynchronous on `stream`.
+void finalize_completed(DeviceCache& cache, DeviceSequences& sequences, Stream stream = nullptr);
 
 /// One tensor section of a .gaac snapshot (docs/format.md, section 11) for (layer, kind) of
 /// `calibration`, encoded on the device from a dense BF16 tensor there: `tokens` rows of `kv_heads` ×

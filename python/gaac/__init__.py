@@ -24,6 +24,7 @@ from ._gaac import (  # noqa: F401
     CacheFullError,
     Calibration,
     DeviceCache,
+    DeviceKvCache,
     GaacError,
     KvCache,
     Snapshot,
@@ -36,7 +37,7 @@ from ._gaac import (  # noqa: F401
     synthetic_kv,
 )
 
-__all__ = ["CacheFullError", "Calibration", "DeviceCache", "GaacError", "KvCache", "Snapshot", "attend", "calibrate",
+__all__ = ["CacheFullError", "Calibration", "DeviceCache", "DeviceKvCache", "GaacError", "KvCache", "Snapshot", "attend", "calibrate",
            "compress", "cuda_available",
            "load_kv_dump", "save_kv_dump", "synthetic_kv", "to_torch", "SNAPSHOT_VERSION", "TILE_FORMAT_VERSION"]
 

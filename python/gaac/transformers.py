@@ -10,10 +10,19 @@ place with ``gaac.attend``. Use both together::
     cache = gt.GaacCache(model.config, table, max_tokens=4096)
     out = model.generate(input_ids, past_key_values=cache, max_new_tokens=64, do_sample=False)
 
-The first prompt is attended with PyTorch's SDPA over its own keys and values (the cache is empty then);
-every later forward (decoding steps, the next prompt of a conversation) with ``gaac.attend`` over the cache
-plus the forward's own rows. A forward's K and V are added to the cache at the start of the next one, all
-layers at once. Limits of this version: CPU tensors; batches without padding.
+On the CPU the layers live in a ``gaac.KvCache``: the first prompt is attended with PyTorch's SDPA over its
+own keys and values (the cache is empty then); every later forward (decoding steps, the next prompt of a
+conversation) with ``gaac.attend`` over the cache plus the forward's own rows. A forward's K and V are added
+to the cache at the start of the next one, all layers at once.
+
+On a GPU (``device="cuda"``) they live in a ``gaac.DeviceKvCache``: each layer's update writes the new rows
+into the cache's tails on the device, the last layer's finalizes the blocks the forward completed, and
+decoding steps are attended by the fused CUDA kernel reading the compressed cache (the twin's kernel for
+``"bf16"``). Nothing in a decoding step syncs with the host or allocates once warm, so the step can be
+captured in a CUDA graph (``plan_tokens`` keeps the captured plan right while the sequences grow).
+
+Limits of this version: batches without padding; on a GPU, a prompt on a non-empty cache (a second turn)
+is not supported yet.
 """
 import contextvars
 
@@ -44,6 +53,10 @@ def _geometry(config):
     return layers, kv_heads, head_dim, windows
 
 
+def _stream():
+    return torch.cuda.current_stream().cuda_stream
+
+
 def _rows(states):
     """[batch, kv_heads, tokens, dim] bfloat16 -> per sequence a [tokens, kv_heads, dim] view (no copy)."""
     if states.dtype != torch.bfloat16 or states.device.type != "cpu":
@@ -69,12 +82,17 @@ class GaacLayer(CacheLayerMixin):
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        self.owner._commit_before(self.index)
-        self.pending = (key_states, value_states)
+        if self.owner.on_gpu:
+            self.owner._write(self.index, key_states, value_states)
+        else:
+            self.owner._commit_before(self.index)
+            self.pending = (key_states, value_states)
         _current.set((self.owner, self.index))
         return key_states, value_states
 
     def get_seq_length(self):
+        if self.owner.on_gpu:
+            return self.owner.length()
         return self.owner.length() + (self.pending[0].shape[-2] if self.pending is not None else 0)
 
     def get_mask_sizes(self, query_length):
@@ -94,25 +112,54 @@ class GaacCache(Cache):
     ``max_tokens``: tokens per sequence the budget must hold whatever the values (prompt and generated);
     ``batch``: sequences (the batch size of the inputs); ``cache_format``: ``"gaac"`` or ``"bf16"`` (the same
     structure and attention code, uncompressed: the twin to compare with); ``budget_bytes`` overrides the
-    budget derived from ``max_tokens``.
+    budget derived from ``max_tokens``; ``device``: ``"cpu"`` or ``"cuda"`` (where the model runs);
+    ``attention_path``: the CPU kernel (``"fused"`` or ``"reference"``). On a GPU, ``blocks_per_split`` fixes
+    how the context is split (0: planned for the GPU; give a ``"gaac"`` and a ``"bf16"`` cache the same value
+    and they attend with the same bits) and ``plan_tokens`` plans every launch for sequences that long (for a
+    step captured in a CUDA graph and replayed while the sequences grow).
     """
 
     def __init__(self, config, calibration=None, max_tokens=4096, batch=1, cache_format="gaac", budget_bytes=None,
-                 attention_path="fused"):
+                 attention_path="fused", device="cpu", blocks_per_split=0, plan_tokens=0):
         self.geometry = _geometry(config)
         layers, kv_heads, head_dim, windows = self.geometry
         table = calibration if cache_format == "gaac" else None
         if budget_bytes is None:
             budget_bytes = gaac.KvCache.worst_case_budget(layers, kv_heads, head_dim, max_tokens, batch, table,
                                                           cache_format, windows)
-        self.kv = gaac.KvCache(layers, kv_heads, head_dim, budget_bytes, table, cache_format, windows)
-        self.sequences = [self.kv.add_sequence() for _ in range(batch)]
+        self.on_gpu = torch.device(device).type == "cuda"
+        if self.on_gpu:
+            self.kv = gaac.DeviceKvCache(layers, kv_heads, head_dim, budget_bytes, table, cache_format, windows,
+                                         sequences=batch, max_tokens=max_tokens)
+            self.sequences = list(range(batch))
+        else:
+            self.kv = gaac.KvCache(layers, kv_heads, head_dim, budget_bytes, table, cache_format, windows)
+            self.sequences = [self.kv.add_sequence() for _ in range(batch)]
         self.attention_path = attention_path
+        self.blocks_per_split, self.plan_tokens = blocks_per_split, plan_tokens
+        self.forward_start = 0  # tokens held before the running forward (GPU)
         super().__init__(layers=[GaacLayer(self, i) for i in range(layers)])
 
     def length(self):
-        """Tokens of each sequence held in the gaac cache (the pending forward's not counted)."""
+        """Tokens of each sequence held in the gaac cache (on the CPU, the pending forward's not counted)."""
+        if self.on_gpu:
+            return self.kv.length
         return self.kv.length(self.sequences[0])
+
+    def _write(self, layer, key_states, value_states):
+        """GPU: a forward's rows into the device cache; layer 0 opens them, the last layer finalizes."""
+        if key_states.dtype != torch.bfloat16 or key_states.device.type != "cuda":
+            raise gaac.GaacError(f"GaacCache on a GPU holds bfloat16 CUDA tensors, got {key_states.dtype} on "
+                                 f"{key_states.device}")
+        stream = _stream()
+        if layer == 0:
+            self.forward_start = self.kv.length
+            self.kv.begin(key_states.shape[-2], stream)
+            if not torch.cuda.is_current_stream_capturing():
+                self.kv.check()  # synchronises: raises CacheFullError when the budget ran out
+        self.kv.write(layer, key_states, value_states, stream)
+        if layer == len(self.layers) - 1:
+            self.kv.finalize(stream)
 
     def _commit_before(self, layer):
         """At layer 0 of a forward: appends the previous forward's rows of every layer to the gaac cache."""
@@ -130,12 +177,18 @@ class GaacCache(Cache):
         """The gaac cache's accounting (resident bytes, BF16 bytes of the same values, tiles by class)."""
         return self.kv.usage()
 
+    def note_replayed(self, count=1):
+        """GPU: counts on the host one replay of a captured decoding step (see ``gaac.DeviceKvCache``)."""
+        self.kv.note_replayed(count)
+
 
 def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
     """The ``"gaac"`` attention function: SDPA over a prompt that starts the cache; otherwise ``gaac.attend`` over
     the cache plus the forward's own rows, one query per (sequence, new token), each attending up to its own
     position (a decoding step, or a later prompt such as the next turn of a chat)."""
     current = _current.get()
+    if current is not None and current[0].on_gpu:
+        return _attention_gpu(current, module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     if current is None or (query.shape[2] > 1 and current[0].length() == 0):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
@@ -156,6 +209,27 @@ def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=No
     return out, None
 
 
+def _attention_gpu(current, module, query, key, value, attention_mask, dropout, scaling, **kwargs):
+    """GPU: SDPA over a first prompt's own rows; the fused kernel over the device cache for a decoding step."""
+    owner, layer = current
+    batch, q_heads, tokens, head_dim = query.shape
+    if tokens > 1:
+        if owner.forward_start > 0:
+            raise gaac.GaacError("GaacCache on a GPU: a prompt on a non-empty cache (more than one new token after "
+                                 "the first prompt) is not supported yet")
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    if kwargs.get("softcap") is not None:
+        raise gaac.GaacError("GaacCache: attention logit soft-capping is not supported")
+    q = query.reshape(batch, q_heads, head_dim)
+    if not q.is_contiguous():
+        q = q.contiguous()
+    out = torch.empty_like(q)
+    owner.kv.attend(layer, q, out, scale=scaling, blocks_per_split=owner.blocks_per_split,
+                    plan_tokens=owner.plan_tokens, stream=_stream())
+    return out.view(batch, 1, q_heads, head_dim), None
+
+
 AttentionInterface.register(ATTENTION, attention)
 AttentionMaskInterface.register(ATTENTION, sdpa_mask)
 
@@ -167,7 +241,7 @@ def calibrate(model, input_ids):
     from transformers import DynamicCache
 
     cache = DynamicCache(config=model.config)
-    model(input_ids=input_ids, past_key_values=cache, use_cache=True)
-    # gaac.calibrate reads bfloat16 tensors of any strides: [tokens, kv_heads, dim] views of the layers.
-    return gaac.calibrate([l.keys[0].transpose(0, 1) for l in cache.layers],
-                          [l.values[0].transpose(0, 1) for l in cache.layers])
+    model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    # gaac.calibrate reads bfloat16 CPU tensors of any strides: [tokens, kv_heads, dim] views of the layers.
+    return gaac.calibrate([l.keys[0].transpose(0, 1).cpu() for l in cache.layers],
+                          [l.values[0].transpose(0, 1).cpu() for l in cache.layers])

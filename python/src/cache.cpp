@@ -25,11 +25,6 @@ using namespace nb::literals;
 namespace gaac::python {
 namespace {
 
-/// Raised (as gaac.CacheFullError) when an operation does not fit; the cache is unchanged.
-struct CacheFull : Error {
-  using Error::Error;
-};
-
 CacheFormat format_of(const std::string& name) {
   if (name == "gaac") return CacheFormat::gaac;
   if (name == "bf16") return CacheFormat::bf16;

@@ -3,12 +3,19 @@
 
 #include <nanobind/nanobind.h>
 
+#include "gaac/error.hpp"
+
 namespace gaac::python {
+
+/// Raised (as gaac.CacheFullError) when an operation does not fit.
+struct CacheFull : Error {
+  using Error::Error;
+};
 
 /// Adds KvCache, CacheFullError (a subclass of `gaac_error`) and attend to `m`.
 void bind_cache(nanobind::module_& m, nanobind::handle gaac_error);
 
-/// Adds DeviceCache and cuda_available to `m` (cuda.cpp; without CUDA, a DeviceCache that says so).
+/// Adds DeviceCache, DeviceKvCache and cuda_available to `m` (cuda.cpp; without CUDA, a DeviceCache that says so).
 void bind_cuda(nanobind::module_& m);
 
 }  // namespace gaac::python

@@ -137,19 +137,7 @@ KvCache::KvCache(CacheConfig cache_config) : state_(std::make_unique<State>()) {
   s.row_refs.assign(s.geo.row_capacity, 0);
   s.row_window_refs.assign(static_cast<size_t>(s.geo.row_capacity) * s.class_window.size(), 0);
   s.row_tokens.assign(s.geo.row_capacity, 0);
-  if (s.compressed()) {
-    const CalibrationTable& table = *config.calibration;
-    for (int l = 0; l < g.layers; ++l) {
-      for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
-        for (int which = 0; which < 2; ++which) {
-          for (int h = 0; h < g.kv_heads; ++h) {
-            const auto src = which == 0 ? table.b3(kind, l, h) : table.b4(kind, l, h);
-            std::copy(src.begin(), src.end(), s.bases.begin() + static_cast<std::ptrdiff_t>(s.geo.bases_index(l, kind, which, h)));
-          }
-        }
-      }
-    }
-  }
+  if (s.compressed()) cache::fill_bases(*config.calibration, s.geo, s.bases.data());
   s.config.calibration = nullptr;  // everything needed is copied: the table need not outlive the cache
 }
 

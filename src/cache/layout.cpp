@@ -55,6 +55,19 @@ Layout layout_for(const CacheGeometry& g, CacheFormat format, const CalibrationT
   return layout;
 }
 
+void fill_bases(const CalibrationTable& table, const PagedGeometry& geo, uint8_t* out) {
+  for (int l = 0; l < geo.layers; ++l) {
+    for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
+      for (int which = 0; which < 2; ++which) {
+        for (int h = 0; h < geo.kv_heads; ++h) {
+          const auto src = which == 0 ? table.b3(kind, l, h) : table.b4(kind, l, h);
+          std::copy(src.begin(), src.end(), out + geo.bases_index(l, kind, which, h));
+        }
+      }
+    }
+  }
+}
+
 /// Throws unless the geometry is one a cache can be made for.
 void check_geometry(const CacheGeometry& g) {
   if (g.layers <= 0 || g.kv_heads <= 0) {

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "gaac/kv_cache.hpp"
+#include "gaac/paged_layout.hpp"
 
 namespace gaac::cache {
 
@@ -25,6 +26,10 @@ struct Layout {
   /// The most units a budget affords (at most kMaxUnits).
   uint64_t units_for(uint64_t budget) const;
 };
+
+/// The calibrated bases of `table` in the layout kernels read (PagedGeometry::bases_index), into
+/// `out` (geo.bases_bytes() bytes).
+void fill_bases(const CalibrationTable& table, const PagedGeometry& geo, uint8_t* out);
 
 /// Throws gaac::Error unless a cache can be made for the geometry.
 void check_geometry(const CacheGeometry& g);

@@ -159,6 +159,10 @@ DecodePlan plan_decode(const DeviceCache& cache, const DeviceSequences& sequence
   const int window = cache.window(config.layer);
   int longest = 1;
   for (int s = 0; s < sequences.sequences(); ++s) longest = std::max(longest, sequences.attended_blocks(s, window));
+  if (config.plan_tokens > 0) {
+    const int first = first_attended(config.plan_tokens - 1, window) / kTileTokens;
+    longest = std::max(longest, (config.plan_tokens + kTileTokens - 1) / kTileTokens - first);
+  }
 
   DecodePlan plan;
   KernelFacts& facts = KernelFacts::get();

@@ -10,6 +10,7 @@
 #include "cuda/lane_bases.hpp"
 #include "gaac/cuda.hpp"
 #include "gaac/error.hpp"
+#include "cache/layout.hpp"
 #include "gaac/kv_cache.hpp"
 
 namespace gaac::cuda {
@@ -128,6 +129,8 @@ DeviceCache DeviceCache::upload(const KvCache& host_cache) {
   const auto free_count = static_cast<uint32_t>(free_units.size());
   cache.free_count_buffer_ = DeviceBuffer(4);
   cache.free_count_buffer_.upload(&free_count, 4);
+  cache.status_buffer_ = DeviceBuffer(4);
+  check(cudaMemset(cache.status_buffer_.data(), 0, 4), "cudaMemset");
   cache.view_ = {geo, static_cast<const uint8_t*>(cache.units_buffer_.data()),
                  static_cast<const uint32_t*>(cache.entries_buffer_.data()),
                  static_cast<const uint8_t*>(cache.bases_buffer_.data()),
@@ -135,7 +138,95 @@ DeviceCache DeviceCache::upload(const KvCache& host_cache) {
   return cache;
 }
 
+DeviceCache DeviceCache::create(const CacheConfig& config) {
+  const CacheGeometry& g = config.geometry;
+  cache::check_geometry(g);
+  const cache::Layout layout = cache::layout_for(g, config.format, config.calibration);
+  const uint64_t units = layout.units_for(config.budget_bytes);
+  if (units < layout.row_entries * layout.raw_units)
+    throw Error("a KV cache budget of " + std::to_string(config.budget_bytes) +
+                " bytes holds less than one block of every layer (" +
+                std::to_string(layout.bytes_for(layout.row_entries * layout.raw_units)) + " bytes for this model)");
+  DeviceCache cache;
+  PagedGeometry geo{g.layers, g.kv_heads, g.head_dim, layout.unit_bytes, static_cast<uint32_t>(layout.rows_for(units))};
+  cache.units_ = static_cast<uint32_t>(units);
+  const size_t pool = static_cast<size_t>(units) * geo.unit_bytes;
+  cache.units_buffer_ = DeviceBuffer(pool + kPoolPadding);
+  check(cudaMemset(cache.units_buffer_.data(), 0, pool + kPoolPadding), "cudaMemset");
+  cache.entries_buffer_ = DeviceBuffer(geo.table_entries() * 4);
+  // 0x80 in every byte: the absent class, unit 0x0080'8080 (never read for an absent tile).
+  check(cudaMemset(cache.entries_buffer_.data(), 0x80, geo.table_entries() * 4), "cudaMemset");
+  if (config.format == CacheFormat::gaac) {
+    std::vector<uint8_t> bases(geo.bases_bytes());
+    cache::fill_bases(*config.calibration, geo, bases.data());
+    cache.bases_buffer_ = DeviceBuffer(bases.size());
+    cache.bases_buffer_.upload(bases.data(), bases.size());
+    std::vector<uint32_t> lane_bases(detail::lane_bases_index(geo, geo.layers, 0));
+    detail::fill_lane_bases(geo, bases.data(), lane_bases.data());
+    cache.lane_bases_buffer_ = DeviceBuffer(lane_bases.size() * 4);
+    cache.lane_bases_buffer_.upload(lane_bases.data(), lane_bases.size() * 4);
+  }
+  cache.windows_.assign(static_cast<size_t>(g.layers), 0);
+  for (size_t l = 0; l < g.sliding_window.size() && l < cache.windows_.size(); ++l) cache.windows_[l] = g.sliding_window[l];
+  cache.windows_buffer_ = DeviceBuffer(cache.windows_.size() * 4);
+  cache.windows_buffer_.upload(cache.windows_.data(), cache.windows_.size() * 4);
+  // Every unit free, unit 0 on top (popped first).
+  std::vector<uint32_t> stack(cache.units_);
+  for (uint32_t i = 0; i < cache.units_; ++i) stack[i] = cache.units_ - 1 - i;
+  cache.free_stack_buffer_ = DeviceBuffer(stack.size() * 4);
+  cache.free_stack_buffer_.upload(stack.data(), stack.size() * 4);
+  cache.free_count_buffer_ = DeviceBuffer(4);
+  cache.free_count_buffer_.upload(&cache.units_, 4);
+  cache.status_buffer_ = DeviceBuffer(4);
+  check(cudaMemset(cache.status_buffer_.data(), 0, 4), "cudaMemset");
+  cache.view_ = {geo, static_cast<const uint8_t*>(cache.units_buffer_.data()),
+                 static_cast<const uint32_t*>(cache.entries_buffer_.data()),
+                 static_cast<const uint8_t*>(cache.bases_buffer_.data()),
+                 static_cast<const int32_t*>(cache.windows_buffer_.data())};
+  return cache;
+}
+
+uint32_t DeviceCache::free_unit_count() const {
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");  // kernels on any stream
+  uint32_t count = 0;
+  if (free_count_buffer_.bytes() > 0) free_count_buffer_.download(&count, 4);
+  return count;
+}
+
+uint32_t DeviceCache::status() const {
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  uint32_t word = 0;
+  if (status_buffer_.bytes() > 0) status_buffer_.download(&word, 4);
+  return word;
+}
+
+uint32_t DeviceCache::take_rows(uint32_t count) {
+  const uint32_t capacity = view_.geometry.row_capacity;
+  if (count > capacity - rows_taken_)
+    throw Error("DeviceCache: the block table has " + std::to_string(capacity - rows_taken_) + " free rows, " +
+                std::to_string(count) + " asked for (a larger budget has more)");
+  const uint32_t first = rows_taken_;
+  rows_taken_ += count;
+  return first;
+}
+
+DeviceCache::TileCounts DeviceCache::count_tiles() const {
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  std::vector<uint32_t> entries(view_.geometry.table_entries());
+  entries_buffer_.download(entries.data(), entries.size() * 4);
+  TileCounts counts;
+  for (const uint32_t e : entries) {
+    switch (entry_class(e)) {
+      case TileClass::compressed: ++counts.compressed; break;
+      case TileClass::raw: ++counts.raw; break;
+      default: ++counts.absent; break;
+    }
+  }
+  return counts;
+}
+
 std::vector<uint32_t> DeviceCache::free_units() const {
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   uint32_t count = 0;
   if (free_count_buffer_.bytes() == 0) return {};
   free_count_buffer_.download(&count, 4);
@@ -194,6 +285,33 @@ DeviceSequences DeviceSequences::upload(const SequenceTableView& host) {
   seqs.view_ = {n, static_cast<const int32_t*>(seqs.indptr_.data()), static_cast<const uint32_t*>(seqs.rows_.data()),
                 static_cast<const int32_t*>(seqs.lengths_buffer_.data())};
   return seqs;
+}
+
+DeviceSequences DeviceSequences::reserve(DeviceCache& cache, int sequences, int max_tokens) {
+  if (sequences < 1) throw Error("DeviceSequences: a batch needs at least one sequence");
+  if (max_tokens < 1) throw Error("DeviceSequences: max_tokens must be at least 1");
+  const int blocks = (max_tokens + kTileTokens - 1) / kTileTokens;
+  const uint32_t first = cache.take_rows(static_cast<uint32_t>(sequences) * static_cast<uint32_t>(blocks));
+  std::vector<int32_t> indptr(static_cast<size_t>(sequences) + 1);
+  std::vector<uint32_t> rows(static_cast<size_t>(sequences) * blocks);
+  for (int s = 0; s <= sequences; ++s) indptr[static_cast<size_t>(s)] = s * blocks;
+  for (size_t i = 0; i < rows.size(); ++i) rows[i] = first + static_cast<uint32_t>(i);
+  std::vector<int32_t> lengths(static_cast<size_t>(sequences), 0);
+  DeviceSequences seqs = upload({sequences, indptr.data(), rows.data(), lengths.data()});
+  seqs.scratch_rows_ = DeviceBuffer((rows.size() + static_cast<size_t>(sequences)) * 4);  // count/16 + 1 per sequence
+  return seqs;
+}
+
+void DeviceSequences::note_begin(int count) {
+  if (count < 1) throw Error("begin_tokens: count must be at least 1");
+  for (int s = 0; s < sequences(); ++s) {
+    if (length(s) + count > capacity(s))
+      throw Error("begin_tokens: sequence " + std::to_string(s) + " holds " + std::to_string(length(s)) +
+                  " tokens and has room for " + std::to_string(capacity(s)) + "; " + std::to_string(count) +
+                  " more do not fit");
+  }
+  for (int32_t& len : lengths_) len += count;
+  last_count_ = count;
 }
 
 int DeviceSequences::attended_blocks(int s, int window) const {

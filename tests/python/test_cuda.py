@@ -73,3 +73,125 @@ def test_device_cache_checks_its_arguments():
         dc.attend(0, q, torch.zeros_like(q))
     with pytest.raises(gaac.GaacError, match="elements"):
         dc.attend(0, q.bfloat16(), torch.zeros((1, 4, 32), dtype=torch.bfloat16, device="cuda"))
+
+
+def grown(fmt, k, v, table, windows, batch, prefill, steps, stream):
+    """A DeviceKvCache filled on the GPU with `batch` copies of k/v offset by sequence: a prefill, then steps."""
+    layers, kv_heads, head_dim = len(k), k[0].shape[1], k[0].shape[2]
+    calib = table if fmt == "gaac" else None
+    tokens = prefill + steps
+    budget = gaac.KvCache.worst_case_budget(layers, kv_heads, head_dim, tokens, batch, calib, fmt, windows)
+    dc = gaac.DeviceKvCache(layers, kv_heads, head_dim, budget, calib, fmt, windows, sequences=batch,
+                            max_tokens=tokens)
+    # [batch, kv_heads, tokens, head_dim] per layer: sequence b is tokens b*tokens .. of the synthetic KV.
+    dev = [[torch.from_numpy(np.ascontiguousarray(a[b * tokens:(b + 1) * tokens])).view(torch.bfloat16)
+            .transpose(0, 1).cuda() for b in range(batch)] for a in k + v]
+    dev = [torch.stack(seqs) for seqs in dev]  # contiguous [batch, kv_heads, tokens, head_dim]
+    for first, n in [(0, prefill)] + [(prefill + i, 1) for i in range(steps)]:
+        dc.begin(n, stream)
+        for layer in range(layers):
+            dc.write(layer, dev[layer][:, :, first:first + n], dev[layers + layer][:, :, first:first + n], stream)
+        dc.finalize(stream)
+    dc.check()
+    return dc
+
+
+def test_device_kv_cache_grows_like_the_host_cache():
+    layers, kv_heads, d, batch, prefill, steps = 2, 2, 128, 3, 100, 40
+    tokens = prefill + steps
+    k, v = gaac.synthetic_kv(layers=layers, kv_heads=kv_heads, head_dim=d, tokens=batch * tokens + 1000, seed=5)
+    table = gaac.calibrate([a[batch * tokens:] for a in k], [a[batch * tokens:] for a in v])
+    windows = [0, 48]
+    stream = torch.cuda.current_stream().cuda_stream
+    q = (torch.randn((batch, 4 * kv_heads, d), generator=torch.Generator().manual_seed(1)) * 0.5).bfloat16().cuda()
+    for fmt in ("gaac", "bf16"):
+        dc = grown(fmt, k, v, table, windows, batch, prefill, steps, stream)
+        assert dc.length == tokens
+        calib = table if fmt == "gaac" else None
+        budget = gaac.KvCache.worst_case_budget(layers, kv_heads, d, tokens, batch, calib, fmt, windows)
+        host = gaac.KvCache(layers, kv_heads, d, budget, calib, fmt, windows)
+        ids = [host.add_sequence() for _ in range(batch)]
+        for b, s in enumerate(ids):
+            rows = slice(b * tokens, (b + 1) * tokens)
+            host.append(s, [a[rows][:prefill] for a in k], [a[rows][:prefill] for a in v])
+            for i in range(prefill, tokens):
+                host.append(s, [a[rows][i:i + 1] for a in k], [a[rows][i:i + 1] for a in v])
+        mirror = gaac.DeviceCache(host, ids)
+        hu, du = host.usage(), dc.usage()
+        assert du["compressed_tiles"] == hu["compressed_tiles"]
+        assert du["raw_tiles"] == hu["raw_tiles"] + hu["tail_tiles"]
+        assert du["units_free"] == hu["units_free"]
+        for layer in range(layers):
+            a, b = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
+            dc.attend(layer, q, a, blocks_per_split=4, stream=stream)
+            mirror.attend(layer, q, b, blocks_per_split=4, stream=stream)
+            torch.cuda.synchronize()
+            assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"{fmt} layer {layer}: grown != host-filled"
+
+
+def test_device_kv_cache_step_in_a_cuda_graph():
+    """A decoding step (begin, write, attend, finalize) captured once and replayed while the sequence grows gives
+    the bits of the same steps run one by one."""
+    layers, kv_heads, d, prefill, steps = 2, 1, 256, 30, 20
+    k, v = gaac.synthetic_kv(layers=layers, kv_heads=kv_heads, head_dim=d, tokens=prefill + steps + 600, seed=9)
+    table = gaac.calibrate([a[prefill + steps:] for a in k], [a[prefill + steps:] for a in v])
+    kt = [torch.from_numpy(np.ascontiguousarray(a)).view(torch.bfloat16).transpose(0, 1)[None].cuda() for a in k + v]
+    q = (torch.randn((1, 4, d), generator=torch.Generator().manual_seed(3)) * 0.5).bfloat16().cuda()
+    results = {}
+    for mode in ("eager", "graph"):
+        budget = gaac.KvCache.worst_case_budget(layers, kv_heads, d, prefill + steps, 1, table, "gaac", [16, 0])
+        dc = gaac.DeviceKvCache(layers, kv_heads, d, budget, table, "gaac", [16, 0], max_tokens=prefill + steps)
+        side = torch.cuda.Stream()
+        with torch.cuda.stream(side):
+            s = side.cuda_stream
+            dc.begin(prefill, s)
+            for layer in range(layers):
+                dc.write(layer, kt[layer][:, :, :prefill], kt[layers + layer][:, :, :prefill], s)
+            dc.finalize(s)
+            rows_k = [torch.zeros((1, kv_heads, 1, d), dtype=torch.bfloat16, device="cuda") for _ in range(layers)]
+            rows_v = [torch.zeros_like(r) for r in rows_k]
+            outs = [torch.zeros_like(q) for _ in range(layers)]
+
+            def step():
+                dc.begin(1, s)
+                for layer in range(layers):
+                    dc.write(layer, rows_k[layer], rows_v[layer], s)
+                    dc.attend(layer, q, outs[layer], blocks_per_split=1, plan_tokens=prefill + steps, stream=s)
+                dc.finalize(s)
+
+            graph = None
+            seen = []
+            for i in range(steps):
+                for layer in range(layers):
+                    rows_k[layer].copy_(kt[layer][:, :, prefill + i:prefill + i + 1])
+                    rows_v[layer].copy_(kt[layers + layer][:, :, prefill + i:prefill + i + 1])
+                if mode == "eager" or i == 0:  # the first step eager: it sizes the workspace
+                    step()
+                elif graph is None:
+                    graph = torch.cuda.CUDAGraph()
+                    with torch.cuda.graph(graph, stream=side):
+                        step()
+                    graph.replay()
+                else:
+                    graph.replay()
+                    dc.note_replayed(1)
+                seen.append(torch.cat(outs).view(torch.int16).clone())
+        torch.cuda.synchronize()
+        dc.check()
+        assert dc.length == prefill + steps
+        results[mode] = torch.stack(seen)
+    assert torch.equal(results["eager"], results["graph"])
+
+
+def test_device_kv_cache_reports_running_out():
+    k, v = gaac.synthetic_kv(layers=1, kv_heads=2, head_dim=64, tokens=64)
+    budget = gaac.KvCache.worst_case_budget(1, 2, 64, 32, 1, None, "bf16", None)
+    dc = gaac.DeviceKvCache(1, 2, 64, budget, None, "bf16", max_tokens=4096)
+    stream = torch.cuda.current_stream().cuda_stream
+    with pytest.raises(gaac.CacheFullError, match="ran out"):
+        for _ in range(64):
+            dc.begin(16, stream)
+            dc.check()
+    with pytest.raises(gaac.GaacError, match=r"\[1, 2, 16, 64\]"):
+        x = torch.zeros((1, 2, 3, 64), dtype=torch.bfloat16, device="cuda")
+        dc.write(0, x, x, stream)

@@ -2,8 +2,9 @@
 attention code over the BF16 twin, bit for bit, on the real models loaded by transformers from our GGUF files;
 the first difference from transformers' own DynamicCache + SDPA is reported (they sum in another order).
 
-Needs torch, transformers, gguf and accelerate (skipped without them unless GAAC_REQUIRE_TRANSFORMERS=1) and the
-models (scripts/fetch_models.py). Gemma 3 takes minutes on a small CPU: it runs with GAAC_SLOW_TESTS=1.
+The same on a GPU (GaacCache(device="cuda"): the device cache, GPU finalize and the fused kernel) where CUDA is
+present. Needs torch, transformers, gguf and accelerate (skipped without them unless GAAC_REQUIRE_TRANSFORMERS=1) and
+the models (scripts/fetch_models.py). Gemma 3 takes minutes on a small CPU: it runs with GAAC_SLOW_TESTS=1.
 """
 import os
 import pathlib
@@ -41,30 +42,43 @@ def load(gguf_file):
     return torch, gt, model
 
 
-def generate_three_ways(torch, gt, model, prompt_ids, calibration_ids, tokens):
+def need_gpu(torch):
+    import gaac
+
+    if not (gaac.cuda_available() and torch.cuda.is_available()):
+        pytest.skip("no CUDA device (or gaac built without CUDA)")
+
+
+def generate_three_ways(torch, gt, model, prompt_ids, calibration_ids, tokens, device="cpu"):
     from transformers import DynamicCache
 
+    model.to(device)
+    prompt_ids, calibration_ids = prompt_ids.to(device), calibration_ids.to(device)
     table = gt.calibrate(model, calibration_ids)
     out = {}
     for fmt in ("gaac", "bf16"):
-        cache = gt.GaacCache(model.config, table, max_tokens=prompt_ids.shape[1] + tokens, cache_format=fmt)
+        # On a GPU both caches get the same split of the context, so that their attention sums in one order.
+        cache = gt.GaacCache(model.config, table, max_tokens=prompt_ids.shape[1] + tokens, batch=prompt_ids.shape[0],
+                             cache_format=fmt, device=device, blocks_per_split=4)
         ids = model.generate(prompt_ids, past_key_values=cache, max_new_tokens=tokens, do_sample=False)
-        out[fmt] = ids[0, prompt_ids.shape[1]:].tolist()
+        out[fmt] = ids[:, prompt_ids.shape[1]:].tolist()
         out[fmt + "_usage"] = cache.usage()
     model.set_attn_implementation("sdpa")
     ids = model.generate(prompt_ids, past_key_values=DynamicCache(config=model.config), max_new_tokens=tokens,
                          do_sample=False)
     model.set_attn_implementation(gt.ATTENTION)
-    out["sdpa"] = ids[0, prompt_ids.shape[1]:].tolist()
+    out["sdpa"] = ids[:, prompt_ids.shape[1]:].tolist()
     return out
 
 
 def report(name, out):
-    first = next((i for i, (a, b) in enumerate(zip(out["sdpa"], out["gaac"])) if a != b), None)
-    u = out["gaac_usage"]
-    print(f"[{name}] GaacCache tokens = BF16 twin's ({len(out['gaac'])}); DynamicCache + SDPA "
-          f"{'agrees on every token' if first is None else f'first differs at generated token {first}'}; "
-          f"GAAC cache {u['compressed_tiles']} compressed / {u['raw_tiles']} raw / {u['tail_tiles']} open tiles")
+    for b, (sdpa, ours) in enumerate(zip(out["sdpa"], out["gaac"])):
+        first = next((i for i, (x, y) in enumerate(zip(sdpa, ours)) if x != y), None)
+        u = out["gaac_usage"]
+        print(f"[{name}, sequence {b}] GaacCache tokens = BF16 twin's ({len(ours)}); DynamicCache + SDPA "
+              f"{'agrees on every token' if first is None else f'first differs at generated token {first}'}; "
+              f"GAAC cache {u['compressed_tiles']} compressed / {u['raw_tiles']} raw tiles "
+              f"(open ones included on a GPU: {u.get('tail_tiles', 'counted with raw')})")
 
 
 def test_smollm2_gaac_equals_bf16_twin():
@@ -79,6 +93,21 @@ def test_smollm2_gaac_equals_bf16_twin():
     assert out["gaac"] == out["bf16"]
     assert out["gaac_usage"]["compressed_tiles"] > 0
     report("SmolLM2", out)
+
+
+def test_smollm2_gpu_gaac_equals_bf16_twin():
+    """On the GPU, a batch of two 300-token prompts and 70 new tokens: device finalize, fused kernel."""
+    torch, gt, model = load("SmolLM2-135M-Instruct.Q4_1.gguf")
+    need_gpu(torch)
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(MODELS, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
+    ids = tok((ROOT / "data" / "calibration_text.txt").read_text(), return_tensors="pt").input_ids
+    prompts = torch.cat([ids[:, 512:812], ids[:, 900:1200]])
+    out = generate_three_ways(torch, gt, model, prompts, ids[:, :512], 70, device="cuda")
+    assert out["gaac"] == out["bf16"]
+    assert out["gaac_usage"]["compressed_tiles"] > 0
+    report("SmolLM2 GPU", out)
 
 
 def test_smollm2_second_turn_reads_the_cache():
@@ -113,3 +142,14 @@ def test_gemma3_gaac_equals_bf16_twin_with_sliding_windows():
     out = generate_three_ways(torch, gt, model, prompt, calibration_ids, 30)
     assert out["gaac"] == out["bf16"]
     report("Gemma 3", out)
+
+
+def test_gemma3_gpu_gaac_equals_bf16_twin_with_sliding_windows():
+    """On the GPU, 600 prompt tokens and 40 new ones: past Gemma 3's 512-token window, so its sliding layers release
+    blocks on the device."""
+    torch, gt, model = load("gemma-3-270m-q4_k_m.gguf")
+    need_gpu(torch)
+    ids = torch.randint(100, 20000, (1, 1300), generator=torch.Generator().manual_seed(0))
+    out = generate_three_ways(torch, gt, model, ids[:, 700:], ids[:, :700], 40, device="cuda")
+    assert out["gaac"] == out["bf16"]
+    report("Gemma 3 GPU", out)

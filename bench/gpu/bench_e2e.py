@@ -18,10 +18,12 @@ Experiments:
   equal-batch   step latency at batch 1 and 8 from 4K to each model's limit (8B: batch 1, 32K-128K)
   equal-memory  for a fixed KV budget, the most sequences each cache holds at the context and their tokens/s
 
-The prompt of each model is filled once by a batch-1 prefill (SDPA, every layer kept whole) and copied into
+The prompt of each model (SmolLM2: a text; Gemma 3 and the 8B geometry: seeded random token ids) is filled once
+by a batch-1 prefill (SDPA, every layer kept whole) and copied into
 every sequence of a batch; the gaac caches are filled from it on the device (begin, write, finalize).
 
-  python3 bench/gpu/bench_e2e.py --models DIR --out results.json [--only smollm2,gemma3,llama8b] [--quick]
+  python3 bench/gpu/bench_e2e.py --models DIR [--hf-models DIR] --out results.json [--only smollm2,gemma3,llama8b]
+      [--quick] [--skip-equal-memory]
 """
 import argparse
 import json
@@ -51,7 +53,7 @@ def log(*args):
     print(*args, flush=True)
 
 
-def load_model(name, models_dir):
+def load_model(name, models_dir, hf_dir=None):
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
     t0 = time.time()
@@ -62,17 +64,22 @@ def load_model(name, models_dir):
         with torch.device("cuda"):
             model = LlamaForCausalLM._from_config(config, dtype=torch.bfloat16)
     else:
-        model = AutoModelForCausalLM.from_pretrained(models_dir, gguf_file=GGUF[name], dtype=torch.bfloat16).cuda()
+        converted = pathlib.Path(hf_dir or "/nonexistent") / GGUF[name]  # saved by save_pretrained: loads in seconds
+        if converted.is_dir():
+            model = AutoModelForCausalLM.from_pretrained(converted, dtype=torch.bfloat16).cuda()
+        else:
+            model = AutoModelForCausalLM.from_pretrained(models_dir, gguf_file=GGUF[name], dtype=torch.bfloat16).cuda()
     model.eval()
     log(f"[{name}] loaded in {time.time() - t0:.0f} s")
     return model
 
 
 def prompt_ids(name, model, models_dir, tokens):
-    """A prompt of `tokens` ids: the calibration text repeated (SmolLM2, Gemma 3, tokenized by transformers), or
-    seeded random ids (the random-weight model)."""
-    if name == "llama8b":
-        return torch.randint(100, 100000, (1, tokens), generator=torch.Generator().manual_seed(0)).cuda()
+    """A prompt of `tokens` ids: SmolLM2's tokens of the calibration text, repeated; seeded random ids for Gemma 3
+    (transformers' GGUF tokenizer for it is not the model's) and for the random-weight model."""
+    if name != "smollm2":
+        top = 20000 if name == "gemma3" else 100000
+        return torch.randint(100, top, (1, tokens), generator=torch.Generator().manual_seed(0)).cuda()
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(models_dir, gguf_file=GGUF[name])
@@ -271,6 +278,8 @@ def equal_memory(model, name, kv, table, context, budget):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", required=True, help="directory of the GGUF files")
+    ap.add_argument("--hf-models", help="directory of the same models saved by save_pretrained (one folder per GGUF "
+                    "file name), used when present")
     ap.add_argument("--out", required=True)
     ap.add_argument("--only", default="smollm2,gemma3,llama8b")
     ap.add_argument("--quick", action="store_true", help="the shortest and longest context of each model only")
@@ -280,7 +289,7 @@ def main():
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                "transformers": __import__("transformers").__version__, "equal_batch": [], "equal_memory": []}
     for name in args.only.split(","):
-        model = load_model(name, args.models)
+        model = load_model(name, args.models, args.hf_models)
         contexts = CONTEXTS[name][::len(CONTEXTS[name]) - 1] if args.quick else CONTEXTS[name]
         longest = max(contexts)
         if not args.skip_equal_memory:

@@ -184,14 +184,17 @@ def test_device_kv_cache_step_in_a_cuda_graph():
 
 
 def test_device_kv_cache_reports_running_out():
-    k, v = gaac.synthetic_kv(layers=1, kv_heads=2, head_dim=64, tokens=64)
-    budget = gaac.KvCache.worst_case_budget(1, 2, 64, 32, 1, None, "bf16", None)
-    dc = gaac.DeviceKvCache(1, 2, 64, budget, None, "bf16", max_tokens=4096)
+    budget = gaac.KvCache.worst_case_budget(1, 2, 64, 32, 1, None, "bf16", None)  # two blocks' units
+    dc = gaac.DeviceKvCache(1, 2, 64, budget, None, "bf16", max_tokens=48)
     stream = torch.cuda.current_stream().cuda_stream
+    for _ in range(2):
+        dc.begin(16, stream)
+        dc.check()
+    dc.begin(16, stream)
     with pytest.raises(gaac.CacheFullError, match="ran out"):
-        for _ in range(64):
-            dc.begin(16, stream)
-            dc.check()
+        dc.check()
+    with pytest.raises(gaac.GaacError, match="room for 48"):
+        dc.begin(1, stream)
     with pytest.raises(gaac.GaacError, match=r"\[1, 2, 16, 64\]"):
         x = torch.zeros((1, 2, 3, 64), dtype=torch.bfloat16, device="cuda")
         dc.write(0, x, x, stream)

@@ -37,8 +37,13 @@ def load(gguf_file):
 
     import gaac.transformers as gt
 
-    model = AutoModelForCausalLM.from_pretrained(MODELS, gguf_file=gguf_file, dtype=torch.bfloat16,
-                                                 attn_implementation=gt.ATTENTION)
+    converted = os.environ.get("GAAC_HF_MODELS")  # the same weights saved by save_pretrained (loads in seconds)
+    if converted and (pathlib.Path(converted) / gguf_file).is_dir():
+        model = AutoModelForCausalLM.from_pretrained(pathlib.Path(converted) / gguf_file, dtype=torch.bfloat16,
+                                                     attn_implementation=gt.ATTENTION)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(MODELS, gguf_file=gguf_file, dtype=torch.bfloat16,
+                                                     attn_implementation=gt.ATTENTION)
     return torch, gt, model
 
 

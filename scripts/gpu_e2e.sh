@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# One call on a GPU machine for the Python package and the end-to-end experiments: installs gaac there
+# (pip, the CUDA kernels built by nvcc), runs the C++ tests of sequences grown on the device (prebuilt
+# binaries when given and they run), the Python GPU tests (gaac.DeviceCache, gaac.DeviceKvCache,
+# GaacCache(device="cuda") on SmolLM2 and Gemma 3) and bench/gpu/bench_e2e.py. $OUT (default
+# ./gpu-out) receives e2e.json and the logs.
+#   scripts/gpu_e2e.sh --models DIR --data DIR [--prebuilt DIR] [--skip-tests] [--skip-bench]
+#                      [--bench-args "..."] [--build-only]
+# (--build-only: the package alone, e.g. in the background while the models are still on their way).
+# MODELS holds the two GGUF files; DATA holds xxhash/ (xxhash.h: the build machine may lack it) and the
+# gguf wheel (gguf-*.whl), which transformers needs to read GGUF files. The package is built once per
+# machine (into /tmp/gaac-site), and the models are converted once (save_pretrained, into /tmp/gaac-hf)
+# so that every later load takes seconds.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+models="" data="" prebuilt="" skip_tests=0 skip_bench=0 bench_args="" build_only=0
+while [ $# -gt 0 ]; do
+  case $1 in
+    --models) models=$2; shift 2 ;;
+    --data) data=$2; shift 2 ;;
+    --prebuilt) prebuilt=$2; shift 2 ;;
+    --skip-tests) skip_tests=1; shift ;;
+    --skip-bench) skip_bench=1; shift ;;
+    --build-only) build_only=1; shift ;;
+    --bench-args) bench_args=$2; shift 2 ;;
+    *) echo "unknown argument $1" >&2; exit 2 ;;
+  esac
+done
+[ -n "$data" ] && { [ -n "$models" ] || [ $build_only = 1 ]; } || { echo "usage: $0 --models DIR --data DIR [...]" >&2; exit 2; }
+out=${OUT:-$PWD/gpu-out}
+mkdir -p "$out"
+stage() { printf '\n=== %s (t=%ds)\n' "$*" "$SECONDS"; }
+status=0
+
+stage "device"
+nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,power.limit --format=csv
+
+stage "python package"
+site=/tmp/gaac-site
+# The copy of the tree there may not be a git repository: the sources' own hash says whether to rebuild.
+sources=$(find CMakeLists.txt pyproject.toml cmake include src python -type f -print0 | sort -z | xargs -0 cat | sha1sum | cut -c1-16)
+if [ ! -f "$site/.built-$sources" ]; then
+  rm -rf "$site" && mkdir -p "$site"
+  python3 -m pip install -q --no-index --no-deps --target "$site" "$data"/gguf-*.whl || exit 1
+  python3 -m pip install --no-build-isolation --no-deps -q --target "$site" . -C build-dir=/tmp/gaac-py \
+    -C cmake.define.GAAC_XXHASH_INCLUDE_DIR="$PWD/$data/xxhash" >"$out/pip.log" 2>&1 || { tail -40 "$out/pip.log"; exit 1; }
+  touch "$site/.built-$sources"
+fi
+export PYTHONPATH=$site PYTHONUNBUFFERED=1
+python3 -c "import gaac; print('gaac', gaac.__file__, 'cuda', gaac.cuda_available())" || exit 1
+[ $build_only = 1 ] && exit 0
+
+stage "models"
+hf=/tmp/gaac-hf
+python3 - "$models" "$hf" <<'PY' || exit 1
+import pathlib, sys, time
+import torch
+from transformers import AutoModelForCausalLM
+models, hf = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+for gguf in sorted(models.glob("*.gguf")):
+    target = hf / gguf.name
+    if (target / "config.json").is_file():
+        continue
+    t0 = time.time()
+    model = AutoModelForCausalLM.from_pretrained(models, gguf_file=gguf.name, dtype=torch.bfloat16)
+    model.save_pretrained(target)
+    print(f"{gguf.name}: converted in {time.time() - t0:.0f} s", flush=True)
+PY
+
+if [ $skip_tests = 0 ]; then
+  stage "C++ GPU tests"
+  for t in cuda_grow_test cuda_codec_test cuda_decode_test; do
+    if [ -n "$prebuilt" ] && [ -f "$prebuilt/$t.xz" ]; then
+      xz -dc "$prebuilt/$t.xz" >"/tmp/$t" && chmod +x "/tmp/$t"
+      if /tmp/$t --gtest_list_tests >/dev/null 2>&1; then
+        /tmp/$t --gtest_brief=1 >"$out/$t.log" 2>&1; rc=$?
+        tail -4 "$out/$t.log"; [ $rc = 0 ] || { echo "$t FAILED"; status=1; }
+      else
+        echo "$t: the prebuilt binary does not run here; skipped"
+      fi
+    fi
+  done
+  stage "Python GPU tests"
+  GAAC_MODEL_DIR=$models GAAC_HF_MODELS=$hf GAAC_REQUIRE_TRANSFORMERS=1 GAAC_SLOW_TESTS=1 \
+    python3 -m pytest -q -s -p no:cacheprovider tests/python/test_cuda.py tests/python/test_transformers.py -k "cuda or gpu or device" \
+    2>&1 | tee "$out/pytest.log" | tail -30
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+fi
+
+if [ $skip_bench = 0 ]; then
+  stage "end-to-end benchmark"
+  # shellcheck disable=SC2086
+  python3 bench/gpu/bench_e2e.py --models "$models" --hf-models "$hf" --out "$out/e2e.json" $bench_args \
+    2>&1 | tee "$out/e2e.log" | grep -v Warning
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+fi
+stage "done, status $status"
+exit $status

@@ -223,7 +223,11 @@ def run_config(model, name, kv, table, batch, context, budget=None, kinds=("gaac
         else:
             cache = gaac_cache(model, kv, table, "gaac" if kind == "gaac" else "bf16", batch, context, budget)
         row[kind + "_bytes"] = cache_bytes(kind, cache)
-        row[kind] = measure(model, name, kind, cache, batch, context)
+        try:
+            row[kind] = measure(model, name, kind, cache, batch, context)
+        except Exception as e:  # recorded, and the run goes on
+            row[kind] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0]}", "step_ms": math.nan}
+            log(f"[{name}] {kind} batch {batch} context {context}: {row[kind]['error']}")
         if kind == "gaac":
             u = cache.usage()
             row["gaac_tiles"] = {"compressed": u["compressed_tiles"], "raw": u["raw_tiles"]}

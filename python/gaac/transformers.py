@@ -187,6 +187,7 @@ def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=No
     the cache plus the forward's own rows, one query per (sequence, new token), each attending up to its own
     position (a decoding step, or a later prompt such as the next turn of a chat)."""
     current = _current.get()
+    _current.set(None)  # this layer's alone: a later forward over another cache must not see it
     if current is not None and current[0].on_gpu:
         return _attention_gpu(current, module, query, key, value, attention_mask, dropout, scaling, **kwargs)
     if current is None or (query.shape[2] > 1 and current[0].length() == 0):

@@ -26,6 +26,7 @@ every sequence of a batch; the gaac caches are filled from it on the device (beg
       [--quick] [--skip-equal-memory]
 """
 import argparse
+import gc
 import json
 import math
 import pathlib
@@ -140,8 +141,14 @@ def graph_time(fn, replays=REPLAYS, on_replay=None):
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    # No garbage collection while capturing: a collected cache would free device memory (cudaFree) mid-capture.
+    gc.collect()
+    gc.disable()
+    try:
+        with torch.cuda.graph(graph, capture_error_mode="relaxed"):
+            fn()
+    finally:
+        gc.enable()
     start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
     times = []
     for i in range(replays + 1):

@@ -273,8 +273,9 @@ def equal_memory(model, name, kv, table, context, budget):
     per_seq = gaac.KvCache.worst_case_budget(layers, kv_heads, head_dim, context + GROWTH, 1, None, "bf16", windows)
     twin_n = most_sequences(model, kv, table, "bf16", context, budget, max(1, budget // per_seq))
     gaac_n = most_sequences(model, kv, table, "gaac", context, budget, max(1, twin_n))
-    dyn_per_seq = sum(k[:, :, :context].nbytes + v[:, :, :context].nbytes for k, v in kv)
-    bf16_n = budget // dyn_per_seq
+    one = dynamic_cache(model, kv, 1, context)  # its sliding layers keep their window only
+    bf16_n = budget // cache_bytes("sdpa", one)
+    del one
     row = {"model": name, "context": context, "budget_bytes": budget, "twin_sequences": twin_n,
            "gaac_sequences": gaac_n, "sdpa_sequences_by_bytes": bf16_n}
     for kind, n in (("gaac", gaac_n), ("twin", twin_n)):

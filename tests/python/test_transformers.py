@@ -82,8 +82,8 @@ def report(name, out):
         u = out["gaac_usage"]
         print(f"[{name}, sequence {b}] GaacCache tokens = BF16 twin's ({len(ours)}); DynamicCache + SDPA "
               f"{'agrees on every token' if first is None else f'first differs at generated token {first}'}; "
-              f"GAAC cache {u['compressed_tiles']} compressed / {u['raw_tiles']} raw tiles "
-              f"(open ones included on a GPU: {u.get('tail_tiles', 'counted with raw')})")
+              f"GAAC cache {u['compressed_tiles']} compressed / {u['raw_tiles']} raw / "
+              f"{u.get('tail_tiles', 'its raw count includes the')} open tiles")
 
 
 def test_smollm2_gaac_equals_bf16_twin():

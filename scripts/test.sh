@@ -19,21 +19,29 @@ export GAAC_REQUIRE_MODELS=1
 
 stage() { printf '\n=== %s\n' "$*"; }
 
+# The Python tests' packages (PyTorch among them: gigabytes to download) install in the background while
+# the suite builds; the Python stage waits for them.
+rm -rf build/python-venv build/wheels
+mkdir -p build
+python3 -m venv build/python-venv
+(build/python-venv/bin/pip install -q --upgrade pip && build/python-venv/bin/pip install -q -r tests/python/requirements.txt) \
+  >build/python-venv-install.log 2>&1 &
+python_deps=$!
+
 stage "Release build and test suite"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure -j"$jobs"
 
 stage "Python package: wheel, install, tests"
-# The wheel is built from this tree by pip (scikit-build-core + nanobind from PyPI), installed into a
-# fresh virtual environment and tested against the CLI built above.
-rm -rf build/python-venv build/wheels
-python3 -m venv build/python-venv
-build/python-venv/bin/pip install -q --upgrade pip
-build/python-venv/bin/pip install -q "scikit-build-core>=0.10" "nanobind>=2.0" numpy pytest
+# The wheel is built from this tree by pip (scikit-build-core + nanobind from PyPI), installed into the
+# fresh virtual environment made above and tested against the CLI built above.
+wait $python_deps || { tail -30 build/python-venv-install.log; echo "installing tests/python/requirements.txt FAILED"; exit 1; }
 build/python-venv/bin/pip wheel -q --no-build-isolation --no-deps -w build/wheels .
 build/python-venv/bin/pip install -q build/wheels/gaac-*.whl
-(cd build && GAAC_CLI="$PWD/tools/gaac/gaac" python-venv/bin/python -m pytest -q ../tests/python)
+# Every test runs: transformers' (both models, on the CPU) too; the GPU ones skip without a device.
+(cd build && GAAC_CLI="$PWD/tools/gaac/gaac" GAAC_REQUIRE_TRANSFORMERS=1 GAAC_SLOW_TESTS=1 \
+  python-venv/bin/python -m pytest -q -p no:cacheprovider ../tests/python)
 [ $quick -eq 1 ] && exit 0
 
 stage "AddressSanitizer + UndefinedBehaviorSanitizer build and test suite"

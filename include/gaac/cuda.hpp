@@ -119,6 +119,9 @@ class DeviceCache {
   std::vector<int32_t> windows_;
   uint32_t units_ = 0;
   DeviceBuffer units_buffer_, entries_buffer_, bases_buffer_, lane_bases_buffer_, windows_buffer_;
+  /// The free stack (holding `free_units`, bottom first), its count, the status word and the view.
+  void finish(const PagedGeometry& geo, const std::vector<uint32_t>& free_units);
+
   DeviceBuffer free_stack_buffer_, free_count_buffer_, status_buffer_;
   uint32_t rows_taken_ = 0;
 };

@@ -49,6 +49,28 @@ uint16_t* bf16_pointer(const CudaArray& a, size_t elements, const std::string& w
   return static_cast<uint16_t*>(a.data());
 }
 
+/// Decode attention over `cache` for the bfloat16 CUDA tensors q and out ([sequences, q_heads, head_dim]);
+/// `what` names the method in errors.
+void attend_tensors(const cuda::DeviceCache& cache, const cuda::DeviceSequences& sequences,
+                    cuda::DecodeWorkspace& workspace, int layer, const CudaArray& q, const CudaArray& out,
+                    std::optional<float> scale, int blocks_per_split, int plan_tokens, uintptr_t stream,
+                    const std::string& what) {
+  const size_t n = static_cast<size_t>(sequences.sequences());
+  const size_t head_dim = static_cast<size_t>(cache.view().geometry.head_dim);
+  if (q.ndim() != 3 || q.shape(0) != n || q.shape(2) != head_dim)
+    throw Error(what + ": q must be [sequences, q_heads, head_dim]");
+  const int q_heads = static_cast<int>(q.shape(1));
+  const size_t elements = n * static_cast<size_t>(q_heads) * head_dim;
+  cuda::DecodeConfig config;
+  config.layer = layer;
+  config.q_heads = q_heads;
+  config.softmax_scale = scale.value_or(0.0f);
+  config.blocks_per_split = blocks_per_split;
+  config.plan_tokens = plan_tokens;
+  cuda::decode_attention(cache, sequences, config, bf16_pointer(q, elements, what + ": q"),
+                         bf16_pointer(out, elements, what + ": out"), workspace, reinterpret_cast<cuda::Stream>(stream));
+}
+
 /// A cache on the device with the sequence table it was uploaded with.
 struct DeviceMirror {
   std::unique_ptr<cuda::DeviceCache> cache;
@@ -130,19 +152,8 @@ void bind_cuda(nb::module_& m) {
           "attend",
           [](DeviceMirror& d, int layer, const CudaArray& q, const CudaArray& out, std::optional<float> scale,
              int blocks_per_split, uintptr_t stream) {
-            const size_t n = d.ids.size();
-            if (q.ndim() != 3 || q.shape(0) != n || q.shape(2) != static_cast<size_t>(d.head_dim))
-              throw Error("DeviceCache.attend: q must be [sequences, q_heads, head_dim]");
-            const int q_heads = static_cast<int>(q.shape(1));
-            const size_t elements = n * static_cast<size_t>(q_heads) * d.head_dim;
-            cuda::DecodeConfig config;
-            config.layer = layer;
-            config.q_heads = q_heads;
-            config.softmax_scale = scale.value_or(0.0f);
-            config.blocks_per_split = blocks_per_split;
-            cuda::decode_attention(*d.cache, *d.sequences, config, bf16_pointer(q, elements, "DeviceCache.attend: q"),
-                                   bf16_pointer(out, elements, "DeviceCache.attend: out"), d.workspace,
-                                   reinterpret_cast<cuda::Stream>(stream));
+            attend_tensors(*d.cache, *d.sequences, d.workspace, layer, q, out, scale, blocks_per_split, 0, stream,
+                           "DeviceCache.attend");
           },
           "layer"_a, "q"_a, "out"_a, "scale"_a = nb::none(), "blocks_per_split"_a = 0, "stream"_a = 0,
           "Decode attention of one query per sequence (the newest token of each) over `layer`: q and out are "
@@ -237,20 +248,8 @@ void bind_cuda(nb::module_& m) {
           "attend",
           [](DeviceGrown& d, int layer, const CudaArray& q, const CudaArray& out, std::optional<float> scale,
              int blocks_per_split, int plan_tokens, uintptr_t stream) {
-            const size_t n = static_cast<size_t>(d.sequences->sequences());
-            if (q.ndim() != 3 || q.shape(0) != n || q.shape(2) != static_cast<size_t>(d.head_dim))
-              throw Error("DeviceKvCache.attend: q must be [sequences, q_heads, head_dim]");
-            const int q_heads = static_cast<int>(q.shape(1));
-            const size_t elements = n * static_cast<size_t>(q_heads) * d.head_dim;
-            cuda::DecodeConfig config;
-            config.layer = layer;
-            config.q_heads = q_heads;
-            config.softmax_scale = scale.value_or(0.0f);
-            config.blocks_per_split = blocks_per_split;
-            config.plan_tokens = plan_tokens;
-            cuda::decode_attention(*d.cache, *d.sequences, config, bf16_pointer(q, elements, "DeviceKvCache.attend: q"),
-                                   bf16_pointer(out, elements, "DeviceKvCache.attend: out"), d.workspace,
-                                   reinterpret_cast<cuda::Stream>(stream));
+            attend_tensors(*d.cache, *d.sequences, d.workspace, layer, q, out, scale, blocks_per_split, plan_tokens,
+                           stream, "DeviceKvCache.attend");
           },
           "layer"_a, "q"_a, "out"_a, "scale"_a = nb::none(), "blocks_per_split"_a = 0, "plan_tokens"_a = 0,
           "stream"_a = 0,

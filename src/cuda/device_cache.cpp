@@ -124,17 +124,7 @@ DeviceCache DeviceCache::upload(const KvCache& host_cache) {
   for (const uint32_t unit : host_cache.free_units()) {
     if (unit < units) free_units.push_back(unit);
   }
-  cache.free_stack_buffer_ = DeviceBuffer(std::max<size_t>(units, 1) * 4);
-  cache.free_stack_buffer_.upload(free_units.data(), free_units.size() * 4);
-  const auto free_count = static_cast<uint32_t>(free_units.size());
-  cache.free_count_buffer_ = DeviceBuffer(4);
-  cache.free_count_buffer_.upload(&free_count, 4);
-  cache.status_buffer_ = DeviceBuffer(4);
-  check(cudaMemset(cache.status_buffer_.data(), 0, 4), "cudaMemset");
-  cache.view_ = {geo, static_cast<const uint8_t*>(cache.units_buffer_.data()),
-                 static_cast<const uint32_t*>(cache.entries_buffer_.data()),
-                 static_cast<const uint8_t*>(cache.bases_buffer_.data()),
-                 static_cast<const int32_t*>(cache.windows_buffer_.data())};
+  cache.finish(geo, free_units);
   return cache;
 }
 
@@ -173,17 +163,20 @@ DeviceCache DeviceCache::create(const CacheConfig& config) {
   // Every unit free, unit 0 on top (popped first).
   std::vector<uint32_t> stack(cache.units_);
   for (uint32_t i = 0; i < cache.units_; ++i) stack[i] = cache.units_ - 1 - i;
-  cache.free_stack_buffer_ = DeviceBuffer(stack.size() * 4);
-  cache.free_stack_buffer_.upload(stack.data(), stack.size() * 4);
-  cache.free_count_buffer_ = DeviceBuffer(4);
-  cache.free_count_buffer_.upload(&cache.units_, 4);
-  cache.status_buffer_ = DeviceBuffer(4);
-  check(cudaMemset(cache.status_buffer_.data(), 0, 4), "cudaMemset");
-  cache.view_ = {geo, static_cast<const uint8_t*>(cache.units_buffer_.data()),
-                 static_cast<const uint32_t*>(cache.entries_buffer_.data()),
-                 static_cast<const uint8_t*>(cache.bases_buffer_.data()),
-                 static_cast<const int32_t*>(cache.windows_buffer_.data())};
+  cache.finish(geo, stack);
   return cache;
+}
+
+void DeviceCache::finish(const PagedGeometry& geo, const std::vector<uint32_t>& free_units) {
+  free_stack_buffer_ = DeviceBuffer(std::max<size_t>(units_, 1) * 4);  // room for every unit
+  free_stack_buffer_.upload(free_units.data(), free_units.size() * 4);
+  const auto free_count = static_cast<uint32_t>(free_units.size());
+  free_count_buffer_ = DeviceBuffer(4);
+  free_count_buffer_.upload(&free_count, 4);
+  status_buffer_ = DeviceBuffer(4);
+  check(cudaMemset(status_buffer_.data(), 0, 4), "cudaMemset");
+  view_ = {geo, static_cast<const uint8_t*>(units_buffer_.data()), static_cast<const uint32_t*>(entries_buffer_.data()),
+           static_cast<const uint8_t*>(bases_buffer_.data()), static_cast<const int32_t*>(windows_buffer_.data())};
 }
 
 uint32_t DeviceCache::free_unit_count() const {

@@ -22,7 +22,8 @@ decoding steps are attended by the fused CUDA kernel reading the compressed cach
 captured in a CUDA graph (``plan_tokens`` keeps the captured plan right while the sequences grow).
 
 Limits of this version: batches without padding; on a GPU, a prompt on a non-empty cache (a second turn)
-is not supported yet.
+is not supported yet, and a prompt's blocks stay BF16 until the end of its forward, so the budget must hold
+the prompt uncompressed (the default budget, the worst case for ``max_tokens``, always does).
 """
 import contextvars
 

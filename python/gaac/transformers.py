@@ -236,14 +236,27 @@ AttentionInterface.register(ATTENTION, attention)
 AttentionMaskInterface.register(ATTENTION, sdpa_mask)
 
 
+def spread_positions(tokens, sample_tokens):
+    """Positions of about ``sample_tokens`` tokens in whole 16-token blocks spread evenly over ``tokens``."""
+    blocks = tokens // 16
+    if sample_tokens is None or sample_tokens >= tokens or blocks == 0:
+        return torch.arange(tokens)
+    every = max(1, blocks // max(1, sample_tokens // 16))
+    return torch.cat([torch.arange(b * 16, b * 16 + 16) for b in range(0, blocks, every)])
+
+
 @torch.no_grad()
-def calibrate(model, input_ids):
-    """Exponent windows for ``model``'s cache, learnt on the K and V it computes for ``input_ids`` (a
-    [1, tokens] tensor of a representative text; a few hundred to a few thousand tokens)."""
+def calibrate(model, input_ids, sample_tokens=None):
+    """Exponent windows for ``model``'s cache, learnt on the K and V it computes for ``input_ids`` (a [1, tokens]
+    tensor of a representative text). Exponents drift with position (rotary embeddings turn the keys), so the
+    text should be as long as the contexts to be served: windows learnt on the first 1024 positions left 28% of
+    SmolLM2's tiles raw at 8K, learnt on 1024 positions spread over the 8K 0.3% (docs/performance.md).
+    ``sample_tokens`` learns on that many positions spread over the text instead of all of them."""
     from transformers import DynamicCache
 
-    cache = DynamicCache(config=model.config)
+    cache = DynamicCache()  # every layer whole, sliding ones too: their windows move over every position
     model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-    # gaac.calibrate reads bfloat16 CPU tensors of any strides: [tokens, kv_heads, dim] views of the layers.
-    return gaac.calibrate([l.keys[0].transpose(0, 1).cpu() for l in cache.layers],
-                          [l.values[0].transpose(0, 1).cpu() for l in cache.layers])
+    rows = spread_positions(input_ids.shape[1], sample_tokens).to(input_ids.device)
+    # gaac.calibrate reads bfloat16 CPU tensors of any strides: [tokens, kv_heads, dim] per layer.
+    return gaac.calibrate([l.keys[0].transpose(0, 1)[rows].cpu() for l in cache.layers],
+                          [l.values[0].transpose(0, 1)[rows].cpu() for l in cache.layers])

@@ -15,7 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
 import gaac
-from gaac.transformers import spread_positions
+from gaac.transformers import calibrate_kv
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -41,14 +41,14 @@ def main():
     cache = DynamicCache()  # every layer whole
     with torch.no_grad():
         model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-    k = [l.keys[0].transpose(0, 1) for l in cache.layers]  # [tokens, kv_heads, dim] views
-    v = [l.values[0].transpose(0, 1) for l in cache.layers]
+    keys, values = [l.keys for l in cache.layers], [l.values for l in cache.layers]
     n = args.calibration_tokens
-    spread = spread_positions(args.tokens, n)
     tables = {
-        "first": gaac.calibrate([a[:n] for a in k], [a[:n] for a in v]),
-        "spread": gaac.calibrate([a[spread].contiguous() for a in k], [a[spread].contiguous() for a in v]),
+        "first": calibrate_kv([a[:, :, :n] for a in keys], [a[:, :, :n] for a in values]),
+        "spread": calibrate_kv(keys, values, sample_tokens=n),
     }
+    k = [a[0].transpose(0, 1) for a in keys]  # [tokens, kv_heads, dim] views, as KvCache.append reads them
+    v = [a[0].transpose(0, 1) for a in values]
     layers, kv_heads, head_dim = len(k), k[0].shape[1], k[0].shape[2]
     out = {"model": path.name, "tokens": args.tokens, "calibration_tokens": n}
     for name, table in tables.items():

@@ -320,9 +320,7 @@ def main():
         log(f"[{name}] prefill of {longest} tokens: {time.time() - t0:.1f} s")
         # Windows learnt on 4096 positions spread over the whole prompt (the first positions alone leave
         # far more raw tiles at long context; docs/performance.md, "Where calibration looks").
-        rows = gt.spread_positions(longest, 4096).cuda()
-        table = gaac.calibrate([k[0].transpose(0, 1)[rows].cpu() for k, _ in kv],
-                               [v[0].transpose(0, 1)[rows].cpu() for _, v in kv])
+        table = gt.calibrate_kv([k for k, _ in kv], [v for _, v in kv], sample_tokens=4096)
         for context in [] if args.skip_equal_batch else contexts:
             for batch in BATCHES[name]:
                 results["equal_batch"].append(run_config(model, name, kv, table, batch, context))

@@ -223,9 +223,7 @@ def _attention_gpu(current, module, query, key, value, attention_mask, dropout, 
                                       **kwargs)
     if kwargs.get("softcap") is not None:
         raise gaac.GaacError("GaacCache: attention logit soft-capping is not supported")
-    q = query.reshape(batch, q_heads, head_dim)
-    if not q.is_contiguous():
-        q = q.contiguous()
+    q = query.reshape(batch, q_heads, head_dim).contiguous()  # no copy when it already is
     out = torch.empty_like(q)
     owner.kv.attend(layer, q, out, scale=scaling, blocks_per_split=owner.blocks_per_split,
                     plan_tokens=owner.plan_tokens, stream=_stream())
@@ -242,7 +240,22 @@ def spread_positions(tokens, sample_tokens):
     if sample_tokens is None or sample_tokens >= tokens or blocks == 0:
         return torch.arange(tokens)
     every = max(1, blocks // max(1, sample_tokens // 16))
-    return torch.cat([torch.arange(b * 16, b * 16 + 16) for b in range(0, blocks, every)])
+    return (torch.arange(0, blocks, every)[:, None] * 16 + torch.arange(16)).flatten()
+
+
+def calibrate_kv(keys, values, sample_tokens=None):
+    """Exponent windows learnt on K and V as transformers holds them: per layer a ``[1, kv_heads, tokens,
+    head_dim]`` bfloat16 tensor, on any device. ``sample_tokens`` learns on that many positions spread over
+    them (see ``spread_positions``) instead of all of them."""
+    rows = None
+    if sample_tokens is not None:
+        rows = spread_positions(keys[0].shape[2], sample_tokens).to(keys[0].device)
+
+    def rows_of(states):  # [tokens, kv_heads, dim] on the CPU (gaac.calibrate reads any strides)
+        states = states[0].transpose(0, 1)
+        return (states if rows is None else states[rows]).cpu()
+
+    return gaac.calibrate([rows_of(k) for k in keys], [rows_of(v) for v in values])
 
 
 @torch.no_grad()
@@ -256,7 +269,4 @@ def calibrate(model, input_ids, sample_tokens=None):
 
     cache = DynamicCache()  # every layer whole, sliding ones too: their windows move over every position
     model(input_ids=input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-    rows = spread_positions(input_ids.shape[1], sample_tokens).to(input_ids.device)
-    # gaac.calibrate reads bfloat16 CPU tensors of any strides: [tokens, kv_heads, dim] per layer.
-    return gaac.calibrate([l.keys[0].transpose(0, 1)[rows].cpu() for l in cache.layers],
-                          [l.values[0].transpose(0, 1)[rows].cpu() for l in cache.layers])
+    return calibrate_kv([l.keys for l in cache.layers], [l.values for l in cache.layers], sample_tokens)

@@ -15,8 +15,6 @@ namespace {
 /// Distinct window classes the row bookkeeping has room for (models use one or two).
 constexpr int kMaxWindowClasses = 8;
 
-std::string str(uint64_t v) { return std::to_string(v); }
-
 }  // namespace
 
 uint64_t worst_case_budget(const CacheGeometry& geometry, CacheFormat format, const CalibrationTable* calibration, int tokens,
@@ -122,13 +120,7 @@ KvCache::KvCache(CacheConfig cache_config) : state_(std::make_unique<State>()) {
   }
   s.geo = PagedGeometry{g.layers, g.kv_heads, g.head_dim, unit_bytes, 0};
 
-  const uint64_t units = layout.units_for(config.budget_bytes);
-  const uint64_t row_entries = layout.row_entries;
-  const uint64_t block_units = row_entries * s.raw_units;
-  if (units < block_units) {
-    throw Error("a KV cache budget of " + str(config.budget_bytes) + " bytes holds less than one block of every layer (" +
-                str(layout.bytes_for(block_units)) + " bytes for a " + to_string(config.format) + " cache of this model)");
-  }
+  const uint64_t units = layout.cache_units(config.budget_bytes, config.format);
   s.geo.row_capacity = static_cast<uint32_t>(layout.rows_for(units));
   s.pool = cache::UnitPool(static_cast<uint32_t>(units), unit_bytes, kPoolAlignment);
   s.entries.assign(s.geo.table_entries(), kAbsentEntry);

@@ -25,6 +25,16 @@ uint64_t Layout::units_for(uint64_t budget) const {
   return std::min<uint64_t>(units, kMaxUnits);
 }
 
+uint64_t Layout::cache_units(uint64_t budget, CacheFormat format) const {
+  const uint64_t units = units_for(budget);
+  const uint64_t block_units = row_entries * raw_units;
+  if (units < block_units) {
+    throw Error("a KV cache budget of " + std::to_string(budget) + " bytes holds less than one block of every layer (" +
+                std::to_string(bytes_for(block_units)) + " bytes for a " + to_string(format) + " cache of this model)");
+  }
+  return units;
+}
+
 Layout layout_for(const CacheGeometry& g, CacheFormat format, const CalibrationTable* calibration) {
   const int channels = g.head_dim < kMaxTileChannels ? g.head_dim : kMaxTileChannels;
   const TileShape shape{TensorKind::key, channels};

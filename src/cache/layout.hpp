@@ -25,6 +25,9 @@ struct Layout {
   uint64_t bytes_for(uint64_t units) const { return units * unit_bytes + rows_for(units) * row_entries * 4; }
   /// The most units a budget affords (at most kMaxUnits).
   uint64_t units_for(uint64_t budget) const;
+  /// The units a cache of `format` carves from `budget`; throws gaac::Error, saying how many bytes one
+  /// block of every layer needs, when that is fewer than one block's.
+  uint64_t cache_units(uint64_t budget, CacheFormat format) const;
 };
 
 /// The calibrated bases of `table` in the layout kernels read (PagedGeometry::bases_index), into

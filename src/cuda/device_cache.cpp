@@ -132,11 +132,7 @@ DeviceCache DeviceCache::create(const CacheConfig& config) {
   const CacheGeometry& g = config.geometry;
   cache::check_geometry(g);
   const cache::Layout layout = cache::layout_for(g, config.format, config.calibration);
-  const uint64_t units = layout.units_for(config.budget_bytes);
-  if (units < layout.row_entries * layout.raw_units)
-    throw Error("a KV cache budget of " + std::to_string(config.budget_bytes) +
-                " bytes holds less than one block of every layer (" +
-                std::to_string(layout.bytes_for(layout.row_entries * layout.raw_units)) + " bytes for this model)");
+  const uint64_t units = layout.cache_units(config.budget_bytes, config.format);
   DeviceCache cache;
   PagedGeometry geo{g.layers, g.kv_heads, g.head_dim, layout.unit_bytes, static_cast<uint32_t>(layout.rows_for(units))};
   cache.units_ = static_cast<uint32_t>(units);

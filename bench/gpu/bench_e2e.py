@@ -304,6 +304,9 @@ def main():
     ap.add_argument("--skip-equal-memory", action="store_true")
     ap.add_argument("--skip-equal-batch", action="store_true")
     args = ap.parse_args()
+    unknown = [m for m in args.only.split(",") if m not in CONTEXTS]
+    if unknown:
+        ap.error(f"--only: unknown model(s) {', '.join(unknown)} (known: {', '.join(CONTEXTS)})")
     torch.backends.cuda.matmul.allow_tf32 = False
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
                "transformers": __import__("transformers").__version__, "equal_batch": [], "equal_memory": []}

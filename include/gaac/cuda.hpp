@@ -108,10 +108,11 @@ class DeviceCache {
   /// Takes `count` block rows no sequence uses yet (for DeviceSequences::reserve); throws when the
   /// table has too few left.
   uint32_t take_rows(uint32_t count);
-  /// Counts the entries of each class in the block table (synchronises; for accounting).
+  /// Entries of the block table by class (raw includes the open blocks' tails).
   struct TileCounts {
     uint64_t compressed = 0, raw = 0, absent = 0;
   };
+  /// Counts the entries of each class in the block table (synchronises; for accounting).
   TileCounts count_tiles() const;
 
  private:

@@ -236,6 +236,8 @@ AttentionMaskInterface.register(ATTENTION, sdpa_mask)
 
 def spread_positions(tokens, sample_tokens):
     """Positions of about ``sample_tokens`` tokens in whole 16-token blocks spread evenly over ``tokens``."""
+    if sample_tokens is not None and sample_tokens < 16:
+        raise gaac.GaacError(f"sample_tokens must be at least 16 (one block), got {sample_tokens}")
     blocks = tokens // 16
     if sample_tokens is None or sample_tokens >= tokens or blocks == 0:
         return torch.arange(tokens)

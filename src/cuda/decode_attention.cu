@@ -146,6 +146,8 @@ void check_config(const DeviceCache& cache, const DecodeConfig& config) {
   if (config.q_heads <= 0 || config.q_heads % geo.kv_heads != 0 || config.q_heads / geo.kv_heads > 8)
     throw Error("decode_attention: q_heads must be a multiple of the KV heads, at most 8 per KV head (got " +
                 std::to_string(config.q_heads) + " for " + std::to_string(geo.kv_heads) + ")");
+  if (config.blocks_per_split < 0 || config.plan_tokens < 0 || config.stages < 0)
+    throw Error("decode_attention: blocks_per_split, plan_tokens and stages must be 0 (chosen) or positive");
   if (config.work == Work::no_decode && !cache.compressed())
     throw Error("decode_attention: the no_decode variant needs a compressed cache");
 }

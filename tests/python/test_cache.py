@@ -129,3 +129,14 @@ def test_attention_arguments_are_checked():
         gaac.attend(cache, 0, [s], np.zeros((1, 3, 64), np.float32))  # 3 query heads over 2 KV heads
     with pytest.raises(gaac.GaacError, match="path must be"):
         gaac.attend(cache, 0, [s], np.zeros((1, 4, 64), np.float32), path="fast")
+
+
+def test_calibration_sample_is_at_least_a_block():
+    torch = pytest.importorskip("torch")
+    pytest.importorskip("transformers")
+    from gaac.transformers import spread_positions
+
+    assert torch.equal(spread_positions(64, 32), torch.cat([torch.arange(0, 16), torch.arange(32, 48)]))
+    assert torch.equal(spread_positions(40, 4096), torch.arange(40))
+    with pytest.raises(gaac.GaacError, match="at least 16"):
+        spread_positions(8192, 0)

@@ -195,6 +195,9 @@ def test_device_kv_cache_reports_running_out():
         dc.check()
     with pytest.raises(gaac.GaacError, match="room for 48"):
         dc.begin(1, stream)
+    q = torch.zeros((1, 4, 64), dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(gaac.GaacError, match="positive"):
+        dc.attend(0, q, torch.zeros_like(q), plan_tokens=-1, stream=stream)
     with pytest.raises(gaac.GaacError, match=r"\[1, 2, 16, 64\]"):
         x = torch.zeros((1, 2, 3, 64), dtype=torch.bfloat16, device="cuda")
         dc.write(0, x, x, stream)

@@ -1,7 +1,11 @@
 # Installation and the CMake package that lets consumers write find_package(gaac).
 include(CMakePackageConfigHelpers)
 
-install(TARGETS gaac gaac_static EXPORT gaacTargets
+set(gaac_installed_targets gaac gaac_static)
+if(GAAC_HAVE_CUDA)
+  list(APPEND gaac_installed_targets gaac_cuda)  # gaac::cuda
+endif()
+install(TARGETS ${gaac_installed_targets} EXPORT gaacTargets
         ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR}
         LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR}
         RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR}

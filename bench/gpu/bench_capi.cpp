@@ -1,11 +1,13 @@
 // A small C entry point into gaac_cuda for the Python benchmark harness (ctypes on device pointers):
 // fills the gaac::KvCache caches of one benchmark case (GAAC and BF16), copies them to the device and
-// launches its paths. Not a public API: the project's Python binding comes later.
+// launches its paths. Not a public API: what the benchmark harness needs, nothing more.
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <exception>
+#include <array>
 #include <functional>
+#include <map>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -28,13 +30,13 @@ using namespace gaac::cuda;
 using namespace gaac::bench;
 
 /// One benchmark case: `copies` device copies of the same caches (rotated so the L2 never serves a
-/// call from the previous one), the batch's sequence table, a workspace.
+/// call from the previous one), the batch's sequence table, the decode plans made so far.
 struct BenchCase {
   int batch = 0, context = 0, kv_heads = 0, head_dim = 0, window = 0;
   std::vector<KvDump> sequences;  // the values, for export to the baselines
-  std::vector<DeviceCache> gaac, bf16, decompressed;
-  std::unique_ptr<DeviceSequences> seqs, bf16_seqs;
-  DecodeWorkspace workspace;
+  std::vector<CacheMemory> gaac, bf16, decompressed;
+  std::unique_ptr<BatchTable> seqs, bf16_seqs;
+  std::map<std::array<int, 5>, DecodePlan> plans;  // by (path, work, stages, blocks_per_split, q_heads)
   CacheUsage usage;
   uint32_t unit_bytes = 0;
   uint64_t gaac_bytes = 0, bf16_bytes = 0;  // bytes of units the attended tiles occupy
@@ -88,12 +90,12 @@ void* gaac_bench_create(int batch, int context, int kv_heads, int head_dim, cons
     c->unit_bytes = h_gaac.geometry().unit_bytes;
     c->gaac_bytes = attended_unit_bytes(h_gaac, t_gaac, window);
     c->bf16_bytes = attended_unit_bytes(h_bf16, t_bf16, window);
-    c->seqs = std::make_unique<DeviceSequences>(DeviceSequences::upload(t_gaac.view()));
-    c->bf16_seqs = std::make_unique<DeviceSequences>(DeviceSequences::upload(t_bf16.view()));
+    c->seqs = std::make_unique<BatchTable>(BatchTable::upload(t_gaac.view()));
+    c->bf16_seqs = std::make_unique<BatchTable>(BatchTable::upload(t_bf16.view()));
     for (int i = 0; i < copies; ++i) {
-      c->gaac.push_back(DeviceCache::upload(h_gaac));
-      c->bf16.push_back(DeviceCache::upload(h_bf16));
-      c->decompressed.push_back(DeviceCache::bf16_for(h_gaac.geometry(), window));
+      c->gaac.push_back(CacheMemory::upload(h_gaac));
+      c->bf16.push_back(CacheMemory::upload(h_bf16));
+      c->decompressed.push_back(CacheMemory::bf16_for(h_gaac.geometry(), window));
     }
     std::ostringstream js;
     js << "{\"unit_bytes\": " << c->unit_bytes << ", \"escape_capacity\": " << h_gaac.geometry().escape_capacity()
@@ -121,6 +123,22 @@ int gaac_bench_export(void* handle, uint16_t* k, uint16_t* v) {
   });
 }
 
+/// The plan of a path (0 GAAC, 1 twin, 2 the twin over the decompressed cache) for a configuration,
+/// made on first use (host work and the workspace's allocation stay out of the timed calls).
+const DecodePlan& plan_for(BenchCase& c, int path, int work, int stages, int blocks_per_split, int q_heads) {
+  DecodePlan& plan = c.plans[{path, work, stages, blocks_per_split, q_heads}];
+  if (!plan.planned()) {
+    DecodeConfig config;
+    config.q_heads = q_heads;
+    config.work = static_cast<Work>(work);
+    config.stages = stages;
+    config.blocks_per_split = blocks_per_split;
+    const CacheMemory& cache = path == 0 ? c.gaac.at(0) : path == 1 ? c.bf16.at(0) : c.decompressed.at(0);
+    plan.plan(cache, path == 1 ? *c.bf16_seqs : *c.seqs, config);
+  }
+  return plan;
+}
+
 /// Runs one path on copy `copy`: 0 the fused GAAC kernel, 1 the BF16 twin, 2 decompress-first
 /// (decompress, then the twin on the result), 3 the decompression alone. `work` selects a breakdown
 /// variant (gaac::cuda::Work), `stages` and `blocks_per_split` override the kernel's defaults when
@@ -130,22 +148,17 @@ int gaac_bench_run(void* handle, int copy, int path, int work, int stages, int b
                    const void* q, void* out, void* stream, int* used_blocks_per_split) {
   return guarded([&] {
     BenchCase& c = *static_cast<BenchCase*>(handle);
+    if (path < 0 || path > 3) throw Error("bench: unknown path " + std::to_string(path));
     const size_t i = static_cast<size_t>(copy);
-    DecodeConfig config;
-    config.q_heads = q_heads;
-    config.work = static_cast<Work>(work);
-    config.stages = stages;
-    config.blocks_per_split = blocks_per_split;
     const auto qp = static_cast<const uint16_t*>(q);
     const auto op = static_cast<uint16_t*>(out);
     const auto st = static_cast<Stream>(stream);
-    DecodePlan plan{};
-    if (path == 0) plan = decode_attention(c.gaac.at(i), *c.seqs, config, qp, op, c.workspace, st);
-    if (path == 1) plan = decode_attention(c.bf16.at(i), *c.bf16_seqs, config, qp, op, c.workspace, st);
     if (path == 2 || path == 3) decompress(c.gaac.at(i), *c.seqs, 0, c.decompressed.at(i), st);
-    if (path == 2) plan = decode_attention(c.decompressed.at(i), *c.seqs, config, qp, op, c.workspace, st);
-    if (path < 0 || path > 3) throw Error("bench: unknown path " + std::to_string(path));
-    if (used_blocks_per_split) *used_blocks_per_split = plan.blocks_per_split;
+    if (path == 3) return;
+    const DecodePlan& plan = plan_for(c, path, work, stages, blocks_per_split, q_heads);
+    const CacheMemory& cache = path == 0 ? c.gaac.at(i) : path == 1 ? c.bf16.at(i) : c.decompressed.at(i);
+    plan.run(cache, path == 1 ? *c.bf16_seqs : *c.seqs, 0, qp, op, 0.0f, st);
+    if (used_blocks_per_split) *used_blocks_per_split = plan.split(0).blocks_per_split;
   });
 }
 
@@ -153,11 +166,7 @@ int gaac_bench_run(void* handle, int copy, int path, int work, int stages, int b
 int gaac_bench_plan(void* handle, int path, int work, int stages, int q_heads, char* buffer, int size) {
   return guarded([&] {
     BenchCase& c = *static_cast<BenchCase*>(handle);
-    DecodeConfig config;
-    config.q_heads = q_heads;
-    config.work = static_cast<Work>(work);
-    config.stages = stages;
-    const DecodePlan p = plan_decode(path == 0 ? c.gaac.at(0) : c.bf16.at(0), path == 0 ? *c.seqs : *c.bf16_seqs, config);
+    const DecodeSplit& p = plan_for(c, path, work, stages, 0, q_heads).split(0);
     const std::string js = "{\"blocks_per_split\": " + std::to_string(p.blocks_per_split) +
                            ", \"max_splits\": " + std::to_string(p.max_splits) + ", \"ctas_per_sm\": " +
                            std::to_string(p.ctas_per_sm) + ", \"shared_bytes\": " + std::to_string(p.shared_bytes) + "}";

@@ -107,15 +107,14 @@ def gaac_cache(model, kv, table, fmt, batch, context, budget=None):
     stream = torch.cuda.current_stream().cuda_stream
     for layer, (k, v) in enumerate(kv):
         cache.layers[layer].lazy_initialization(k, v)
-    # In chunks, each finalized before the next: a block is raw (two units a tile) until finalized, so one
-    # begin of the whole prompt would need room for all of it raw.
+    # In chunks, each finalized (after its last layer's rows) before the next: a block is raw (two units a
+    # tile) until finalized, so one begin of the whole prompt would need room for all of it raw.
     for first in range(0, context, FILL_CHUNK):
         n = min(FILL_CHUNK, context - first)
         cache.kv.begin(n, stream)
         for layer, (k, v) in enumerate(kv):
             cache.kv.write(layer, k[:, :, first:first + n].expand(batch, -1, -1, -1),
                            v[:, :, first:first + n].expand(batch, -1, -1, -1), stream)
-        cache.kv.finalize(stream)
     cache.kv.check()
     return cache
 
@@ -200,22 +199,20 @@ def measure(model, name, kind, cache, batch, context):
     on_replay = None if kind == "sdpa" else (lambda i: cache.note_replayed(1) if i > 0 else None)
     eager = eager_time(step)
     step_ms = graph_time(step, on_replay=on_replay)
-    q = torch.randn((batch, q_heads, head_dim), device="cuda").bfloat16()
+    q = torch.randn((batch, q_heads, 1, head_dim), device="cuda").bfloat16()
     out = torch.empty_like(q)
     scale = getattr(text, "query_pre_attn_scalar", None)
     scale = scale ** -0.5 if scale else head_dim ** -0.5
     if kind == "sdpa":
         layers = [(l.keys, l.values) for l in cache.layers]
-        q4 = q[:, :, None]
-
         def attend():
             for k, v in layers:
-                F.scaled_dot_product_attention(q4, k, v, scale=scale, enable_gqa=True)
+                F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)
     else:
         def attend():
             s = torch.cuda.current_stream().cuda_stream
             for layer in range(text.num_hidden_layers):
-                cache.kv.attend(layer, q, out, scale=scale, plan_tokens=cache.plan_tokens, stream=s)
+                cache.kv.attend(layer, q, out, scale=scale, stream=s)
     attention_ms = graph_time(attend)
     if kind != "sdpa":
         cache.kv.check()

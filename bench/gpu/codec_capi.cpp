@@ -28,7 +28,7 @@ using namespace gaac::bench;
 /// A device cache holding `blocks` open blocks whose 16th token is written but not yet finalized,
 /// and a pristine copy of its memory to arm it again after a finalize.
 struct ArmedCopy {
-  DeviceCache cache;
+  CacheMemory cache;
   DeviceBuffer units, entries, free_stack, free_count;
 };
 
@@ -45,8 +45,8 @@ struct CodecCase {
   KvDump values;
   CalibrationTable table;
   std::unique_ptr<KvCache> host;  // the whole layer as one sequence
-  std::unique_ptr<DeviceCache> device;
-  std::unique_ptr<DeviceSequences> seqs;
+  std::unique_ptr<CacheMemory> device;
+  std::unique_ptr<BatchTable> seqs;
   DeviceBuffer dense_k, dense_v;
   Armed armed;
   std::string describe;
@@ -73,12 +73,12 @@ void arm(CodecCase& c, int blocks, int copies) {
   Armed& a = c.armed;
   if (a.blocks == blocks && static_cast<int>(a.copies.size()) >= copies) {
     for (ArmedCopy& copy : a.copies) {
-      const size_t pool = static_cast<size_t>(copy.cache.units()) * copy.cache.view().geometry.unit_bytes;
-      check(cudaMemcpy(copy.cache.units_data(), copy.units.data(), pool, cudaMemcpyDeviceToDevice), "re-arm");
-      check(cudaMemcpy(copy.cache.entries_data(), copy.entries.data(), copy.entries.bytes(), cudaMemcpyDeviceToDevice), "re-arm");
-      check(cudaMemcpy(copy.cache.free_stack_data(), copy.free_stack.data(), copy.free_stack.bytes(), cudaMemcpyDeviceToDevice),
+      const size_t pool = static_cast<size_t>(copy.cache.units()) * copy.cache.geometry().unit_bytes;
+      check(cudaMemcpy(copy.cache.view().units, copy.units.data(), pool, cudaMemcpyDeviceToDevice), "re-arm");
+      check(cudaMemcpy(copy.cache.view().entries, copy.entries.data(), copy.entries.bytes(), cudaMemcpyDeviceToDevice), "re-arm");
+      check(cudaMemcpy(copy.cache.view().free_stack, copy.free_stack.data(), copy.free_stack.bytes(), cudaMemcpyDeviceToDevice),
             "re-arm");
-      check(cudaMemcpy(copy.cache.free_count_data(), copy.free_count.data(), 4, cudaMemcpyDeviceToDevice), "re-arm");
+      check(cudaMemcpy(copy.cache.view().free_count, copy.free_count.data(), 4, cudaMemcpyDeviceToDevice), "re-arm");
     }
     return;
   }
@@ -114,7 +114,7 @@ void arm(CodecCase& c, int blocks, int copies) {
   // The pool with every open block's 16th token written into its tail (row 7 of the second unit).
   const PagedCacheView v = open.view();
   const PagedGeometry& g = v.geometry;
-  const uint32_t device_units = DeviceCache::upload(open).units();  // the part of the pool a device copy holds
+  const uint32_t device_units = CacheMemory::upload(open).units();  // the part of the pool a device copy holds
   std::vector<uint8_t> pool(v.units, v.units + static_cast<size_t>(g.unit_bytes) * device_units);
   const size_t row_bytes = static_cast<size_t>(g.tile_channels()) * 2;
   for (int i = 0; i < blocks; ++i) {
@@ -133,18 +133,18 @@ void arm(CodecCase& c, int blocks, int copies) {
         }
   }
   for (int i = 0; i < copies; ++i) {
-    ArmedCopy copy{DeviceCache::upload(open), {}, {}, {}, {}};
+    ArmedCopy copy{CacheMemory::upload(open), {}, {}, {}, {}};
     const size_t bytes = static_cast<size_t>(copy.cache.units()) * g.unit_bytes;
-    check(cudaMemcpy(copy.cache.units_data(), pool.data(), bytes, cudaMemcpyHostToDevice), "arm");
+    check(cudaMemcpy(copy.cache.view().units, pool.data(), bytes, cudaMemcpyHostToDevice), "arm");
     copy.units = DeviceBuffer(bytes);
-    check(cudaMemcpy(copy.units.data(), copy.cache.units_data(), bytes, cudaMemcpyDeviceToDevice), "arm");
+    check(cudaMemcpy(copy.units.data(), copy.cache.view().units, bytes, cudaMemcpyDeviceToDevice), "arm");
     copy.entries = DeviceBuffer(g.table_entries() * 4);
-    check(cudaMemcpy(copy.entries.data(), copy.cache.entries_data(), copy.entries.bytes(), cudaMemcpyDeviceToDevice), "arm");
+    check(cudaMemcpy(copy.entries.data(), copy.cache.view().entries, copy.entries.bytes(), cudaMemcpyDeviceToDevice), "arm");
     copy.free_stack = DeviceBuffer(static_cast<size_t>(std::max<uint32_t>(copy.cache.units(), 1)) * 4);
-    check(cudaMemcpy(copy.free_stack.data(), copy.cache.free_stack_data(), copy.free_stack.bytes(), cudaMemcpyDeviceToDevice),
+    check(cudaMemcpy(copy.free_stack.data(), copy.cache.view().free_stack, copy.free_stack.bytes(), cudaMemcpyDeviceToDevice),
           "arm");
     copy.free_count = DeviceBuffer(4);
-    check(cudaMemcpy(copy.free_count.data(), copy.cache.free_count_data(), 4, cudaMemcpyDeviceToDevice), "arm");
+    check(cudaMemcpy(copy.free_count.data(), copy.cache.view().free_count, 4, cudaMemcpyDeviceToDevice), "arm");
     a.copies.push_back(std::move(copy));
   }
   a.rows = DeviceBuffer(rows.size() * 4);
@@ -169,8 +169,8 @@ void* gaac_codec_open(const char* source, int layer, const char* calibration, in
     c->values = tiled(base, tokens, 0);
     SequenceTable batch;
     c->host = std::make_unique<KvCache>(fill({c->values}, CacheFormat::gaac, c->table, 0, batch));
-    c->device = std::make_unique<DeviceCache>(DeviceCache::upload(*c->host));
-    c->seqs = std::make_unique<DeviceSequences>(DeviceSequences::upload(batch.view()));
+    c->device = std::make_unique<CacheMemory>(CacheMemory::upload(*c->host));
+    c->seqs = std::make_unique<BatchTable>(BatchTable::upload(batch.view()));
     const KvTensor& k = c->values.layers[0].k;
     c->dense_k = DeviceBuffer(k.data.size() * 2);
     c->dense_k.upload(k.data.data(), k.data.size() * 2);
@@ -232,7 +232,7 @@ int gaac_codec_finalize_check(void* h, int blocks, int copy) {
   return guarded([&] {
     Armed& a = static_cast<CodecCase*>(h)->armed;
     if (a.blocks != blocks) throw Error("bench: check of " + std::to_string(blocks) + " blocks, armed for " + std::to_string(a.blocks));
-    const DeviceCache& d = a.copies.at(static_cast<size_t>(copy)).cache;
+    const CacheMemory& d = a.copies.at(static_cast<size_t>(copy)).cache;
     check(cudaDeviceSynchronize(), "finalize");
     std::vector<uint8_t> units;
     std::vector<uint32_t> entries;

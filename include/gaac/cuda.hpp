@@ -1,25 +1,30 @@
-// gaac on NVIDIA GPUs (sm_90): the device mirror of a paged cache (docs/format.md, section 13), decode
-// attention over it (the fused GAAC kernel, its BF16 twin, decompress-first), finalize of open blocks
-// on the device, decompression to dense or paged BF16, and .gaac snapshot encoding from device
-// tensors. Host API only: nothing here needs a CUDA compiler, and every function throws gaac::Error on
-// a CUDA failure or bad input.
+// gaac on NVIDIA GPUs (sm_90), the library gaac::cuda: a paged cache's memory on the device
+// (docs/format.md, section 13) and the sequence tables of a batch; decode attention over it (the fused
+// GAAC kernel, its BF16 twin), planned once per batch geometry and launched per layer; caches grown on
+// the device (open, write, finalize: every step graph-safe); decompression to dense or paged BF16; and
+// .gaac snapshot encoding from device tensors. On top, two caches a framework holds: KvCacheMirror (a
+// host KvCache copied to the GPU) and the device implementation of gaac::BatchKvCache.
+//
+// Host API only: nothing here needs a CUDA compiler. Every function throws gaac::Error on a CUDA
+// failure or bad input; pointers named "device" are device memory.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
+#include <memory>
+#include <span>
 #include <string>
 #include <vector>
 
+#include "gaac/batch_kv_cache.hpp"
 #include "gaac/calibration.hpp"
+#include "gaac/cuda_views.hpp"
+#include "gaac/export.h"
+#include "gaac/kv_cache.hpp"
 #include "gaac/kv_dump.hpp"
 #include "gaac/paged_layout.hpp"
 
 struct CUstream_st;
-
-namespace gaac {
-class KvCache;
-struct CacheConfig;
-}
 
 namespace gaac::cuda {
 
@@ -27,12 +32,12 @@ namespace gaac::cuda {
 using Stream = CUstream_st*;
 
 /// True when the CUDA runtime finds at least one device (false, never an error, without a driver).
-bool device_available();
+GAAC_API bool device_available();
 /// "name, N SMs, compute capability X.Y" of the current device.
-std::string device_description();
+GAAC_API std::string device_description();
 
 /// An owning, move-only device allocation from cudaMalloc.
-class DeviceBuffer {
+class GAAC_API DeviceBuffer {
  public:
   DeviceBuffer() = default;
   /// Allocates `bytes` bytes (none for 0).
@@ -43,11 +48,13 @@ class DeviceBuffer {
   DeviceBuffer(const DeviceBuffer&) = delete;
   DeviceBuffer& operator=(const DeviceBuffer&) = delete;
 
+  /// The device pointer (null when empty).
   void* data() const { return data_; }
+  /// Bytes allocated.
   size_t bytes() const { return bytes_; }
-  /// Copies `bytes` bytes from host memory at `src` to offset `offset`.
+  /// Copies `bytes` bytes from host memory at `src` to offset `offset` (synchronous).
   void upload(const void* src, size_t bytes, size_t offset = 0);
-  /// Copies `bytes` bytes from offset `offset` to host memory at `dst`.
+  /// Copies `bytes` bytes from offset `offset` to host memory at `dst` (synchronous).
   void download(void* dst, size_t bytes, size_t offset = 0) const;
 
  private:
@@ -55,58 +62,47 @@ class DeviceBuffer {
   size_t bytes_ = 0;
 };
 
-/// A paged cache in device memory: its unit pool, block table, bases and per-layer windows, in the
-/// layout of the host cache it was copied from.
-class DeviceCache {
+/// A paged cache's memory on the device: its unit pool, block table, bases, windows, free-unit stack
+/// and status word, in the layout of the host cache it copies or was carved like.
+class GAAC_API CacheMemory {
  public:
   /// Copies a host cache to the device, in its layout: the pool up to its last unit in use (units past
-  /// it hold nothing a kernel reads), the whole block table, the bases and the windows. The pool gets
-  /// 16 bytes of padding past its last unit: the kernels may read that far.
-  static DeviceCache upload(const KvCache& host);
+  /// it hold nothing a kernel reads), the whole block table, the bases and the windows; the free stack
+  /// holds the host's free units the device pool has, in the host's order.
+  static CacheMemory upload(const KvCache& host);
   /// An empty cache made on the device alone, carved from `config`'s budget exactly as a KvCache of
-  /// that config is (the same unit size, units, block rows and bases), every unit free and no host
-  /// pool. Sequences grow in it on the device: DeviceSequences::reserve, then begin_tokens,
-  /// write_tokens and finalize_completed.
-  static DeviceCache create(const CacheConfig& config);
-  /// An empty BF16 cache of one layer with the given KV heads, head width and rows, one unit for every
+  /// that config is (the same unit size, units, block rows and bases), every unit free. Sequences grow
+  /// in it on the device: BatchTable::reserve, then begin_tokens, write_tokens and finalize_completed.
+  static CacheMemory create(const CacheConfig& config);
+  /// An empty BF16 cache of one layer with `like`'s KV heads, head width and rows, one unit for every
   /// entry: what decompress() writes.
-  static DeviceCache bf16_for(const PagedGeometry& like, int window);
+  static CacheMemory bf16_for(const PagedGeometry& like, int window);
 
-  /// The device pointers (windows stay on the host: see window()).
-  const PagedCacheView& view() const { return view_; }
-  /// Sliding window of a layer in tokens (0: full attention).
+  /// The device pointers kernels take.
+  const DeviceCacheView& view() const { return view_; }
+  /// The layout numbers.
+  const PagedGeometry& geometry() const { return view_.geometry; }
+  /// Sliding window of a layer in tokens (0: full attention), from the host's copy.
   int window(int layer) const { return windows_.at(static_cast<size_t>(layer)); }
+  /// Every layer's sliding window (host copy).
+  const std::vector<int32_t>& windows() const { return windows_; }
   /// Units in the pool.
   uint32_t units() const { return units_; }
   /// True for a cache of compressed slots (units smaller than a raw tile); false for a BF16 cache.
   bool compressed() const { return view_.geometry.raw_split(); }
-  /// Copies the pool and the block table back to host memory (for tests and tools).
+  /// Copies the pool and the block table back to host memory (synchronous; for tests and tools).
   void download(std::vector<uint8_t>& units, std::vector<uint32_t>& entries) const;
-  /// The bases as the decode kernel's lanes read them (one block of words per layer and KV head, made
-  /// from the bases at upload); null for a BF16 cache.
-  const uint32_t* lane_bases() const { return static_cast<const uint32_t*>(lane_bases_buffer_.data()); }
-  /// Writable device pointers of the pool and the table, for kernels that fill the cache.
-  uint8_t* units_data() const { return static_cast<uint8_t*>(units_buffer_.data()); }
-  uint32_t* entries_data() const { return static_cast<uint32_t*>(entries_buffer_.data()); }
-
-  /// The device's free-unit stack (room for every unit) and its count, a u32 in device memory: the
-  /// units finalize_blocks() gives back are pushed there. Starts as the host cache's free units that
-  /// the device pool holds, in the host's order.
-  uint32_t* free_stack_data() const { return static_cast<uint32_t*>(free_stack_buffer_.data()); }
-  uint32_t* free_count_data() const { return static_cast<uint32_t*>(free_count_buffer_.data()); }
-  /// The free units on the device, bottom of the stack first (synchronises: for tests and tools).
+  /// The free units on the device, bottom of the stack first (synchronises the device).
   std::vector<uint32_t> free_units() const;
   /// Number of free units on the device (synchronises the device: kernels on any stream).
   uint32_t free_unit_count() const;
-  /// Sticky status word in device memory: kOutOfUnits once a begin_tokens found too few free units
-  /// (the tiles it could not open stay absent). 0 while all is well.
-  uint32_t* status_data() const { return static_cast<uint32_t*>(status_buffer_.data()); }
-  /// The status word (synchronises the device).
+  /// The status word (synchronises the device): kOutOfUnits once a begin_tokens found too few free
+  /// units (the tiles it could not open stay absent). 0 while all is well.
   uint32_t status() const;
   /// Status bit: a block could not be opened for want of free units.
   static constexpr uint32_t kOutOfUnits = 1;
-  /// Takes `count` block rows no sequence uses yet (for DeviceSequences::reserve); throws when the
-  /// table has too few left.
+  /// Takes `count` block rows no sequence uses yet (for BatchTable::reserve); throws when the table has
+  /// too few left.
   uint32_t take_rows(uint32_t count);
   /// Entries of the block table by class (raw includes the open blocks' tails).
   struct TileCounts {
@@ -116,79 +112,72 @@ class DeviceCache {
   TileCounts count_tiles() const;
 
  private:
-  PagedCacheView view_;
-  std::vector<int32_t> windows_;
-  uint32_t units_ = 0;
-  DeviceBuffer units_buffer_, entries_buffer_, bases_buffer_, lane_bases_buffer_, windows_buffer_;
-  /// The free stack (holding `free_units`, bottom first), its count, the status word and the view.
+  /// Sets up the free stack (holding `free_units`, bottom first), the status word and the view.
   void finish(const PagedGeometry& geo, const std::vector<uint32_t>& free_units);
 
-  DeviceBuffer free_stack_buffer_, free_count_buffer_, status_buffer_;
+  DeviceCacheView view_;
+  std::vector<int32_t> windows_;
+  uint32_t units_ = 0;
   uint32_t rows_taken_ = 0;
+  DeviceBuffer units_buffer_, entries_buffer_, bases_buffer_, lane_bases_buffer_, windows_buffer_;
+  DeviceBuffer free_stack_buffer_, free_count_buffer_, status_buffer_;
 };
 
-/// The sequence tables of a batch in device memory, with the host-side numbers a launch needs.
-class DeviceSequences {
+/// The sequence table of a batch on the device, with the host's copy of its numbers (what a plan
+/// needs without reading the device).
+class GAAC_API BatchTable {
  public:
   /// Copies a host table (its pointers are host memory) to the device.
-  static DeviceSequences upload(const SequenceTableView& host);
-  /// `sequences` empty sequences of a cache made by DeviceCache::create, each with block rows
-  /// reserved for `max_tokens` tokens: they grow on the device (begin_tokens), without the host.
-  static DeviceSequences reserve(DeviceCache& cache, int sequences, int max_tokens);
+  static BatchTable upload(const SequenceTableView& host);
+  /// `sequences` empty sequences of a cache made by CacheMemory::create, each with block rows reserved
+  /// for `max_tokens` tokens: they grow on the device (begin_tokens), without the host.
+  static BatchTable reserve(CacheMemory& cache, int sequences, int max_tokens);
 
-  const SequenceTableView& view() const { return view_; }
+  /// The device pointers kernels take.
+  const DeviceBatchView& view() const { return view_; }
+  /// Sequences in the batch.
   int sequences() const { return view_.sequences; }
-  /// Length of sequence s in tokens.
+  /// Length of sequence s in tokens, as the host counts it.
   int length(int s) const { return lengths_.at(static_cast<size_t>(s)); }
-  /// Blocks of sequence s.
+  /// Blocks listed for sequence s.
   int blocks(int s) const { return blocks_.at(static_cast<size_t>(s)); }
   /// Blocks of sequence s attended by its newest token under a sliding window (0: none).
   int attended_blocks(int s, int window) const;
   /// Total block rows listed (indptr[sequences]).
   int total_blocks() const { return total_blocks_; }
-  /// Tokens each sequence has room for (reserved tables; for uploaded ones, 16 × its blocks).
+  /// Tokens sequence s has room for (16 × its blocks).
   int capacity(int s) const { return blocks(s) * kTileTokens; }
-  /// The device lengths, writable (kernels that grow the sequences).
-  int32_t* lengths_data() const { return static_cast<int32_t*>(lengths_buffer_.data()); }
   /// Tokens added by the last begin_tokens (0 before any).
   int last_count() const { return last_count_; }
-  /// Scratch rows (one per sequence and block) for finalize_completed.
+  /// Scratch rows (one per sequence and block) for finalize_completed; null for an uploaded table.
   uint32_t* scratch_rows() const { return static_cast<uint32_t*>(scratch_rows_.data()); }
-  /// The host's side of begin_tokens: every length grows by `count` (throws past a capacity).
+  /// The host's side of begin_tokens: every length grows by `count` (throws past a capacity, changing
+  /// nothing).
   void note_begin(int count);
 
  private:
-  SequenceTableView view_;
+  DeviceBatchView view_;
   std::vector<int32_t> lengths_, blocks_;
   int total_blocks_ = 0;
   int last_count_ = 0;
   DeviceBuffer indptr_, rows_, lengths_buffer_, scratch_rows_;
 };
 
-/// Which parts of decode attention a launch does; anything but `full` is for time breakdowns and
-/// leaves the output meaningless.
-enum class Work : uint8_t {
-  full = 0,       ///< attention
-  no_math = 1,    ///< load tiles and rebuild operand registers, no products or softmax
-  no_decode = 2,  ///< load tiles and multiply their stored words as they are (compressed caches only)
-  load_only = 3,  ///< bring tiles to shared memory only
-};
-
-/// One decode-attention call: a layer of the cache, one query token per sequence.
+/// What a decode-attention plan is made for: one query token per sequence.
 struct DecodeConfig {
-  int layer = 0;
   int q_heads = 0;             ///< query heads: a multiple of the KV heads, at most 8 per KV head
-  float softmax_scale = 0.0f;  ///< 0: 1/sqrt(head_dim)
-  int blocks_per_split = 0;    ///< blocks per CTA; 0: chosen from the context and the SM count
-  /// Plan as if the longest sequence had at least this many tokens (0: the lengths): a launch captured
-  /// in a CUDA graph stays right while its sequences grow up to this length on the device.
+  int blocks_per_split = 0;    ///< 16-token blocks per CTA; 0: chosen from the context and the SM count
+  /// Plan as if the longest sequence had at least this many tokens (0: the lengths): launches captured
+  /// in a CUDA graph stay right while their sequences grow up to this length on the device.
   int plan_tokens = 0;
-  int stages = 0;              ///< pipeline stages per warp; 0: the kernel's default (2, 3 or 4 exist)
+  int stages = 0;              ///< pipeline stages per warp; 0: the kernel's default
   Work work = Work::full;
 };
 
-/// How a launch splits the context over CTAs.
-struct DecodePlan {
+/// How the launches over the layers of one sliding window split the context over CTAs.
+struct DecodeSplit {
+  int window = 0;            ///< the layers' sliding window (0: full attention)
+  int planned_blocks = 0;    ///< attended blocks of the longest sequence the split was made for
   int blocks_per_split = 0;  ///< 16-token blocks per CTA
   int max_splits = 0;        ///< CTAs per (sequence, KV head) for the longest sequence
   int merge_group = 0;       ///< splits merged together first (then the groups): about sqrt(max_splits)
@@ -197,49 +186,54 @@ struct DecodePlan {
   size_t shared_bytes = 0;   ///< dynamic shared memory per CTA
 };
 
-/// Chooses the split for a launch: one wave of CTAs over the whole GPU, at least two blocks per warp,
-/// every CTA of a sequence with the same number of blocks (a config's blocks_per_split, when set,
-/// wins). Depends on the kernel only through its occupancy: launches given the same blocks_per_split
-/// do the same arithmetic in the same order.
-DecodePlan plan_decode(const DeviceCache& cache, const DeviceSequences& sequences, const DecodeConfig& config);
-
-/// Device scratch memory of decode_attention: partial results of the splits and of their merge
-/// groups, and arrival counters (zero between launches).
-class DecodeWorkspace {
+/// Decode attention planned once per batch geometry and run per layer (as FlashInfer's plan/run):
+/// plan() chooses the kernel instance and, for each sliding window among the cache's layers, the
+/// split of the context over CTAs (one wave over the GPU, at least two blocks per warp, every CTA of a
+/// sequence with the same number of blocks), and holds the workspace the launches need (partial
+/// results and arrival counters), allocating it only when the one it has is too small. run() only
+/// launches: no allocation, no host synchronisation, so it can be captured in a CUDA graph. Launches
+/// with the same blocks_per_split do the same arithmetic in the same order: a GAAC cache and a BF16
+/// cache holding the same values give the same bits.
+class GAAC_API DecodePlan {
  public:
-  DecodeWorkspace() = default;
-  /// Room for `sequences` × `kv_heads` × `max_splits` partial results (and `max_groups` merged
-  /// groups) of `group` heads × `head_dim`.
-  DecodeWorkspace(int sequences, int kv_heads, int group, int head_dim, int max_splits, int max_groups);
-  /// True when it has room for that many.
-  bool fits(int sequences, int kv_heads, int group, int head_dim, int max_splits, int max_groups) const;
+  DecodePlan();
+  ~DecodePlan();
+  DecodePlan(DecodePlan&&) noexcept;
+  DecodePlan& operator=(DecodePlan&&) noexcept;
+  DecodePlan(const DecodePlan&) = delete;
+  DecodePlan& operator=(const DecodePlan&) = delete;
 
-  float* partial_o() const { return static_cast<float*>(partial_o_.data()); }
-  float* partial_ml() const { return static_cast<float*>(partial_ml_.data()); }
-  float* group_o() const { return static_cast<float*>(group_o_.data()); }
-  float* group_ml() const { return static_cast<float*>(group_ml_.data()); }
-  uint32_t* counters() const { return static_cast<uint32_t*>(counters_.data()); }
-  /// Partial results per (sequence, KV head) it has room for: the stride the kernels index with.
-  int split_capacity() const { return max_splits_; }
-  /// Merged groups per (sequence, KV head) it has room for.
-  int group_capacity() const { return max_groups_; }
+  /// Plans for `batch` over `cache` (host work, and an allocation when the workspace must grow).
+  void plan(const CacheMemory& cache, const BatchTable& batch, const DecodeConfig& config);
+  /// True once plan() has run.
+  bool planned() const;
+  /// What the plan was made for.
+  const DecodeConfig& config() const;
+  /// The split of the launches over `layer`.
+  const DecodeSplit& split(int layer) const;
+  /// True when a launch over `batch` and `cache` needs no new plan: the same geometry and format, no
+  /// more sequences, none attending more blocks than planned.
+  bool covers(const CacheMemory& cache, const BatchTable& batch) const;
+  /// Bytes of device workspace held.
+  size_t workspace_bytes() const;
+
+  /// Decode attention of one query token per sequence (its newest) over layer `layer`: the fused GAAC
+  /// kernel for a compressed cache, the BF16 twin for a BF16 one. `q` and `out` are device arrays
+  /// `[sequences][q_heads][head_dim]` of BF16; query head h reads KV head h / (q_heads / kv_heads);
+  /// `scale` multiplies the scores (0: 1/sqrt(head_dim)). Asynchronous on `stream`. Throws, launching
+  /// nothing, when the plan does not cover the cache and batch (plan again).
+  void run(const CacheMemory& cache, const BatchTable& batch, int layer, const uint16_t* q, uint16_t* out,
+           float scale = 0.0f, Stream stream = nullptr) const;
 
  private:
-  int sequences_ = 0, kv_heads_ = 0, group_ = 0, head_dim_ = 0, max_splits_ = 0, max_groups_ = 0;
-  DeviceBuffer partial_o_, partial_ml_, group_o_, group_ml_, counters_;
+  struct State;
+  std::unique_ptr<State> state_;
 };
 
-/// Decode attention of one query token per sequence over layer `config.layer` of `cache`: the fused
-/// GAAC kernel for a compressed cache, the BF16 twin for a BF16 cache. `q` and `out` are device
-/// arrays `[sequences][q_heads][head_dim]` of BF16 bit patterns; query head h reads KV head
-/// h / (q_heads / kv_heads). The workspace grows when too small. Asynchronous on `stream`.
-DecodePlan decode_attention(const DeviceCache& cache, const DeviceSequences& sequences, const DecodeConfig& config,
-                            const uint16_t* q, uint16_t* out, DecodeWorkspace& workspace, Stream stream = nullptr);
-
 /// Decompress-first: writes every tile that the sequences' blocks hold in `layer` of `compressed`
-/// into `bf16` (made by DeviceCache::bf16_for) as a raw BF16 tile, entries included.
-void decompress(const DeviceCache& compressed, const DeviceSequences& sequences, int layer, DeviceCache& bf16,
-                Stream stream = nullptr);
+/// into `bf16` (made by CacheMemory::bf16_for) as a raw BF16 tile, entries included.
+GAAC_API void decompress(const CacheMemory& compressed, const BatchTable& batch, int layer, CacheMemory& bf16,
+                         Stream stream = nullptr);
 
 /// Where decompress_dense() writes: element (layer l, token t, KV head h, channel c) of K goes to
 ///   k + l·layer_stride + X + h·head_stride + c,
@@ -257,12 +251,12 @@ struct DenseLayout {
   int64_t head_stride = 0;
 };
 
-/// Decompresses layers `first_layer .. first_layer + layers - 1` of every sequence of `sequences`:
-/// every token the cache holds (compressed slots, raw tiles, the BF16 tails; tiles released by a
-/// sliding window are skipped, their destination left as it was) as BF16 into `out`. Works on a
-/// compressed or a BF16 cache. Asynchronous on `stream`.
-void decompress_dense(const DeviceCache& cache, const DeviceSequences& sequences, int first_layer, int layers,
-                      const DenseLayout& out, Stream stream = nullptr);
+/// Decompresses layers `first_layer .. first_layer + layers - 1` of every sequence of `batch`: every
+/// token the cache holds (compressed slots, raw tiles, the BF16 tails; tiles released by a sliding
+/// window are skipped, their destination left as it was) as BF16 into `out`. Works on a compressed or
+/// a BF16 cache. Asynchronous on `stream`.
+GAAC_API void decompress_dense(const CacheMemory& cache, const BatchTable& batch, int first_layer, int layers,
+                               const DenseLayout& out, Stream stream = nullptr);
 
 /// Finalizes open blocks on the device, as KvCache::append does on the host when a block's 16th
 /// token arrives: in layers `first_layer .. first_layer + layers - 1` of the `count` block rows
@@ -274,8 +268,8 @@ void decompress_dense(const DeviceCache& cache, const DeviceSequences& sequences
 /// the host cache's; the free stack holds the same units, in the order the CTAs finish. Many blocks
 /// in one call never race: each tile is one warp's, and each CTA reserves its stack slots with one
 /// atomic. Asynchronous on `stream`; a compressed cache only.
-void finalize_blocks(DeviceCache& cache, const uint32_t* rows, int count, int first_layer, int layers,
-                     Stream stream = nullptr);
+GAAC_API void finalize_blocks(CacheMemory& cache, const uint32_t* rows, int count, int first_layer, int layers,
+                              Stream stream = nullptr);
 
 /// Where write_tokens() reads: token j of sequence s, KV head h, channel c of K is
 /// `k[s·sequence_stride + h·head_stride + j·token_stride + c]` (V alike, the same strides); strides
@@ -289,37 +283,78 @@ struct TokenRows {
   int64_t token_stride = 0;
 };
 
-/// Adds `count` tokens to every sequence of `sequences` (a reserved table), on the device: in each
-/// layer, the tiles of a sliding window's blocks that the new newest token no longer sees are freed
-/// (entries absent, units pushed on the free stack), every block the new tokens start is opened as a
-/// BF16 tail (its tiles' units popped from the free stack and zeroed; in a sliding layer only blocks
-/// the window still sees), and the lengths grow by `count`. With too few free units the tiles that
-/// could not be opened stay absent and the cache's status word gets kOutOfUnits: check status()
-/// before trusting what follows. Graph-safe: no host sync, no allocation; asynchronous on `stream`.
-/// The host keeps the lengths too (for plans); throws when a sequence would pass its capacity.
-void begin_tokens(DeviceCache& cache, DeviceSequences& sequences, int count, Stream stream = nullptr);
+/// Adds `count` tokens to every sequence of `batch` (a reserved table), on the device: in each layer,
+/// the tiles of a sliding window's blocks that the new newest token no longer sees are freed (entries
+/// absent, units pushed on the free stack), every block the new tokens start is opened as a BF16 tail
+/// (its tiles' units popped from the free stack and zeroed; in a sliding layer only blocks the window
+/// still sees), and the lengths grow by `count`. With too few free units the tiles that could not be
+/// opened stay absent and the status word gets kOutOfUnits: check status() before trusting what
+/// follows. Graph-safe: no host sync, no allocation; asynchronous on `stream`. The host keeps the
+/// lengths too (for plans); throws, launching nothing, when a sequence would pass its capacity.
+GAAC_API void begin_tokens(CacheMemory& cache, BatchTable& batch, int count, Stream stream = nullptr);
 
 /// Writes the K and V rows of the tokens the last begin_tokens added (its `count` tokens of every
 /// sequence) into layer `layer`'s tails. Graph-safe; asynchronous on `stream`.
-void write_tokens(DeviceCache& cache, const DeviceSequences& sequences, int layer, const TokenRows& rows,
-                  Stream stream = nullptr);
+GAAC_API void write_tokens(CacheMemory& cache, const BatchTable& batch, int layer, const TokenRows& rows,
+                           Stream stream = nullptr);
 
 /// Finalizes (finalize_blocks) every block of every layer that the last begin_tokens completed, the
 /// rows chosen on the device from the lengths. Call it after write_tokens of every layer, before the
 /// next begin_tokens. Nothing to do for a BF16 cache. Graph-safe; asynchronous on `stream`.
-void finalize_completed(DeviceCache& cache, DeviceSequences& sequences, Stream stream = nullptr);
+GAAC_API void finalize_completed(CacheMemory& cache, BatchTable& batch, Stream stream = nullptr);
 
 /// One tensor section of a .gaac snapshot (docs/format.md, section 11) for (layer, kind) of
 /// `calibration`, encoded on the device from a dense BF16 tensor there: `tokens` rows of `kv_heads` ×
 /// head_dim elements, `token_stride` elements apart (heads consecutive inside a row). Byte for byte
 /// what the host snapshot writer makes of the same values. Synchronises `stream`.
-std::vector<uint8_t> encode_snapshot_section(const uint16_t* tensor, int tokens, size_t token_stride,
-                                             const CalibrationTable& calibration, TensorKind kind, int layer,
-                                             Stream stream = nullptr);
+GAAC_API std::vector<uint8_t> encode_snapshot_section(const uint16_t* tensor, int tokens, size_t token_stride,
+                                                      const CalibrationTable& calibration, TensorKind kind, int layer,
+                                                      Stream stream = nullptr);
 
 /// The .gaac image of `dump` (as gaac::snapshot_image makes it, byte for byte) with its tiles encoded
 /// on the device: every tensor is copied there and encoded with encode_snapshot_section().
-std::vector<uint8_t> snapshot_image(const KvDump& dump, const CalibrationTable& calibration,
-                                    const Progress& progress = {});
+GAAC_API std::vector<uint8_t> snapshot_image(const KvDump& dump, const CalibrationTable& calibration,
+                                             const Progress& progress = {});
+
+/// A host KvCache copied to the GPU with the table of some of its sequences, for decode attention and
+/// decompression there. A copy: later changes of the host cache are not seen.
+class GAAC_API KvCacheMirror {
+ public:
+  /// Copies `host` and the table of `sequences` (in that order) to the device.
+  KvCacheMirror(const KvCache& host, std::span<const SequenceId> sequences);
+
+  /// Decode attention of each sequence's newest token over `layer`: `q` and `out` device arrays
+  /// `[sequences][q_heads][head_dim]` of BF16; `scale` 0 for 1/sqrt(head_dim); `blocks_per_split` 0
+  /// for the planned split. Plans when q_heads or the split change; asynchronous on `stream`.
+  void attend(int layer, const uint16_t* q, uint16_t* out, int q_heads, float scale = 0.0f, int blocks_per_split = 0,
+              Stream stream = nullptr);
+  /// The blocks per split attend() plans for `layer` with `q_heads` query heads.
+  int planned_blocks_per_split(int layer, int q_heads);
+  /// Every value the mirror holds for its sequences, as BF16, into `k` and `v`: contiguous device arrays
+  /// `[layers][sequences][longest length][kv_heads][head_dim]` (positions past a sequence's length, and
+  /// tiles released by a sliding window, left as they were). Asynchronous on `stream`.
+  void decompress(uint16_t* k, uint16_t* v, Stream stream = nullptr) const;
+  /// Sequences mirrored.
+  int sequences() const { return batch_.sequences(); }
+  /// Tokens of the longest sequence.
+  int longest() const;
+  /// The device memory and the batch table.
+  const CacheMemory& memory() const { return memory_; }
+  const BatchTable& batch() const { return batch_; }
+
+ private:
+  void plan_for(int q_heads, int blocks_per_split);
+
+  CacheMemory memory_;
+  BatchTable batch_;
+  DecodePlan plan_;
+};
+
+/// A batch cache in device memory (gaac::BatchKvCache): carved from `config.cache`'s budget on the
+/// current device, its sequences grown there in lockstep (begin_tokens, write_tokens, and after the
+/// last layer's rows finalize_completed), attended by the fused kernel (the twin for a BF16 cache)
+/// with a plan made at the first attend() of each forward. Rows and queries are device arrays; a
+/// forward of more than one token on a cache that held tokens before it cannot be attended yet.
+GAAC_API std::unique_ptr<BatchKvCache> make_device_batch_kv_cache(const BatchCacheConfig& config);
 
 }  // namespace gaac::cuda

@@ -9,7 +9,11 @@
 namespace gaac {
 
 /// Broad category of an Error, for callers that react differently (the C API maps it to a status).
-enum class ErrorCode { invalid_input = 0, io = 1 };
+enum class ErrorCode {
+  invalid_input = 0,  ///< bad arguments or malformed data
+  io = 1,             ///< a file could not be read or written
+  out_of_space = 2,   ///< a cache's budget has no room for what was asked; the cache is as it was before
+};
 
 /// Where an Error was raised. Defaults to the caller's file and line (through compiler builtins, which
 /// every supported compiler has, unlike std::source_location).

@@ -118,6 +118,20 @@ struct SequenceTable {
 GAAC_API uint64_t worst_case_budget(const CacheGeometry& geometry, CacheFormat format, const CalibrationTable* calibration,
                                     int tokens, int sequences = 1);
 
+/// How a budget is carved for a cache of `config`, exactly as KvCache's constructor carves it: the
+/// layout numbers (unit size, block rows), the units of the pool, every layer's sliding window and, for
+/// a gaac cache, the calibrated bases in the kernels' order (PagedGeometry::bases_index). What a cache
+/// made elsewhere (on a GPU) needs to be laid out as a KvCache of the same config. Throws gaac::Error
+/// like KvCache's constructor.
+struct CacheCarving {
+  PagedGeometry geometry;
+  uint64_t units = 0;
+  std::vector<int32_t> windows;
+  std::vector<uint8_t> bases;  ///< geometry.bases_bytes() bytes; empty for a bf16 cache
+};
+/// Carves `config` (see CacheCarving).
+GAAC_API CacheCarving carve_cache(const CacheConfig& config);
+
 /// A paged KV cache for one model geometry. Not thread-safe: one caller at a time (reads — views,
 /// tables, read, attention — may run concurrently with each other, not with a change).
 class GAAC_API KvCache {

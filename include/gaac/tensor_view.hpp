@@ -3,6 +3,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <type_traits>
 
 #include "gaac/kv_dump.hpp"
 
@@ -32,7 +33,9 @@ struct BasicKvView {
     return v;
   }
   /// A read view of the same elements.
-  constexpr operator BasicKvView<const uint16_t>() const {  // NOLINT: implicit by design, like T* → const T*
+  template <class Other>
+    requires(std::is_same_v<Other, const uint16_t> && !std::is_const_v<Element>)
+  constexpr operator BasicKvView<Other>() const {  // NOLINT: implicit by design, like T* → const T*
     return {data, tokens, heads, head_dim, token_stride, head_stride};
   }
 };

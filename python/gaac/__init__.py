@@ -21,12 +21,12 @@ True
 from ._gaac import (  # noqa: F401
     SNAPSHOT_VERSION,
     TILE_FORMAT_VERSION,
+    BatchKvCache,
     CacheFullError,
     Calibration,
-    DeviceCache,
-    DeviceKvCache,
     GaacError,
     KvCache,
+    KvCacheMirror,
     Snapshot,
     attend,
     calibrate,
@@ -37,9 +37,9 @@ from ._gaac import (  # noqa: F401
     synthetic_kv,
 )
 
-__all__ = ["CacheFullError", "Calibration", "DeviceCache", "DeviceKvCache", "GaacError", "KvCache", "Snapshot", "attend", "calibrate",
-           "compress", "cuda_available",
-           "load_kv_dump", "save_kv_dump", "synthetic_kv", "to_torch", "SNAPSHOT_VERSION", "TILE_FORMAT_VERSION"]
+__all__ = ["BatchKvCache", "CacheFullError", "Calibration", "GaacError", "KvCache", "KvCacheMirror", "Snapshot", "attend",
+           "calibrate", "compress", "cuda_available", "load_kv_dump", "save_kv_dump", "synthetic_kv", "to_torch",
+           "SNAPSHOT_VERSION", "TILE_FORMAT_VERSION"]
 
 
 def to_torch(array):

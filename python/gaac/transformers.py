@@ -1,24 +1,20 @@
 """Hugging Face transformers integration: a KV cache that decodes from GAAC.
 
-``GaacCache`` is a ``transformers.Cache`` whose layers live in one ``gaac.KvCache`` (compressed slots, or
-BF16 for the twin: ``cache_format="bf16"``); the attention function registered as ``"gaac"`` reads it in
-place with ``gaac.attend``. Use both together::
+``GaacCache`` is a ``transformers.Cache`` whose layers live in one ``gaac.BatchKvCache`` (compressed slots,
+or BF16 for the twin: ``cache_format="bf16"``), on the CPU or on a GPU; the attention function registered as
+``"gaac"`` reads it in place. Use both together::
 
     import gaac.transformers as gt
     model = AutoModelForCausalLM.from_pretrained(..., dtype=torch.bfloat16, attn_implementation=gt.ATTENTION)
     table = gt.calibrate(model, calibration_ids)                 # exponent windows for this model
-    cache = gt.GaacCache(model.config, table, max_tokens=4096)
+    cache = gt.GaacCache(model.config, table, max_tokens=4096)   # device="cuda" where the model runs on a GPU
     out = model.generate(input_ids, past_key_values=cache, max_new_tokens=64, do_sample=False)
 
-On the CPU the layers live in a ``gaac.KvCache``: the first prompt is attended with PyTorch's SDPA over its
-own keys and values (the cache is empty then); every later forward (decoding steps, the next prompt of a
-conversation) with ``gaac.attend`` over the cache plus the forward's own rows. A forward's K and V are added
-to the cache at the start of the next one, all layers at once.
-
-On a GPU (``device="cuda"``) they live in a ``gaac.DeviceKvCache``: each layer's update writes the new rows
-into the cache's tails on the device, the last layer's finalizes the blocks the forward completed, and
-decoding steps are attended by the fused CUDA kernel reading the compressed cache (the twin's kernel for
-``"bf16"``). Nothing in a decoding step syncs with the host or allocates once warm, so the step can be
+Each forward begins on the cache at its first layer; every layer writes its K and V rows there and attends
+through it: a prompt that starts an empty cache with PyTorch's SDPA over its own rows, every later forward
+(decoding steps; on the CPU also the next prompt of a conversation) with the cache's own attention (on the
+CPU ``gaac.attend``, each new token at its own position; on a GPU the fused kernel reading the compressed
+cache). On a GPU nothing in a decoding step syncs with the host or allocates once warm, so the step can be
 captured in a CUDA graph (``plan_tokens`` keeps the captured plan right while the sequences grow).
 
 Limits of this version: batches without padding; on a GPU, a prompt on a non-empty cache (a second turn)
@@ -54,19 +50,13 @@ def _geometry(config):
     return layers, kv_heads, head_dim, windows
 
 
-def _stream():
-    return torch.cuda.current_stream().cuda_stream
-
-
-def _rows(states):
-    """[batch, kv_heads, tokens, dim] bfloat16 -> per sequence a [tokens, kv_heads, dim] view (no copy)."""
-    if states.dtype != torch.bfloat16 or states.device.type != "cpu":
-        raise gaac.GaacError(f"GaacCache holds bfloat16 CPU tensors, got {states.dtype} on {states.device}")
-    return [s.transpose(0, 1) for s in states]
+def _stream(tensor):
+    """The stream work on ``tensor`` is queued on: PyTorch's current CUDA stream, or 0 on the CPU."""
+    return torch.cuda.current_stream(tensor.device).cuda_stream if tensor.is_cuda else 0
 
 
 class GaacLayer(CacheLayerMixin):
-    """One model layer of a ``GaacCache``: the shared ``gaac.KvCache`` and this layer's pending rows."""
+    """One model layer of a ``GaacCache``: its index in the shared ``gaac.BatchKvCache``."""
 
     is_sliding = False
     is_compileable = False
@@ -74,7 +64,6 @@ class GaacLayer(CacheLayerMixin):
     def __init__(self, owner, index):
         super().__init__()
         self.owner, self.index = owner, index
-        self.pending = None  # (k, v): this forward's rows, [batch, kv_heads, tokens, dim], not in the cache yet
 
     def lazy_initialization(self, key_states, value_states):
         self.dtype, self.device = key_states.dtype, key_states.device
@@ -83,31 +72,28 @@ class GaacLayer(CacheLayerMixin):
     def update(self, key_states, value_states, *args, **kwargs):
         if not self.is_initialized:
             self.lazy_initialization(key_states, value_states)
-        if self.owner.on_gpu:
-            self.owner._write(self.index, key_states, value_states)
-        else:
-            self.owner._commit_before(self.index)
-            self.pending = (key_states, value_states)
+        kv, stream = self.owner.kv, _stream(key_states)
+        if self.index == 0:
+            kv.begin(key_states.shape[-2], stream)
+        kv.write(self.index, key_states, value_states, stream)
         _current.set((self.owner, self.index))
         return key_states, value_states
 
     def get_seq_length(self):
-        if self.owner.on_gpu:
-            return self.owner.length()
-        return self.owner.length() + (self.pending[0].shape[-2] if self.pending is not None else 0)
+        return self.owner.kv.length
 
     def get_mask_sizes(self, query_length):
-        return self.owner.length() + query_length, 0
+        return self.owner.kv.length + query_length, 0
 
     def get_max_length(self):
         return -1
 
     def reset(self):
-        self.pending = None
+        pass
 
 
 class GaacCache(Cache):
-    """A ``transformers`` KV cache held in a ``gaac.KvCache``.
+    """A ``transformers`` KV cache held in a ``gaac.BatchKvCache``.
 
     ``calibration``: a ``gaac.Calibration`` for the model (``calibrate``), required for ``cache_format="gaac"``;
     ``max_tokens``: tokens per sequence the budget must hold whatever the values (prompt and generated);
@@ -128,106 +114,43 @@ class GaacCache(Cache):
         if budget_bytes is None:
             budget_bytes = gaac.KvCache.worst_case_budget(layers, kv_heads, head_dim, max_tokens, batch, table,
                                                           cache_format, windows)
-        self.on_gpu = torch.device(device).type == "cuda"
-        if self.on_gpu:
-            self.kv = gaac.DeviceKvCache(layers, kv_heads, head_dim, budget_bytes, table, cache_format, windows,
-                                         sequences=batch, max_tokens=max_tokens)
-            self.sequences = list(range(batch))
-        else:
-            self.kv = gaac.KvCache(layers, kv_heads, head_dim, budget_bytes, table, cache_format, windows)
-            self.sequences = [self.kv.add_sequence() for _ in range(batch)]
-        self.attention_path = attention_path
-        self.blocks_per_split, self.plan_tokens = blocks_per_split, plan_tokens
-        self.forward_start = 0  # tokens held before the running forward (GPU)
+        self.kv = gaac.BatchKvCache(layers, kv_heads, head_dim, budget_bytes, table, cache_format, windows,
+                                    batch=batch, max_tokens=max_tokens, device=torch.device(device).type,
+                                    attention_path=attention_path, blocks_per_split=blocks_per_split,
+                                    plan_tokens=plan_tokens)
         super().__init__(layers=[GaacLayer(self, i) for i in range(layers)])
 
     def length(self):
-        """Tokens of each sequence held in the gaac cache (on the CPU, the pending forward's not counted)."""
-        if self.on_gpu:
-            return self.kv.length
-        return self.kv.length(self.sequences[0])
-
-    def _write(self, layer, key_states, value_states):
-        """GPU: a forward's rows into the device cache; layer 0 opens them, the last layer finalizes."""
-        if key_states.dtype != torch.bfloat16 or key_states.device.type != "cuda":
-            raise gaac.GaacError(f"GaacCache on a GPU holds bfloat16 CUDA tensors, got {key_states.dtype} on "
-                                 f"{key_states.device}")
-        stream = _stream()
-        if layer == 0:
-            self.forward_start = self.kv.length
-            self.kv.begin(key_states.shape[-2], stream)
-            if not torch.cuda.is_current_stream_capturing():
-                self.kv.check()  # synchronises: raises CacheFullError when the budget ran out
-        self.kv.write(layer, key_states, value_states, stream)
-        if layer == len(self.layers) - 1:
-            self.kv.finalize(stream)
-
-    def _commit_before(self, layer):
-        """At layer 0 of a forward: appends the previous forward's rows of every layer to the gaac cache."""
-        if layer != 0 or self.layers[0].pending is None:
-            return
-        pending = [l.pending for l in self.layers]
-        if any(p is None for p in pending):
-            raise gaac.GaacError("GaacCache: a forward did not reach every layer")
-        for b, s in enumerate(self.sequences):
-            self.kv.append(s, [_rows(k)[b] for k, _ in pending], [_rows(v)[b] for _, v in pending])
-        for l in self.layers:
-            l.pending = None
+        """Tokens each sequence holds (the running forward's included)."""
+        return self.kv.length
 
     def usage(self):
         """The gaac cache's accounting (resident bytes, BF16 bytes of the same values, tiles by class)."""
         return self.kv.usage()
 
     def note_replayed(self, count=1):
-        """GPU: counts on the host one replay of a captured decoding step (see ``gaac.DeviceKvCache``)."""
+        """GPU: counts on the host one replay of a captured decoding step (see ``gaac.BatchKvCache``)."""
         self.kv.note_replayed(count)
 
 
 def attention(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-    """The ``"gaac"`` attention function: SDPA over a prompt that starts the cache; otherwise ``gaac.attend`` over
-    the cache plus the forward's own rows, one query per (sequence, new token), each attending up to its own
-    position (a decoding step, or a later prompt such as the next turn of a chat)."""
+    """The ``"gaac"`` attention function: SDPA over a prompt that starts the cache (its own rows); otherwise the
+    cache's attention over what it holds, one query per (sequence, new token), each attending up to its own
+    position (a decoding step, or on the CPU a later prompt such as the next turn of a chat)."""
     current = _current.get()
     _current.set(None)  # this layer's alone: a later forward over another cache must not see it
-    if current is not None and current[0].on_gpu:
-        return _attention_gpu(current, module, query, key, value, attention_mask, dropout, scaling, **kwargs)
-    if current is None or (query.shape[2] > 1 and current[0].length() == 0):
+    tokens = query.shape[2]
+    if current is None or (tokens > 1 and current[0].kv.length == tokens):
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
     owner, layer = current
     if kwargs.get("softcap") is not None:
         raise gaac.GaacError("GaacCache: attention logit soft-capping is not supported")
-    batch, q_heads, tokens, head_dim = query.shape
-    q = query.transpose(1, 2).float().contiguous().view(batch * tokens, q_heads, head_dim).numpy()
-    rows_k, rows_v = _rows(key), _rows(value)
-    start = owner.length()
-    sequences = [s for s in owner.sequences for _ in range(tokens)]
-    positions = [start + i for _ in owner.sequences for i in range(tokens)]
-    extra_k = [rows_k[b] for b in range(batch) for _ in range(tokens)]
-    extra_v = [rows_v[b] for b in range(batch) for _ in range(tokens)]
-    out = gaac.attend(owner.kv, layer, sequences, q, positions=positions, scale=scaling, path=owner.attention_path,
-                      extra_k=extra_k, extra_v=extra_v)
-    out = torch.from_numpy(out).to(query.dtype).view(batch, tokens, q_heads, head_dim)
+    batch, q_heads, _, head_dim = query.shape
+    out = torch.empty(batch, tokens, q_heads, head_dim, dtype=query.dtype, device=query.device)
+    owner.kv.attend(layer, query.contiguous(), out.transpose(1, 2), scale=scaling,
+                    stream=_stream(query))
     return out, None
-
-
-def _attention_gpu(current, module, query, key, value, attention_mask, dropout, scaling, **kwargs):
-    """GPU: SDPA over a first prompt's own rows; the fused kernel over the device cache for a decoding step."""
-    owner, layer = current
-    batch, q_heads, tokens, head_dim = query.shape
-    if tokens > 1:
-        if owner.forward_start > 0:
-            raise gaac.GaacError("GaacCache on a GPU: a prompt on a non-empty cache (more than one new token after "
-                                 "the first prompt) is not supported yet")
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
-    if kwargs.get("softcap") is not None:
-        raise gaac.GaacError("GaacCache: attention logit soft-capping is not supported")
-    q = query.reshape(batch, q_heads, head_dim).contiguous()  # no copy when it already is
-    out = torch.empty_like(q)
-    owner.kv.attend(layer, q, out, scale=scaling, blocks_per_split=owner.blocks_per_split,
-                    plan_tokens=owner.plan_tokens, stream=_stream())
-    return out.view(batch, 1, q_heads, head_dim), None
 
 
 AttentionInterface.register(ATTENTION, attention)

@@ -76,4 +76,25 @@ KvDump dump_from(const std::vector<AnyArray>& k, const std::vector<AnyArray>& v,
   return d;
 }
 
+MutableBatchRows mutable_batch_rows_from(const DeviceArray& a, bool device, const std::string& what) {
+  const nb::dlpack::dtype dt = a.dtype();
+  if (dt.code != static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat) || dt.bits != 16 || dt.lanes != 1)
+    throw Error(what + ": expected a bfloat16 tensor");
+  const bool cuda = a.device_type() == nb::device::cuda::value;
+  if (cuda != device || (!cuda && a.device_type() != nb::device::cpu::value))
+    throw Error(what + ": expected a tensor in " + (device ? "CUDA device" : "host (CPU)") + " memory, where the cache is");
+  if (a.ndim() != 4) throw Error(what + ": expected [batch, heads, tokens, head_dim], got " + std::to_string(a.ndim()) + " dimensions");
+  for (size_t i = 0; i < 4; ++i) {
+    if (a.shape(i) >= (size_t{1} << 31) || a.stride(i) < 0) throw Error(what + ": shape or strides out of range");
+  }
+  if (a.stride(3) != 1 && a.shape(3) > 1) throw Error(what + ": the channels of a head must be contiguous");
+  return {static_cast<uint16_t*>(a.data()), static_cast<int>(a.shape(0)), static_cast<int>(a.shape(1)),
+          static_cast<int>(a.shape(2)), static_cast<int>(a.shape(3)), a.stride(0), a.stride(1), a.stride(2)};
+}
+
+BatchRows batch_rows_from(const DeviceArray& a, bool device, const std::string& what) {
+  const MutableBatchRows r = mutable_batch_rows_from(a, device, what);
+  return {r.data, r.batch, r.heads, r.tokens, r.head_dim, r.batch_stride, r.head_stride, r.token_stride};
+}
+
 }  // namespace gaac::python

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "gaac/batch_kv_cache.hpp"
 #include "gaac/kv_dump.hpp"
 #include "gaac/tensor_view.hpp"
 
@@ -30,6 +31,16 @@ KvView view_from(const AnyArray& array, const std::string& what);
 /// Hands the tensor's elements to NumPy (moved, not copied): an array `[tokens, kv_heads, head_dim]` of
 /// uint16 BF16 bit patterns (torch.from_numpy(a).view(torch.bfloat16) makes it a bfloat16 tensor).
 Bf16Array array_from(KvTensor&& tensor);
+
+/// An array of any dtype on any device (CPU or CUDA), as nanobind receives it from a DLPack producer.
+using DeviceArray = nanobind::ndarray<>;
+
+/// A `[batch, heads, tokens, head_dim]` bfloat16 array, any strides with contiguous channels, read in
+/// place: in CUDA device memory when `device` is true, else in host memory. Throws gaac::Error naming
+/// `what` for another dtype, rank, layout or device.
+BatchRows batch_rows_from(const DeviceArray& array, bool device, const std::string& what);
+/// The same, written by the library (an output).
+MutableBatchRows mutable_batch_rows_from(const DeviceArray& array, bool device, const std::string& what);
 
 /// A dump from per-layer K and V arrays (`k[l]`, `v[l]`); `what` names the caller in errors.
 KvDump dump_from(const std::vector<AnyArray>& k, const std::vector<AnyArray>& v, const std::string& what);

@@ -25,6 +25,15 @@ using namespace nb::literals;
 namespace gaac::python {
 namespace {
 
+void check_sequence(const KvCache& c, SequenceId s) {
+  if (!c.contains(s)) throw Error("sequence " + std::to_string(s) + " is not in the cache");
+}
+
+using FloatArray = nb::ndarray<float, nb::device::cpu, nb::c_contig>;
+using FloatOut = nb::ndarray<nb::numpy, float>;
+
+}  // namespace
+
 CacheFormat format_of(const std::string& name) {
   if (name == "gaac") return CacheFormat::gaac;
   if (name == "bf16") return CacheFormat::bf16;
@@ -41,18 +50,17 @@ CacheGeometry geometry_of(int layers, int kv_heads, int head_dim, const std::opt
   return {layers, kv_heads, head_dim, windows.value_or(std::vector<int>{})};
 }
 
-void check_sequence(const KvCache& c, SequenceId s) {
-  if (!c.contains(s)) throw Error("sequence " + std::to_string(s) + " is not in the cache");
+nb::dict usage_dict(const CacheUsage& u) {
+  nb::dict d;
+  d["budget_bytes"] = u.budget_bytes, d["unit_bytes"] = u.unit_bytes, d["units"] = u.units;
+  d["units_free"] = u.units_free, d["compressed_tiles"] = u.compressed_tiles, d["raw_tiles"] = u.raw_tiles;
+  d["tail_tiles"] = u.tail_tiles, d["unused_slot_bytes"] = u.unused_slot_bytes, d["sequences"] = u.sequences;
+  d["resident_bytes"] = u.resident_bytes(), d["bf16_bytes"] = u.bf16_bytes();
+  d["bits_per_element"] = u.bits_per_element();
+  return d;
 }
 
-using FloatArray = nb::ndarray<float, nb::device::cpu, nb::c_contig>;
-using FloatOut = nb::ndarray<nb::numpy, float>;
-
-}  // namespace
-
-void bind_cache(nb::module_& m, nb::handle gaac_error) {
-  nb::exception<CacheFull>(m, "CacheFullError", gaac_error.ptr());
-
+void bind_cache(nb::module_& m) {
   nb::class_<KvCache>(m, "KvCache",
                       "A paged KV cache for one model geometry, carved once from a byte budget: tokens append to "
                       "each sequence's BF16 tail, every complete 16-token block is encoded once into a fixed-size "
@@ -90,7 +98,8 @@ void bind_cache(nb::module_& m, nb::handle gaac_error) {
           [](KvCache& c, SequenceId parent) {
             check_sequence(c, parent);
             SequenceId child = 0;
-            if (c.fork(parent, child) != CacheStatus::ok) throw CacheFull("fork: the copy of the open block does not fit");
+            if (c.fork(parent, child) != CacheStatus::ok)
+              throw Error(ErrorCode::out_of_space, "fork: the copy of the open block does not fit");
             return child;
           },
           "parent"_a, "A new sequence sharing the parent's complete blocks (its open block copied); returns its id.")
@@ -127,8 +136,8 @@ void bind_cache(nb::module_& m, nb::handle gaac_error) {
             }
             const AppendOutcome r = c.append(s, kv, vv);
             if (r.status != CacheStatus::ok) {
-              throw CacheFull("append: needs " + std::to_string(r.bytes_needed) + " bytes, " + std::to_string(r.bytes_free) +
-                              " are free; the cache is unchanged");
+              throw Error(ErrorCode::out_of_space, "append: needs " + std::to_string(r.bytes_needed) + " bytes, " +
+                                                       std::to_string(r.bytes_free) + " are free; the cache is unchanged");
             }
           },
           "sequence"_a, "k"_a, "v"_a,
@@ -150,17 +159,7 @@ void bind_cache(nb::module_& m, nb::handle gaac_error) {
           "sequence"_a, "layer"_a, "kind"_a, "first"_a = 0, "count"_a = nb::none(),
           "Positions first .. first+count-1 of (sequence, layer, 'k' or 'v'), decoded: [count, kv_heads, head_dim].")
       .def(
-          "usage",
-          [](const KvCache& c) {
-            const CacheUsage u = c.usage();
-            nb::dict d;
-            d["budget_bytes"] = u.budget_bytes, d["unit_bytes"] = u.unit_bytes, d["units"] = u.units;
-            d["units_free"] = u.units_free, d["compressed_tiles"] = u.compressed_tiles, d["raw_tiles"] = u.raw_tiles;
-            d["tail_tiles"] = u.tail_tiles, d["unused_slot_bytes"] = u.unused_slot_bytes, d["sequences"] = u.sequences;
-            d["resident_bytes"] = u.resident_bytes(), d["bf16_bytes"] = u.bf16_bytes();
-            d["bits_per_element"] = u.bits_per_element();
-            return d;
-          },
+          "usage", [](const KvCache& c) { return usage_dict(c.usage()); },
           "Memory and contents: resident bytes, the BF16 bytes of the same values, tiles by class, bits per element.")
       .def("check_invariants", &KvCache::check_invariants, "Checks every internal invariant (for tests).");
 

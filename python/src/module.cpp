@@ -71,7 +71,21 @@ NB_MODULE(_gaac, m) {
   using namespace gaac::python;
   m.doc() = "gaac: lossless compression of BF16 KV caches (GAAC). See the package docstring.";
   const nb::object gaac_error = nb::exception<Error>(m, "GaacError", PyExc_RuntimeError);
-  bind_cache(m, gaac_error);
+  // A library error of ErrorCode::out_of_space is a CacheFullError, a subclass of GaacError (translators
+  // registered later are tried first).
+  static nb::object cache_full =
+      nb::steal(PyErr_NewException("gaac._gaac.CacheFullError", gaac_error.ptr(), nullptr));
+  m.attr("CacheFullError") = cache_full;
+  nb::register_exception_translator([](const std::exception_ptr& p, void*) {
+    try {
+      std::rethrow_exception(p);
+    } catch (const Error& e) {
+      if (e.code() != ErrorCode::out_of_space) throw;
+      PyErr_SetString(cache_full.ptr(), e.what());
+    }
+  });
+  bind_cache(m);
+  bind_batch_cache(m);
   bind_cuda(m);
   m.attr("TILE_FORMAT_VERSION") = kTileFormatVersion;
   m.attr("SNAPSHOT_VERSION") = kSnapshotVersion;

@@ -100,3 +100,24 @@ void check_geometry(const CacheGeometry& g) {
 
 
 }  // namespace gaac::cache
+
+namespace gaac {
+
+CacheCarving carve_cache(const CacheConfig& config) {
+  const CacheGeometry& g = config.geometry;
+  cache::check_geometry(g);
+  const cache::Layout layout = cache::layout_for(g, config.format, config.calibration);
+  CacheCarving carving;
+  carving.units = layout.cache_units(config.budget_bytes, config.format);
+  carving.geometry = PagedGeometry{g.layers, g.kv_heads, g.head_dim, layout.unit_bytes,
+                                   static_cast<uint32_t>(layout.rows_for(carving.units))};
+  carving.windows.assign(static_cast<size_t>(g.layers), 0);
+  for (size_t l = 0; l < g.sliding_window.size(); ++l) carving.windows[l] = g.sliding_window[l];
+  if (config.format == CacheFormat::gaac) {
+    carving.bases.resize(carving.geometry.bases_bytes());
+    cache::fill_bases(*config.calibration, carving.geometry, carving.bases.data());
+  }
+  return carving;
+}
+
+}  // namespace gaac

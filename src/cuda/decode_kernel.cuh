@@ -168,10 +168,10 @@ struct RawRows {
 
 template <int C>
 __device__ __forceinline__ RawRows raw_rows(const DecodeArgs& a, uint32_t entry) {
-  const uint8_t* first = a.units + a.geometry.unit_offset(entry_unit(entry));
-  if (!a.geometry.raw_split()) return {first, first + 16 * C};
+  const uint8_t* first = a.cache.units + a.cache.geometry.unit_offset(entry_unit(entry));
+  if (!a.cache.geometry.raw_split()) return {first, first + 16 * C};
   const uint32_t second = *reinterpret_cast<const uint32_t*>(first + 16 * C);
-  return {first, a.units + a.geometry.unit_offset(second)};
+  return {first, a.cache.units + a.cache.geometry.unit_offset(second)};
 }
 
 /// Key fragments of a raw tile read from global memory (the rare path of the GAAC kernel).
@@ -315,11 +315,11 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, Src, STAGES)) d
   const int seq = static_cast<int>(blockIdx.z), kvh = static_cast<int>(blockIdx.y), split = static_cast<int>(blockIdx.x);
   const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
 
-  const int len = a.lengths[seq];
-  const int row0 = a.indptr[seq];
+  const int len = a.batch.lengths[seq];
+  const int row0 = a.batch.indptr[seq];
   const int first = len > 0 ? first_attended(len - 1, a.window) : 0;
   const int first_block = first / kTileTokens;
-  const int end_block = min(a.indptr[seq + 1] - row0, (len + kTileTokens - 1) / kTileTokens);
+  const int end_block = min(a.batch.indptr[seq + 1] - row0, (len + kTileTokens - 1) / kTileTokens);
   const int attended = max(0, end_block - first_block);
   const int splits = max(1, (attended + a.blocks_per_split - 1) / a.blocks_per_split);
   if (split >= splits) return;
@@ -335,13 +335,13 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, Src, STAGES)) d
 
   // The CTA's entries and the warps' barriers first, so the first copies start early.
   for (int i = tid; i < cta_blocks; i += NW * 32) {
-    const uint32_t row = a.rows[row0 + cta_first + i];
+    const uint32_t row = a.batch.rows[row0 + cta_first + i];
     if (row == kNoRow) {
 #pragma unroll
       for (int j = 0; j < kTiles; ++j) ents[i * kTiles + j] = kAbsentEntry;
       continue;
     }
-    const uint32_t* e = a.entries + a.geometry.entry_index(a.layer, row, kvh, TensorKind::key, 0);
+    const uint32_t* e = a.cache.entries + a.cache.geometry.entry_index(a.layer, row, kvh, TensorKind::key, 0);
     if constexpr (kTiles == 2) {
       const uint2 x = *reinterpret_cast<const uint2*>(e);
       ents[2 * i] = x.x, ents[2 * i + 1] = x.y;
@@ -386,9 +386,9 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, Src, STAGES)) d
       if (lane < kTiles) {
         const uint32_t entry = e[lane];
         if (entry_class(entry) == TileClass::compressed) {
-          ptx::mbarrier_expect_tx(bar, a.geometry.unit_bytes);
-          ptx::bulk_copy_to_shared(stage + lane * a.tile_stride, a.units + a.geometry.unit_offset(entry_unit(entry)),
-                                   a.geometry.unit_bytes, bar);
+          ptx::mbarrier_expect_tx(bar, a.cache.geometry.unit_bytes);
+          ptx::bulk_copy_to_shared(stage + lane * a.tile_stride, a.cache.units + a.cache.geometry.unit_offset(entry_unit(entry)),
+                                   a.cache.geometry.unit_bytes, bar);
         }
       }
       __syncwarp();
@@ -407,7 +407,7 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, Src, STAGES)) d
         const uint32_t entry = e[r / 16];
         if (entry_class(entry) == TileClass::raw)
           ptx::bulk_copy_to_shared(stage + (r / 16) * a.tile_stride + (r % 16) * bf16_row_stride(C),
-                                   a.units + a.geometry.unit_offset(entry_unit(entry)) + (r % 16) * kRowBytes, kRowBytes,
+                                   a.cache.units + a.cache.geometry.unit_offset(entry_unit(entry)) + (r % 16) * kRowBytes, kRowBytes,
                                    bar);
       }
     }
@@ -429,7 +429,7 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, Src, STAGES)) d
   // The lane-interleaved base words of this (layer, head), while the first tiles are in flight.
   if constexpr (Src == TileSource::gaac) {
     constexpr uint32_t kVectors = lane_base_words(C, P) / 4;
-    const uint4* src = reinterpret_cast<const uint4*>(a.lane_bases + lane_bases_index(a.geometry, a.layer, kvh));
+    const uint4* src = reinterpret_cast<const uint4*>(a.cache.lane_bases + lane_bases_index(a.cache.geometry, a.layer, kvh));
     uint4* dst = reinterpret_cast<uint4*>(smem + plan.bases);
     for (uint32_t i = static_cast<uint32_t>(tid); i < kVectors; i += NW * 32) dst[i] = src[i];
   }
@@ -643,7 +643,7 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, Src, STAGES)) d
   __syncthreads();
 
   const int group = a.group;
-  const size_t pair = static_cast<size_t>(seq) * a.geometry.kv_heads + kvh;
+  const size_t pair = static_cast<size_t>(seq) * a.cache.geometry.kv_heads + kvh;
   uint16_t* out = a.out + (static_cast<size_t>(seq) * a.q_heads + kvh * group) * kD;
   for (int idx = tid; idx < group * kD; idx += NW * 32) {
     const int head = idx / kD, channel = idx % kD;

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 
+#include "gaac/cuda_views.hpp"
 #include "gaac/paged_layout.hpp"
 
 namespace gaac::cuda::detail {
@@ -11,33 +12,18 @@ namespace gaac::cuda::detail {
 /// Where a kernel's tiles come from: compressed slots (with raw tiles beside them) or a BF16 cache.
 enum class TileSource : uint8_t { gaac = 0, bf16 = 1 };
 
-/// Parts of the work a kernel variant does (for time breakdowns); `full` is attention.
-enum class Work : uint8_t {
-  full = 0,       ///< load, rebuild, Q·Kᵀ, softmax, P·V
-  no_math = 1,    ///< load and rebuild the operand registers; no products, no softmax
-  no_decode = 2,  ///< load, then products on the stored words as if they were operands (GAAC only)
-  load_only = 3,  ///< bring every tile into shared memory, touch one word per lane
-};
 
 /// Arguments of one decode-attention launch (one layer, a batch of sequences, one query token each).
 struct DecodeArgs {
-  // The cache (device pointers), docs/format.md section 13.
-  PagedGeometry geometry;            ///< layout numbers of the cache
-  const uint8_t* units = nullptr;    ///< the unit pool
-  const uint32_t* entries = nullptr; ///< the block table
-  const uint32_t* lane_bases = nullptr;  ///< the bases as lanes read them (lane_bases.hpp); null for a BF16 cache
-  int layer = 0;                     ///< the layer attended
-  int window = 0;                    ///< sliding window of the layer in tokens, 0 for full attention
-  // The batch (CSR sequence table, device pointers).
-  int sequences = 0;                 ///< sequences in the batch (gridDim.z)
-  const int32_t* indptr = nullptr;   ///< sequences + 1 offsets into rows
-  const uint32_t* rows = nullptr;    ///< block rows of every sequence's blocks
-  const int32_t* lengths = nullptr;  ///< tokens per sequence; the query is the newest token
+  DeviceCacheView cache;   ///< the cache (device pointers)
+  DeviceBatchView batch;   ///< the batch's sequence table; a sequence's query is its newest token
+  int layer = 0;           ///< the layer attended
+  int window = 0;          ///< sliding window of the layer in tokens, 0 for full attention
   // The problem.
   const uint16_t* q = nullptr;  ///< [sequences][q_heads][head_dim] bf16
   uint16_t* out = nullptr;      ///< [sequences][q_heads][head_dim] bf16
   int q_heads = 0;
-  int group = 0;                ///< query heads per KV head (q_heads / kv_heads, at most 8)
+  int group = 0;                ///< query heads per KV head (q_heads / kv_heads)
   float scale_log2 = 0.0f;      ///< softmax scale × log2(e)
   // The split of each sequence's blocks over CTAs.
   int blocks_per_split = 1;

@@ -13,6 +13,7 @@
 #include <string>
 
 #include "cuda/check.hpp"
+#include "cuda/dispatch.hpp"
 #include "cuda/lane_bases.hpp"
 #include "cuda/lane_decode.cuh"
 #include "cuda/warp.cuh"
@@ -34,14 +35,6 @@ constexpr int kEscapePadding = 16;  // the decoder may read a few bytes past the
 /// different banks (v3 wrote rows C apart: 8-way conflicts on keys, 4-way on values).
 template <int C>
 inline constexpr int kRow = C + 8;
-
-/// The cache tiles are read from.
-struct Source {
-  PagedGeometry geo;
-  const uint8_t* units = nullptr;
-  const uint32_t* entries = nullptr;
-  const uint32_t* lane_bases = nullptr;  ///< DeviceCache::lane_bases(); null for a BF16 cache
-};
 
 /// One tile to rebuild: where it is, what it is, and where its first `rows` rows go.
 struct TileJob {
@@ -104,11 +97,11 @@ __device__ void decode_tile_to_rows(const lane::LaneSlot<C>& s, const uint8_t* e
 }
 
 template <int C, int Chunks>
-__device__ void start_tile(const Source& src, const TileJob& job, int lane, InFlight<C, Chunks>& f) {
+__device__ void start_tile(const DeviceCacheView& src, const TileJob& job, int lane, InFlight<C, Chunks>& f) {
   if (entry_class(job.entry) != TileClass::compressed) return;
-  const uint8_t* slot = src.units + src.geo.unit_offset(entry_unit(job.entry));
+  const uint8_t* slot = src.units + src.geometry.unit_offset(entry_unit(job.entry));
   lane::load_lane_slot<C>(slot, lane, f.slot);
-  const auto capacity = static_cast<uint32_t>(src.geo.escape_capacity());
+  const auto capacity = static_cast<uint32_t>(src.geometry.escape_capacity());
 #pragma unroll
   for (int k = 0; k < Chunks; ++k) {
     const uint32_t at = 16u * static_cast<uint32_t>(lane + 32 * k);
@@ -130,18 +123,18 @@ __device__ void write_rows(const TileJob& job, const uint16_t* tile, int lane) {
 }
 
 template <int C, int Chunks>
-__device__ void finish_tile(const Source& src, const TileJob& job, const InFlight<C, Chunks>& f, int lane,
+__device__ void finish_tile(const DeviceCacheView& src, const TileJob& job, const InFlight<C, Chunks>& f, int lane,
                             uint16_t* tile, uint8_t* escapes) {
   const TileClass cls = entry_class(job.entry);
   if (cls != TileClass::compressed && cls != TileClass::raw) {
     if (job.dst_entry && lane == 0) *job.dst_entry = kAbsentEntry;
     return;
   }
-  const uint8_t* first = src.units + src.geo.unit_offset(entry_unit(job.entry));
+  const uint8_t* first = src.units + src.geometry.unit_offset(entry_unit(job.entry));
   if (cls == TileClass::raw) {
     // Straight from the pool: tokens 0..7 in unit a, 8..15 in its partner (or after them, unsplit).
-    const uint8_t* second = src.geo.raw_split()
-                                ? src.units + src.geo.unit_offset(*reinterpret_cast<const uint32_t*>(first + src.geo.partner_offset()))
+    const uint8_t* second = src.geometry.raw_split()
+                                ? src.units + src.geometry.unit_offset(*reinterpret_cast<const uint32_t*>(first + src.geometry.partner_offset()))
                                 : first + 16 * C;
     constexpr int kPieces = C * 2 / 16;
     for (int v = lane; v < job.rows * kPieces; v += 32) {
@@ -154,7 +147,7 @@ __device__ void finish_tile(const Source& src, const TileJob& job, const InFligh
     for (int k = 0; k < Chunks; ++k) reinterpret_cast<uint4*>(escapes)[lane + 32 * k] = f.escapes[k];
     __syncwarp();
     // The (layer, head, half) block of lane bases: key b3, key b4 − b3, value b3, value b4 − b3.
-    const uint32_t* words = src.lane_bases + detail::lane_bases_index(src.geo, job.layer, job.head) +
+    const uint32_t* words = src.lane_bases + detail::lane_bases_index(src.geometry, job.layer, job.head) +
                             job.half * detail::lane_base_words_per_half(C);
     constexpr int kKeyWords = 32 * (C / 16), kValueWords = 32 * (C / 8);
     if (job.kind == TensorKind::key) {
@@ -172,7 +165,7 @@ __device__ void finish_tile(const Source& src, const TileJob& job, const InFligh
 /// The tile loop: warp w of CTA (x, y) rebuilds the target's tiles kTilesPerWarp·(x·kWarps + w) and
 /// the next kTilesPerWarp − 1, two in flight.
 template <int C, int P, int Chunks, class Target>
-__global__ void __launch_bounds__(kWarps * 32) decompress_kernel(const Source src, const Target target) {
+__global__ void __launch_bounds__(kWarps * 32) decompress_kernel(const DeviceCacheView src, const Target target) {
   __shared__ __align__(16) uint16_t tiles[kWarps][kTileTokens * kRow<C>];
   __shared__ __align__(16) uint8_t escapes[kWarps][Chunks * 512 + kEscapePadding];
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
@@ -195,16 +188,14 @@ __global__ void __launch_bounds__(kWarps * 32) decompress_kernel(const Source sr
 /// unit per entry.
 struct PagedTarget {
   int layer = 0;
-  PagedGeometry dst;
-  uint8_t* dst_units = nullptr;
-  uint32_t* dst_entries = nullptr;
+  DeviceCacheView dst;  ///< the one-layer BF16 cache
   const uint32_t* rows = nullptr;
   int total_rows = 0;
 
   template <int C, int P>
-  __device__ TileJob locate(const Source& src, long long id) const {
+  __device__ TileJob locate(const DeviceCacheView& src, long long id) const {
     TileJob job;
-    const int kv = src.geo.kv_heads;
+    const int kv = src.geometry.kv_heads;
     if (id >= static_cast<long long>(total_rows) * kv * 2 * P) return job;
     const int j = static_cast<int>(id % (2 * P));
     job.head = static_cast<int>((id / (2 * P)) % kv);
@@ -213,12 +204,12 @@ struct PagedTarget {
     job.kind = j < P ? TensorKind::key : TensorKind::value;
     job.half = j % P;
     job.layer = layer;
-    job.entry = src.entries[src.geo.entry_index(layer, row, job.head, job.kind, job.half)];
-    const size_t out = dst.entry_index(0, row, job.head, job.kind, job.half);
-    job.dst = reinterpret_cast<uint16_t*>(dst_units + dst.unit_offset(static_cast<uint32_t>(out)));
+    job.entry = src.entries[src.geometry.entry_index(layer, row, job.head, job.kind, job.half)];
+    const size_t out = dst.geometry.entry_index(0, row, job.head, job.kind, job.half);
+    job.dst = reinterpret_cast<uint16_t*>(dst.units + dst.geometry.unit_offset(static_cast<uint32_t>(out)));
     job.dst_stride = C;
     job.rows = kTileTokens;
-    job.dst_entry = dst_entries + out;
+    job.dst_entry = dst.entries + out;
     job.dst_entry_value = make_entry(TileClass::raw, static_cast<uint32_t>(out));
     return job;
   }
@@ -226,14 +217,14 @@ struct PagedTarget {
 
 /// decompress_dense(): sequence blockIdx.y's blocks in layers first_layer.., into the caller's layout.
 struct DenseTarget {
-  SequenceTableView seqs;
+  DeviceBatchView seqs;
   int first_layer = 0, layers = 0;
   DenseLayout out;
 
   template <int C, int P>
-  __device__ TileJob locate(const Source& src, long long id) const {
+  __device__ TileJob locate(const DeviceCacheView& src, long long id) const {
     TileJob job;
-    const int s = static_cast<int>(blockIdx.y), kv = src.geo.kv_heads;
+    const int s = static_cast<int>(blockIdx.y), kv = src.geometry.kv_heads;
     const int j = static_cast<int>(id % (2 * P));
     job.head = static_cast<int>((id / (2 * P)) % kv);
     job.layer = first_layer + static_cast<int>((id / (2 * P) / kv) % layers);
@@ -244,7 +235,7 @@ struct DenseTarget {
     if (row == kNoRow) return job;
     job.kind = j < P ? TensorKind::key : TensorKind::value;
     job.half = j % P;
-    job.entry = src.entries[src.geo.entry_index(job.layer, row, job.head, job.kind, job.half)];
+    job.entry = src.entries[src.geometry.entry_index(job.layer, row, job.head, job.kind, job.half)];
     job.rows = static_cast<int>(min(static_cast<long long>(kTileTokens), seqs.lengths[s] - block * kTileTokens));
     job.dst = (job.kind == TensorKind::key ? out.k : out.v) + job.layer * out.layer_stride + job.head * out.head_stride +
               job.half * C +
@@ -255,55 +246,45 @@ struct DenseTarget {
   }
 };
 
-/// Launches the tile loop over `tiles` tiles (per sequence when `sequences` > 1) of a cache whose
-/// heads are `head_dim` wide.
+/// Launches the tile loop over `tiles` tiles (per sequence when `sequences` > 1).
 template <class Target>
-void launch(const Source& src, const Target& target, long long tiles, int sequences, cudaStream_t stream, const char* what) {
+void launch(const DeviceCacheView& src, const Target& target, long long tiles, int sequences, cudaStream_t stream,
+            const char* what) {
   if (tiles == 0) return;
   const long long per_cta = static_cast<long long>(kWarps) * kTilesPerWarp;
   const dim3 grid(static_cast<unsigned>((tiles + per_cta - 1) / per_cta), static_cast<unsigned>(sequences));
-  const bool wide = src.geo.escape_capacity() > 512;  // escape slots of more than one 16-byte piece per lane
-  const auto go = [&]<int C, int P>() {
+  const bool wide = src.geometry.escape_capacity() > 512;  // escape slots of more than one 16-byte piece per lane
+  detail::with_head_shape(src.geometry.head_dim, what, [&]<int C, int P>() {
     if (wide) {
       decompress_kernel<C, P, 3, Target><<<grid, kWarps * 32, 0, stream>>>(src, target);
     } else {
       decompress_kernel<C, P, 1, Target><<<grid, kWarps * 32, 0, stream>>>(src, target);
     }
-  };
-  switch (src.geo.head_dim) {
-    case 64: go.template operator()<64, 1>(); break;
-    case 128: go.template operator()<128, 1>(); break;
-    case 256: go.template operator()<128, 2>(); break;
-    default: throw Error(std::string(what) + ": head width " + std::to_string(src.geo.head_dim) + " is not 64, 128 or 256");
-  }
+  });
   check(cudaGetLastError(), std::string(what) + " launch");
 }
 
 }  // namespace
 
-void decompress(const DeviceCache& compressed, const DeviceSequences& sequences, int layer, DeviceCache& bf16,
-                Stream stream) {
-  const PagedGeometry& src = compressed.view().geometry;
-  const PagedGeometry& dst = bf16.view().geometry;
+void decompress(const CacheMemory& compressed, const BatchTable& batch, int layer, CacheMemory& bf16, Stream stream) {
+  const PagedGeometry& src = compressed.geometry();
+  const PagedGeometry& dst = bf16.geometry();
   if (!compressed.compressed() || bf16.compressed()) throw Error("decompress: needs a compressed source and a BF16 target");
   if (dst.kv_heads != src.kv_heads || dst.head_dim != src.head_dim || dst.row_capacity != src.row_capacity)
-    throw Error("decompress: target was not made by DeviceCache::bf16_for for this cache");
+    throw Error("decompress: target was not made by CacheMemory::bf16_for for this cache");
   if (layer < 0 || layer >= src.layers) throw Error("decompress: layer out of range");
   PagedTarget target;
   target.layer = layer;
-  target.dst = dst;
-  target.dst_units = bf16.units_data();
-  target.dst_entries = bf16.entries_data();
-  target.rows = sequences.view().rows;
-  target.total_rows = sequences.total_blocks();
-  const Source source{src, compressed.view().units, compressed.view().entries, compressed.lane_bases()};
-  launch(source, target, static_cast<long long>(target.total_rows) * src.kv_heads * 2 * src.halves(), 1, stream,
-         "decompress");
+  target.dst = bf16.view();
+  target.rows = batch.view().rows;
+  target.total_rows = batch.total_blocks();
+  launch(compressed.view(), target, static_cast<long long>(target.total_rows) * src.kv_heads * 2 * src.halves(), 1,
+         stream, "decompress");
 }
 
-void decompress_dense(const DeviceCache& cache, const DeviceSequences& sequences, int first_layer, int layers,
+void decompress_dense(const CacheMemory& cache, const BatchTable& batch, int first_layer, int layers,
                       const DenseLayout& out, Stream stream) {
-  const PagedGeometry& geo = cache.view().geometry;
+  const PagedGeometry& geo = cache.geometry();
   if (first_layer < 0 || layers < 0 || first_layer + layers > geo.layers)
     throw Error("decompress_dense: layers " + std::to_string(first_layer) + " + " + std::to_string(layers) +
                 " out of range for a cache of " + std::to_string(geo.layers) + " layers");
@@ -316,15 +297,14 @@ void decompress_dense(const DeviceCache& cache, const DeviceSequences& sequences
                   std::to_string(stride));
   }
   int longest = 0;
-  for (int s = 0; s < sequences.sequences(); ++s) longest = std::max(longest, sequences.blocks(s));
+  for (int s = 0; s < batch.sequences(); ++s) longest = std::max(longest, batch.blocks(s));
   DenseTarget target;
-  target.seqs = sequences.view();
+  target.seqs = batch.view();
   target.first_layer = first_layer;
   target.layers = layers;
   target.out = out;
-  const Source source{geo, cache.view().units, cache.view().entries, cache.lane_bases()};
-  launch(source, target, static_cast<long long>(longest) * layers * geo.kv_heads * 2 * geo.halves(),
-         sequences.sequences(), stream, "decompress_dense");
+  launch(cache.view(), target, static_cast<long long>(longest) * layers * geo.kv_heads * 2 * geo.halves(),
+         batch.sequences(), stream, "decompress_dense");
 }
 
 }  // namespace gaac::cuda

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "cuda/check.hpp"
+#include "cuda/dispatch.hpp"
 #include "cuda/lane_encode.cuh"
 #include "gaac/calibration.hpp"
 #include "gaac/cuda.hpp"
@@ -108,8 +109,8 @@ std::vector<uint8_t> encode_snapshot_section(const uint16_t* tensor, int tokens,
                                              Stream stream) {
   const int kv = calibration.kv_heads(), head_dim = calibration.head_dim();
   if (layer < 0 || layer >= calibration.layers()) throw Error("encode_snapshot_section: layer " + std::to_string(layer) + " out of range");
-  if (head_dim != 64 && head_dim != 128 && head_dim != 256)
-    throw Error("encode_snapshot_section: head width " + std::to_string(head_dim) + " is not 64, 128 or 256");
+  // Throws for a head width the kernels do not take, before anything is allocated.
+  detail::with_head_shape(head_dim, "encode_snapshot_section", [&]<int C, int P>() { return C * P; });
   if (tokens < 0) throw Error("encode_snapshot_section: negative token count");
   const size_t row = static_cast<size_t>(kv) * head_dim;
   if (token_stride < row || token_stride % 8 != 0 || reinterpret_cast<uintptr_t>(tensor) % 16 != 0)
@@ -151,11 +152,8 @@ std::vector<uint8_t> encode_snapshot_section(const uint16_t* tensor, int tokens,
     a.raw = static_cast<uint32_t*>(flags.data());
     a.raw_before = static_cast<const uint32_t*>(before.data());
     const auto run = [&](bool place) {
-      switch (head_dim) {
-        case 64: launch<64, 1>(a, kind, stream, place); break;
-        case 128: launch<128, 1>(a, kind, stream, place); break;
-        default: launch<128, 2>(a, kind, stream, place); break;
-      }
+      detail::with_head_shape(head_dim, "encode_snapshot_section",
+                              [&]<int C, int P>() { launch<C, P>(a, kind, stream, place); });
       check(cudaGetLastError(), "encode_snapshot_section launch");
     };
     run(false);

@@ -172,7 +172,7 @@ void check_finalize(const std::vector<KvDump>& sequences, const CalibrationTable
   const int layers = static_cast<int>(table.layers());
   KvCache host(test::cache_config_for(sequences, CacheFormat::gaac, &table, std::vector<int>(static_cast<size_t>(layers), 0)));
   const std::vector<SequenceId> ids = test::fill_cache(host, open);
-  DeviceCache device = DeviceCache::upload(host);
+  CacheMemory device = CacheMemory::upload(host);
   const PagedGeometry& g = host.geometry();
   const PagedCacheView hv = host.view();
   const size_t row_bytes = static_cast<size_t>(g.tile_channels()) * 2;
@@ -193,7 +193,7 @@ void check_finalize(const std::vector<KvDump>& sequences, const CalibrationTable
             std::memcpy(&second, hv.units + g.unit_offset(entry_unit(e)) + g.partner_offset(), 4);
             const KvTensor& t = sequences[s].layers[static_cast<size_t>(l)].of(kind);
             const uint16_t* src = t.data.data() + (static_cast<size_t>(last) * t.kv_heads + h) * t.head_dim + half * g.tile_channels();
-            ASSERT_EQ(cudaMemcpy(device.units_data() + g.unit_offset(second) + 7 * row_bytes, src, row_bytes, cudaMemcpyHostToDevice),
+            ASSERT_EQ(cudaMemcpy(device.view().units + g.unit_offset(second) + 7 * row_bytes, src, row_bytes, cudaMemcpyHostToDevice),
                       cudaSuccess);
           }
   }
@@ -274,7 +274,7 @@ TEST_F(GpuCodec, FinalizeTwiceChangesNothing) {
   for (const KvDump& d : r.sequences) open.push_back(d);  // complete blocks: finalized on the host already
   KvCache host(test::cache_config_for(open, CacheFormat::gaac, &r.table, {0}));
   const std::vector<SequenceId> ids = test::fill_cache(host, open);
-  DeviceCache device = DeviceCache::upload(host);
+  CacheMemory device = CacheMemory::upload(host);
   std::vector<uint8_t> units_before, units_after;
   std::vector<uint32_t> entries_before, entries_after;
   device.download(units_before, entries_before);
@@ -294,9 +294,9 @@ TEST_F(GpuCodec, FinalizeTwiceChangesNothing) {
 /// Decompresses layers of `cache` (filled with `sequences`) into a dense and a paged layout and
 /// checks every held value; released tiles keep the sentinel.
 void check_decompress(const KvCache& host, const std::vector<SequenceId>& ids, const std::vector<KvDump>& sequences) {
-  const DeviceCache device = DeviceCache::upload(host);
+  const CacheMemory device = CacheMemory::upload(host);
   const SequenceTable batch = host.sequence_table(ids);
-  const DeviceSequences seqs = DeviceSequences::upload(batch.view());
+  const BatchTable seqs = BatchTable::upload(batch.view());
   const PagedGeometry& g = host.geometry();
   const PagedCacheView hv = host.view();
   const int layers = g.layers, kv = g.kv_heads, hd = g.head_dim, n = static_cast<int>(sequences.size());

@@ -67,10 +67,10 @@ void cross_check(const CrossCase& c) {
   EXPECT_GT(usage.raw_tiles, 0u) << "the case should hold raw tiles too";
   EXPECT_GT(usage.tail_tiles, 0u) << "the case should hold open blocks too";
 
-  const DeviceCache dev_gaac = DeviceCache::upload(gaac_cache);
-  const DeviceCache dev_bf16 = DeviceCache::upload(bf16_cache);
-  const DeviceSequences dev_batch = DeviceSequences::upload(batch.view());
-  const DeviceSequences dev_bf16_batch = DeviceSequences::upload(bf16_batch.view());
+  const CacheMemory dev_gaac = CacheMemory::upload(gaac_cache);
+  const CacheMemory dev_bf16 = CacheMemory::upload(bf16_cache);
+  const BatchTable dev_batch = BatchTable::upload(batch.view());
+  const BatchTable dev_bf16_batch = BatchTable::upload(bf16_batch.view());
 
   const int n = static_cast<int>(seqs.size()), hd = c.head_dim;
   std::mt19937_64 rng(5);
@@ -81,18 +81,19 @@ void cross_check(const CrossCase& c) {
   for (size_t i = 0; i < q.size(); ++i) qf[i] = bf16_to_float(q[i]);
   DeviceBuffer dq(q.size() * 2), dout(q.size() * 2);
   dq.upload(q.data(), q.size() * 2);
-  DecodeWorkspace ws;
   const std::vector<uint16_t> poison(q.size(), 0xFFFF);
 
   for (int layer = 0; layer < 2; ++layer) {
     SCOPED_TRACE(testing::Message() << "layer " << layer);
     DecodeConfig config;
-    config.layer = layer;
     config.q_heads = c.q_heads;
-    config.blocks_per_split = plan_decode(dev_gaac, dev_batch, config).blocks_per_split;
-    const auto gpu = [&](const DeviceCache& cache, const DeviceSequences& b) {
+    DecodePlan plan;
+    plan.plan(dev_gaac, dev_batch, config);
+    config.blocks_per_split = plan.split(layer).blocks_per_split;  // the twin takes GAAC's split
+    const auto gpu = [&](const CacheMemory& cache, const BatchTable& b) {
       dout.upload(poison.data(), poison.size() * 2);
-      decode_attention(cache, b, config, static_cast<const uint16_t*>(dq.data()), static_cast<uint16_t*>(dout.data()), ws);
+      plan.plan(cache, b, config);
+      plan.run(cache, b, layer, static_cast<const uint16_t*>(dq.data()), static_cast<uint16_t*>(dout.data()));
       std::vector<uint16_t> out(q.size());
       dout.download(out.data(), out.size() * 2);
       return out;

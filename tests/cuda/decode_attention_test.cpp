@@ -135,11 +135,11 @@ Outputs run_case(const Case& c) {
   const SequenceTable table_gaac = host_gaac.sequence_table(ids_gaac);
   const SequenceTable table_bf16 = host_bf16.sequence_table(ids_bf16);
 
-  const DeviceCache dev_gaac = DeviceCache::upload(host_gaac);
-  const DeviceCache dev_bf16 = DeviceCache::upload(host_bf16);
-  const DeviceSequences dev_seqs = DeviceSequences::upload(table_gaac.view());
-  const DeviceSequences dev_seqs_bf16 = DeviceSequences::upload(table_bf16.view());
-  DeviceCache dev_decompressed = DeviceCache::bf16_for(host_gaac.geometry(), c.window);
+  const CacheMemory dev_gaac = CacheMemory::upload(host_gaac);
+  const CacheMemory dev_bf16 = CacheMemory::upload(host_bf16);
+  const BatchTable dev_seqs = BatchTable::upload(table_gaac.view());
+  const BatchTable dev_seqs_bf16 = BatchTable::upload(table_bf16.view());
+  CacheMemory dev_decompressed = CacheMemory::bf16_for(host_gaac.geometry(), c.window);
 
   const int heads = c.kv_heads * c.group, hd = c.head_dim, n = static_cast<int>(c.lengths.size());
   std::mt19937_64 rng(c.seed + 99);
@@ -149,14 +149,18 @@ Outputs run_case(const Case& c) {
   DeviceBuffer dq(q.size() * 2), dout(q.size() * 2);
   dq.upload(q.data(), q.size() * 2);
 
+  // One split for every cache (the GAAC cache's planned one unless the case sets it): same bits.
   DecodeConfig config;
   config.q_heads = heads;
-  config.blocks_per_split = c.blocks_per_split > 0 ? c.blocks_per_split : plan_decode(dev_gaac, dev_seqs, config).blocks_per_split;
-  DecodeWorkspace ws;
+  config.blocks_per_split = c.blocks_per_split;
+  DecodePlan plan;
+  plan.plan(dev_gaac, dev_seqs, config);
+  config.blocks_per_split = plan.split(0).blocks_per_split;
   const std::vector<uint16_t> poison(q.size(), 0xFFFF);  // NaN: any element left unwritten fails
-  const auto run = [&](const DeviceCache& cache, const DeviceSequences& batch) {
+  const auto run = [&](const CacheMemory& cache, const BatchTable& batch) {
     dout.upload(poison.data(), poison.size() * 2);
-    decode_attention(cache, batch, config, static_cast<const uint16_t*>(dq.data()), static_cast<uint16_t*>(dout.data()), ws);
+    plan.plan(cache, batch, config);
+    plan.run(cache, batch, 0, static_cast<const uint16_t*>(dq.data()), static_cast<uint16_t*>(dout.data()));
     std::vector<uint16_t> out(q.size());
     dout.download(out.data(), out.size() * 2);  // synchronises, and reports launch errors
     return out;
@@ -173,7 +177,7 @@ Outputs run_case(const Case& c) {
   std::vector<uint8_t> units;
   std::vector<uint32_t> entries;
   dev_decompressed.download(units, entries);
-  const PagedGeometry& dg = dev_decompressed.view().geometry;
+  const PagedGeometry& dg = dev_decompressed.geometry();
   const PagedCacheView bv = host_bf16.view();
   const PagedGeometry& bg = bv.geometry;
   for (size_t b = 0; b < table_bf16.rows.size(); ++b)

@@ -1,5 +1,5 @@
 // Sequences grown on the device (begin_tokens, write_tokens, finalize_completed on a cache made by
-// DeviceCache::create) against the same tokens appended to a host KvCache: the same values held
+// CacheMemory::create) against the same tokens appended to a host KvCache: the same values held
 // (decompressed bit for bit, sliding-window releases included), the same tile classes and free units,
 // and decode attention with the same bits; the same when every decoding step is one CUDA graph replayed;
 // and running out of units is reported, never written past. Skipped, with a message, without a device.
@@ -81,8 +81,8 @@ struct DeviceValues {
 };
 
 /// Decompresses every layer of `cache` for `seqs` (longest `tokens`) over a sentinel; returns K then V.
-std::vector<uint16_t> decompressed(const DeviceCache& cache, const DeviceSequences& seqs, int tokens) {
-  const PagedGeometry& g = cache.view().geometry;
+std::vector<uint16_t> decompressed(const CacheMemory& cache, const BatchTable& seqs, int tokens) {
+  const PagedGeometry& g = cache.geometry();
   const size_t row = static_cast<size_t>(g.kv_heads) * g.head_dim;
   const size_t per_layer = row * tokens * seqs.sequences();
   const std::vector<uint16_t> sentinel(per_layer * g.layers, 0x7FC1);
@@ -101,19 +101,20 @@ std::vector<uint16_t> decompressed(const DeviceCache& cache, const DeviceSequenc
 }
 
 /// Decode attention of every layer (query = the newest token, fixed values) with a fixed split.
-std::vector<uint16_t> attention(const DeviceCache& cache, const DeviceSequences& seqs, int q_heads) {
-  const PagedGeometry& g = cache.view().geometry;
+std::vector<uint16_t> attention(const CacheMemory& cache, const BatchTable& seqs, int q_heads) {
+  const PagedGeometry& g = cache.geometry();
   const size_t n = static_cast<size_t>(seqs.sequences()) * q_heads * g.head_dim;
   std::vector<uint16_t> q(n);
   for (size_t i = 0; i < n; ++i) q[i] = static_cast<uint16_t>(0x3C00 + (i * 2654435761u >> 20) % 0x300);
   DeviceBuffer dq(n * 2), dout(n * 2);
   dq.upload(q.data(), n * 2);
-  DecodeWorkspace ws;
+  DecodeConfig config;
+  config.q_heads = q_heads, config.blocks_per_split = 8;
+  DecodePlan plan;
+  plan.plan(cache, seqs, config);
   std::vector<uint16_t> all;
   for (int l = 0; l < g.layers; ++l) {
-    DecodeConfig config;
-    config.layer = l, config.q_heads = q_heads, config.blocks_per_split = 8;
-    decode_attention(cache, seqs, config, static_cast<const uint16_t*>(dq.data()), static_cast<uint16_t*>(dout.data()), ws);
+    plan.run(cache, seqs, l, static_cast<const uint16_t*>(dq.data()), static_cast<uint16_t*>(dout.data()));
     std::vector<uint16_t> out(n);
     dout.download(out.data(), n * 2);
     all.insert(all.end(), out.begin(), out.end());
@@ -158,8 +159,8 @@ void run_case(const Case& c) {
   for (int i = 0; i < c.steps; ++i) host_append(c.prefill + i, 1);
 
   // The device: a prefill, then single tokens (each step one graph replay when c.graph).
-  DeviceCache dev = DeviceCache::create(config);
-  DeviceSequences dseqs = DeviceSequences::reserve(dev, c.sequences, tokens);
+  CacheMemory dev = CacheMemory::create(config);
+  BatchTable dseqs = BatchTable::reserve(dev, c.sequences, tokens);
   const DeviceValues values(seqs, tokens);
   const auto step = [&](int first, int n, cudaStream_t stream) {
     begin_tokens(dev, dseqs, n, stream);
@@ -213,9 +214,9 @@ void run_case(const Case& c) {
   ok(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   ASSERT_EQ(dev.status(), 0u);
 
-  const DeviceCache up = DeviceCache::upload(host);
+  const CacheMemory up = CacheMemory::upload(host);
   const SequenceTable table_view = host.sequence_table(ids);
-  const DeviceSequences useqs = DeviceSequences::upload(table_view.view());
+  const BatchTable useqs = BatchTable::upload(table_view.view());
   for (int s = 0; s < c.sequences; ++s) ASSERT_EQ(dseqs.length(s), tokens);
 
   const std::vector<uint16_t> grown = decompressed(dev, dseqs, tokens), hosted = decompressed(up, useqs, tokens);
@@ -235,7 +236,7 @@ void run_case(const Case& c) {
   }
 
   const CacheUsage u = host.usage();
-  const DeviceCache::TileCounts t = dev.count_tiles();
+  const CacheMemory::TileCounts t = dev.count_tiles();
   EXPECT_EQ(t.compressed, u.compressed_tiles);
   EXPECT_EQ(t.raw, u.raw_tiles + u.tail_tiles);
   EXPECT_EQ(dev.free_unit_count(), u.units_free);
@@ -268,18 +269,18 @@ TEST_F(GpuGrow, RunningOutOfUnitsIsReported) {
   config.geometry = {2, 2, 128, {}};
   config.format = CacheFormat::bf16;
   config.budget_bytes = worst_case_budget(config.geometry, config.format, nullptr, 40, 1);
-  DeviceCache dev = DeviceCache::create(config);
+  CacheMemory dev = CacheMemory::create(config);
   const int blocks = static_cast<int>(dev.units() / 8);
   ASSERT_GE(blocks, 2);
-  DeviceSequences seqs = DeviceSequences::reserve(dev, 1, kTileTokens * (blocks + 1));
+  BatchTable seqs = BatchTable::reserve(dev, 1, kTileTokens * (blocks + 1));
   begin_tokens(dev, seqs, kTileTokens * blocks);
   ASSERT_EQ(dev.status(), 0u);
   EXPECT_EQ(dev.free_unit_count(), dev.units() - 8u * static_cast<uint32_t>(blocks));
   begin_tokens(dev, seqs, 1);
-  EXPECT_EQ(dev.status(), DeviceCache::kOutOfUnits);
+  EXPECT_EQ(dev.status(), CacheMemory::kOutOfUnits);
   EXPECT_EQ(dev.free_unit_count(), dev.units() - 8u * static_cast<uint32_t>(blocks));  // nothing taken
   EXPECT_THROW(begin_tokens(dev, seqs, kTileTokens), Error);  // past the reserved tokens
-  EXPECT_THROW(DeviceSequences::reserve(dev, 1000, 1 << 20), Error);  // more rows than the table has
+  EXPECT_THROW(BatchTable::reserve(dev, 1000, 1 << 20), Error);  // more rows than the table has
 }
 
 }  // namespace

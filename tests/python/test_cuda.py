@@ -1,6 +1,7 @@
-"""gaac.DeviceCache on the GPU: decode attention over a GAAC cache equals the BF16 twin's bit for bit and the
-CPU's gaac.attend within BF16 rounding; decompression gives back every value. Skipped without CUDA (a gaac
-built without nvcc, or no GPU) or without PyTorch."""
+"""gaac on the GPU: a KvCacheMirror attends with the BF16 twin's bits and within BF16 rounding of the CPU's
+gaac.attend, and decompresses every value back; a BatchKvCache grown on the device holds what a host cache
+holds, steps captured in a CUDA graph give the bits of eager ones, and misuse is reported. Skipped without
+CUDA (a gaac built without nvcc, or no GPU) or without PyTorch."""
 import numpy as np
 import pytest
 
@@ -31,13 +32,13 @@ def test_gpu_attention_and_decompression(shape):
     table = gaac.calibrate([a[2049:] for a in k], [a[2049:] for a in v])
     windows = [0, 300]
     host = {fmt: filled(fmt, k, v, lengths, table, windows) for fmt in ("gaac", "bf16")}
-    device = {fmt: gaac.DeviceCache(c, ids) for fmt, (c, ids) in host.items()}
+    device = {fmt: gaac.KvCacheMirror(c, ids) for fmt, (c, ids) in host.items()}
     rng = np.random.default_rng(2)
     q32 = (rng.standard_normal((len(lengths), q_heads, d)) * 0.5).astype(np.float32)
     q = torch.from_numpy(q32).to(torch.bfloat16).cuda()
     for layer in range(2):
         outs = {}
-        split = device["gaac"].plan(layer, q_heads)  # the twin may plan another split (its occupancy differs)
+        split = device["gaac"].planned_blocks_per_split(layer, q_heads)  # the twin may plan another (occupancy)
         for fmt, dc in device.items():
             out = torch.full_like(q, float("nan"))
             dc.attend(layer, q, out, blocks_per_split=split, stream=torch.cuda.current_stream().cuda_stream)
@@ -64,10 +65,10 @@ def test_gpu_attention_and_decompression(shape):
             assert np.array_equal(vo[layer, i, first:n], v[layer][first:n])
 
 
-def test_device_cache_checks_its_arguments():
+def test_mirror_checks_its_arguments():
     k, v = gaac.synthetic_kv(layers=1, kv_heads=2, head_dim=64, tokens=40)
     cache, ids = filled("gaac", k, v, [40], gaac.calibrate(k, v), None)
-    dc = gaac.DeviceCache(cache, ids)
+    dc = gaac.KvCacheMirror(cache, ids)
     q = torch.zeros((1, 4, 64), dtype=torch.float32, device="cuda")
     with pytest.raises(gaac.GaacError, match="bfloat16"):
         dc.attend(0, q, torch.zeros_like(q))
@@ -75,14 +76,15 @@ def test_device_cache_checks_its_arguments():
         dc.attend(0, q.bfloat16(), torch.zeros((1, 4, 32), dtype=torch.bfloat16, device="cuda"))
 
 
-def grown(fmt, k, v, table, windows, batch, prefill, steps, stream):
-    """A DeviceKvCache filled on the GPU with `batch` copies of k/v offset by sequence: a prefill, then steps."""
+def grown(fmt, k, v, table, windows, batch, prefill, steps, stream, blocks_per_split=0):
+    """A BatchKvCache filled on the GPU with `batch` copies of k/v offset by sequence: a prefill, then steps."""
     layers, kv_heads, head_dim = len(k), k[0].shape[1], k[0].shape[2]
     calib = table if fmt == "gaac" else None
     tokens = prefill + steps
     budget = gaac.KvCache.worst_case_budget(layers, kv_heads, head_dim, tokens, batch, calib, fmt, windows)
-    dc = gaac.DeviceKvCache(layers, kv_heads, head_dim, budget, calib, fmt, windows, sequences=batch,
-                            max_tokens=tokens)
+    dc = gaac.BatchKvCache(layers, kv_heads, head_dim, budget, calib, fmt, windows, batch=batch, max_tokens=tokens,
+                           device="cuda", blocks_per_split=blocks_per_split)
+    assert dc.device == "cuda"
     # [batch, kv_heads, tokens, head_dim] per layer: sequence b is tokens b*tokens .. of the synthetic KV.
     dev = [[torch.from_numpy(np.ascontiguousarray(a[b * tokens:(b + 1) * tokens])).view(torch.bfloat16)
             .transpose(0, 1).cuda() for b in range(batch)] for a in k + v]
@@ -91,21 +93,20 @@ def grown(fmt, k, v, table, windows, batch, prefill, steps, stream):
         dc.begin(n, stream)
         for layer in range(layers):
             dc.write(layer, dev[layer][:, :, first:first + n], dev[layers + layer][:, :, first:first + n], stream)
-        dc.finalize(stream)
     dc.check()
     return dc
 
 
-def test_device_kv_cache_grows_like_the_host_cache():
+def test_batch_cache_grows_on_the_device_like_the_host_cache():
     layers, kv_heads, d, batch, prefill, steps = 2, 2, 128, 3, 100, 40
     tokens = prefill + steps
     k, v = gaac.synthetic_kv(layers=layers, kv_heads=kv_heads, head_dim=d, tokens=batch * tokens + 1000, seed=5)
     table = gaac.calibrate([a[batch * tokens:] for a in k], [a[batch * tokens:] for a in v])
     windows = [0, 48]
     stream = torch.cuda.current_stream().cuda_stream
-    q = (torch.randn((batch, 4 * kv_heads, d), generator=torch.Generator().manual_seed(1)) * 0.5).bfloat16().cuda()
+    q = (torch.randn((batch, 4 * kv_heads, 1, d), generator=torch.Generator().manual_seed(1)) * 0.5).bfloat16().cuda()
     for fmt in ("gaac", "bf16"):
-        dc = grown(fmt, k, v, table, windows, batch, prefill, steps, stream)
+        dc = grown(fmt, k, v, table, windows, batch, prefill, steps, stream, blocks_per_split=4)
         assert dc.length == tokens
         calib = table if fmt == "gaac" else None
         budget = gaac.KvCache.worst_case_budget(layers, kv_heads, d, tokens, batch, calib, fmt, windows)
@@ -116,38 +117,37 @@ def test_device_kv_cache_grows_like_the_host_cache():
             host.append(s, [a[rows][:prefill] for a in k], [a[rows][:prefill] for a in v])
             for i in range(prefill, tokens):
                 host.append(s, [a[rows][i:i + 1] for a in k], [a[rows][i:i + 1] for a in v])
-        mirror = gaac.DeviceCache(host, ids)
+        mirror = gaac.KvCacheMirror(host, ids)
         hu, du = host.usage(), dc.usage()
-        assert du["compressed_tiles"] == hu["compressed_tiles"]
-        assert du["raw_tiles"] == hu["raw_tiles"] + hu["tail_tiles"]
-        assert du["units_free"] == hu["units_free"]
+        for key in ("compressed_tiles", "raw_tiles", "tail_tiles", "units_free", "resident_bytes", "bf16_bytes"):
+            assert du[key] == hu[key], f"{fmt}: {key} {du[key]} on the device, {hu[key]} on the host"
         for layer in range(layers):
             a, b = torch.full_like(q, float("nan")), torch.full_like(q, float("nan"))
-            dc.attend(layer, q, a, blocks_per_split=4, stream=stream)
-            mirror.attend(layer, q, b, blocks_per_split=4, stream=stream)
+            dc.attend(layer, q, a, stream=stream)
+            mirror.attend(layer, q[:, :, 0], b[:, :, 0], blocks_per_split=4, stream=stream)
             torch.cuda.synchronize()
             assert torch.equal(a.view(torch.int16), b.view(torch.int16)), f"{fmt} layer {layer}: grown != host-filled"
 
 
-def test_device_kv_cache_step_in_a_cuda_graph():
-    """A decoding step (begin, write, attend, finalize) captured once and replayed while the sequence grows gives
-    the bits of the same steps run one by one."""
+def test_batch_cache_step_in_a_cuda_graph():
+    """A decoding step (begin, then write and attend per layer) captured once and replayed while the sequence grows
+    gives the bits of the same steps run one by one."""
     layers, kv_heads, d, prefill, steps = 2, 1, 256, 30, 20
     k, v = gaac.synthetic_kv(layers=layers, kv_heads=kv_heads, head_dim=d, tokens=prefill + steps + 600, seed=9)
     table = gaac.calibrate([a[prefill + steps:] for a in k], [a[prefill + steps:] for a in v])
     kt = [torch.from_numpy(np.ascontiguousarray(a)).view(torch.bfloat16).transpose(0, 1)[None].cuda() for a in k + v]
-    q = (torch.randn((1, 4, d), generator=torch.Generator().manual_seed(3)) * 0.5).bfloat16().cuda()
+    q = (torch.randn((1, 4, 1, d), generator=torch.Generator().manual_seed(3)) * 0.5).bfloat16().cuda()
     results = {}
     for mode in ("eager", "graph"):
         budget = gaac.KvCache.worst_case_budget(layers, kv_heads, d, prefill + steps, 1, table, "gaac", [16, 0])
-        dc = gaac.DeviceKvCache(layers, kv_heads, d, budget, table, "gaac", [16, 0], max_tokens=prefill + steps)
+        dc = gaac.BatchKvCache(layers, kv_heads, d, budget, table, "gaac", [16, 0], max_tokens=prefill + steps,
+                               device="cuda", blocks_per_split=1, plan_tokens=prefill + steps)
         side = torch.cuda.Stream()
         with torch.cuda.stream(side):
             s = side.cuda_stream
             dc.begin(prefill, s)
             for layer in range(layers):
                 dc.write(layer, kt[layer][:, :, :prefill], kt[layers + layer][:, :, :prefill], s)
-            dc.finalize(s)
             rows_k = [torch.zeros((1, kv_heads, 1, d), dtype=torch.bfloat16, device="cuda") for _ in range(layers)]
             rows_v = [torch.zeros_like(r) for r in rows_k]
             outs = [torch.zeros_like(q) for _ in range(layers)]
@@ -156,8 +156,7 @@ def test_device_kv_cache_step_in_a_cuda_graph():
                 dc.begin(1, s)
                 for layer in range(layers):
                     dc.write(layer, rows_k[layer], rows_v[layer], s)
-                    dc.attend(layer, q, outs[layer], blocks_per_split=1, plan_tokens=prefill + steps, stream=s)
-                dc.finalize(s)
+                    dc.attend(layer, q, outs[layer], stream=s)
 
             graph = None
             seen = []
@@ -183,21 +182,33 @@ def test_device_kv_cache_step_in_a_cuda_graph():
     assert torch.equal(results["eager"], results["graph"])
 
 
-def test_device_kv_cache_reports_running_out():
+def test_batch_cache_on_the_device_reports_misuse_and_running_out():
     budget = gaac.KvCache.worst_case_budget(1, 2, 64, 32, 1, None, "bf16", None)  # two blocks' units
-    dc = gaac.DeviceKvCache(1, 2, 64, budget, None, "bf16", max_tokens=48)
+    dc = gaac.BatchKvCache(1, 2, 64, budget, None, "bf16", max_tokens=48, device="cuda")
     stream = torch.cuda.current_stream().cuda_stream
+    rows = torch.zeros((1, 2, 16, 64), dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(gaac.GaacError, match="CUDA device memory"):
+        dc.write(0, rows.cpu(), rows.cpu(), stream)  # CPU tensors for a GPU cache
     for _ in range(2):
         dc.begin(16, stream)
-        dc.check()
-    dc.begin(16, stream)
+        dc.write(0, rows, rows, stream)
+    with pytest.raises(gaac.CacheFullError, match="ran out"):
+        dc.begin(16, stream)  # the third block finds no free units
     with pytest.raises(gaac.CacheFullError, match="ran out"):
         dc.check()
+    x = torch.zeros((1, 2, 3, 64), dtype=torch.bfloat16, device="cuda")
+    with pytest.raises(gaac.GaacError, match=r"\[1, 2, 16, 64\]"):
+        dc.write(0, x, x, stream)
+    dc.write(0, rows, rows, stream)
     with pytest.raises(gaac.GaacError, match="room for 48"):
         dc.begin(1, stream)
-    q = torch.zeros((1, 4, 64), dtype=torch.bfloat16, device="cuda")
+    bad = gaac.BatchKvCache(1, 2, 64, budget, None, "bf16", max_tokens=48, device="cuda", plan_tokens=-1)
+    bad.begin(1, stream)
+    one = torch.zeros((1, 2, 1, 64), dtype=torch.bfloat16, device="cuda")
+    bad.write(0, one, one, stream)
+    q = torch.zeros((1, 4, 1, 64), dtype=torch.bfloat16, device="cuda")
     with pytest.raises(gaac.GaacError, match="positive"):
-        dc.attend(0, q, torch.zeros_like(q), plan_tokens=-1, stream=stream)
-    with pytest.raises(gaac.GaacError, match=r"\[1, 2, 16, 64\]"):
-        x = torch.zeros((1, 2, 3, 64), dtype=torch.bfloat16, device="cuda")
-        dc.write(0, x, x, stream)
+        bad.attend(0, q, torch.zeros_like(q), stream=stream)
+    with pytest.raises(gaac.GaacError, match="on the GPU yet"):
+        dc.attend(0, torch.zeros((1, 4, 2, 64), dtype=torch.bfloat16, device="cuda"),
+                  torch.zeros((1, 4, 2, 64), dtype=torch.bfloat16, device="cuda"), stream=stream)

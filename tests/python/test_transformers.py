@@ -133,7 +133,7 @@ def test_smollm2_second_turn_reads_the_cache():
         ids = model.generate(torch.cat([ids, second], dim=1), past_key_values=cache, max_new_tokens=12,
                              do_sample=False)
         tokens[fmt] = ids[0].tolist()
-        assert cache.get_seq_length() == ids.shape[1] - 1  # all but the last generated token (pending: the last forward)
+        assert cache.get_seq_length() == ids.shape[1] - 1  # every token forwarded: all but the last generated
     assert tokens["gaac"] == tokens["bf16"]
 
 

@@ -1,0 +1,187 @@
+// A paged cache's memory on the device: copied from a host cache, carved from a budget on the device
+// alone, or made as the BF16 target of decompress-first.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <vector>
+
+#include "cuda/check.hpp"
+#include "cuda/lane_bases.hpp"
+#include "gaac/cuda.hpp"
+#include "gaac/kv_cache.hpp"
+
+namespace gaac::cuda {
+namespace {
+
+constexpr size_t kPoolPadding = 16;  // kernels read up to 8 bytes past a slot's escapes
+
+/// Units from 0 up to the last one a tile of the table holds (for a raw tile in two units, its second
+/// one too): the part of the pool worth copying.
+uint32_t units_in_use(const PagedCacheView& host) {
+  const PagedGeometry& geo = host.geometry;
+  uint32_t end = 0;
+  for (size_t i = 0; i < geo.table_entries(); ++i) {
+    const uint32_t e = host.entries[i];
+    if (entry_class(e) == TileClass::absent) continue;
+    const uint32_t unit = entry_unit(e);
+    end = std::max(end, unit + 1);
+    if (entry_class(e) == TileClass::raw && geo.raw_split()) {
+      uint32_t second = 0;
+      std::memcpy(&second, host.units + geo.unit_offset(unit) + geo.partner_offset(), sizeof second);
+      end = std::max(end, second + 1);
+    }
+  }
+  return end;
+}
+
+/// The bases and their lane form on the device, for a compressed cache.
+void upload_bases(const PagedGeometry& geo, const uint8_t* bases, DeviceBuffer& plain, DeviceBuffer& lanes) {
+  plain = DeviceBuffer(geo.bases_bytes());
+  plain.upload(bases, geo.bases_bytes());
+  std::vector<uint32_t> lane_bases(detail::lane_bases_index(geo, geo.layers, 0));
+  detail::fill_lane_bases(geo, bases, lane_bases.data());
+  lanes = DeviceBuffer(lane_bases.size() * 4);
+  lanes.upload(lane_bases.data(), lane_bases.size() * 4);
+}
+
+}  // namespace
+
+CacheMemory CacheMemory::upload(const KvCache& host_cache) {
+  const PagedCacheView host = host_cache.view();
+  const PagedGeometry& geo = host.geometry;
+  if (geo.unit_bytes % 16 != 0) throw Error("CacheMemory: unit size is not a multiple of 16 bytes");
+  const uint32_t units = units_in_use(host);
+  CacheMemory cache;
+  cache.units_ = units;
+  const size_t pool = static_cast<size_t>(units) * geo.unit_bytes;
+  cache.units_buffer_ = DeviceBuffer(pool + kPoolPadding);
+  cache.units_buffer_.upload(host.units, pool);
+  check(cudaMemset(static_cast<char*>(cache.units_buffer_.data()) + pool, 0, kPoolPadding), "cudaMemset");
+  cache.entries_buffer_ = DeviceBuffer(geo.table_entries() * 4);
+  cache.entries_buffer_.upload(host.entries, geo.table_entries() * 4);
+  if (host.bases) upload_bases(geo, host.bases, cache.bases_buffer_, cache.lane_bases_buffer_);
+  cache.windows_.assign(static_cast<size_t>(geo.layers), 0);
+  if (host.windows) std::copy(host.windows, host.windows + geo.layers, cache.windows_.begin());
+  std::vector<uint32_t> free_units;  // the host's free units the device pool holds, bottom first
+  for (const uint32_t unit : host_cache.free_units()) {
+    if (unit < units) free_units.push_back(unit);
+  }
+  cache.finish(geo, free_units);
+  return cache;
+}
+
+CacheMemory CacheMemory::create(const CacheConfig& config) {
+  const CacheCarving carving = carve_cache(config);
+  const PagedGeometry& geo = carving.geometry;
+  CacheMemory cache;
+  cache.units_ = static_cast<uint32_t>(carving.units);
+  const size_t pool = static_cast<size_t>(cache.units_) * geo.unit_bytes;
+  cache.units_buffer_ = DeviceBuffer(pool + kPoolPadding);
+  check(cudaMemset(cache.units_buffer_.data(), 0, pool + kPoolPadding), "cudaMemset");
+  cache.entries_buffer_ = DeviceBuffer(geo.table_entries() * 4);
+  // 0x80 in every byte: the absent class, unit 0x0080'8080 (never read for an absent tile).
+  check(cudaMemset(cache.entries_buffer_.data(), 0x80, geo.table_entries() * 4), "cudaMemset");
+  if (!carving.bases.empty()) upload_bases(geo, carving.bases.data(), cache.bases_buffer_, cache.lane_bases_buffer_);
+  cache.windows_ = carving.windows;
+  std::vector<uint32_t> stack(cache.units_);  // every unit free, unit 0 on top (popped first)
+  for (uint32_t i = 0; i < cache.units_; ++i) stack[i] = cache.units_ - 1 - i;
+  cache.finish(geo, stack);
+  return cache;
+}
+
+CacheMemory CacheMemory::bf16_for(const PagedGeometry& like, int window) {
+  PagedGeometry geo = like;
+  geo.layers = 1;
+  geo.unit_bytes = static_cast<uint32_t>(geo.raw_tile_bytes());
+  const size_t entries = geo.table_entries();
+  if (entries > kMaxUnits) throw Error("CacheMemory::bf16_for: too many entries for one unit each");
+  CacheMemory cache;
+  cache.units_ = static_cast<uint32_t>(entries);
+  cache.units_buffer_ = DeviceBuffer(entries * geo.unit_bytes + kPoolPadding);
+  cache.entries_buffer_ = DeviceBuffer(entries * 4);
+  check(cudaMemset(cache.entries_buffer_.data(), 0xFF, entries * 4), "cudaMemset");  // invalid until written
+  cache.windows_ = {window};
+  cache.finish(geo, {});
+  return cache;
+}
+
+void CacheMemory::finish(const PagedGeometry& geo, const std::vector<uint32_t>& free_units) {
+  windows_buffer_ = DeviceBuffer(windows_.size() * 4);
+  windows_buffer_.upload(windows_.data(), windows_.size() * 4);
+  free_stack_buffer_ = DeviceBuffer(std::max<size_t>(units_, 1) * 4);  // room for every unit
+  free_stack_buffer_.upload(free_units.data(), free_units.size() * 4);
+  const auto free_count = static_cast<uint32_t>(free_units.size());
+  free_count_buffer_ = DeviceBuffer(4);
+  free_count_buffer_.upload(&free_count, 4);
+  status_buffer_ = DeviceBuffer(4);
+  check(cudaMemset(status_buffer_.data(), 0, 4), "cudaMemset");
+  view_.geometry = geo;
+  view_.units = static_cast<uint8_t*>(units_buffer_.data());
+  view_.entries = static_cast<uint32_t*>(entries_buffer_.data());
+  view_.bases = static_cast<const uint8_t*>(bases_buffer_.data());
+  view_.lane_bases = static_cast<const uint32_t*>(lane_bases_buffer_.data());
+  view_.windows = static_cast<const int32_t*>(windows_buffer_.data());
+  view_.free_stack = static_cast<uint32_t*>(free_stack_buffer_.data());
+  view_.free_count = static_cast<uint32_t*>(free_count_buffer_.data());
+  view_.status = static_cast<uint32_t*>(status_buffer_.data());
+}
+
+uint32_t CacheMemory::free_unit_count() const {
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");  // kernels on any stream
+  uint32_t count = 0;
+  free_count_buffer_.download(&count, 4);
+  return count;
+}
+
+uint32_t CacheMemory::status() const {
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  uint32_t word = 0;
+  status_buffer_.download(&word, 4);
+  return word;
+}
+
+uint32_t CacheMemory::take_rows(uint32_t count) {
+  const uint32_t capacity = view_.geometry.row_capacity;
+  if (count > capacity - rows_taken_)
+    throw Error(ErrorCode::out_of_space, "the block table has " + std::to_string(capacity - rows_taken_) +
+                                             " free rows, " + std::to_string(count) +
+                                             " asked for (a larger budget has more)");
+  const uint32_t first = rows_taken_;
+  rows_taken_ += count;
+  return first;
+}
+
+CacheMemory::TileCounts CacheMemory::count_tiles() const {
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  std::vector<uint32_t> entries(view_.geometry.table_entries());
+  entries_buffer_.download(entries.data(), entries.size() * 4);
+  TileCounts counts;
+  for (const uint32_t e : entries) {
+    switch (entry_class(e)) {
+      case TileClass::compressed: ++counts.compressed; break;
+      case TileClass::raw: ++counts.raw; break;
+      default: ++counts.absent; break;
+    }
+  }
+  return counts;
+}
+
+std::vector<uint32_t> CacheMemory::free_units() const {
+  const uint32_t count = free_unit_count();
+  if (count > units_) throw Error("CacheMemory: the device free stack holds more units than the pool");
+  std::vector<uint32_t> units(count);
+  free_stack_buffer_.download(units.data(), static_cast<size_t>(count) * 4);
+  return units;
+}
+
+void CacheMemory::download(std::vector<uint8_t>& units, std::vector<uint32_t>& entries) const {
+  const PagedGeometry& geo = view_.geometry;
+  units.resize(static_cast<size_t>(units_) * geo.unit_bytes);
+  entries.resize(geo.table_entries());
+  units_buffer_.download(units.data(), units.size());
+  entries_buffer_.download(entries.data(), entries.size() * 4);
+}
+
+}  // namespace gaac::cuda

@@ -1,0 +1,342 @@
+// Decode attention planned once per batch geometry and launched per layer: the kernel instance, the
+// split of each sequence's context over CTAs (per sliding window), the workspace, and the launch.
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "cuda/check.hpp"
+#include "cuda/decode_kernel.cuh"
+#include "cuda/dispatch.hpp"
+#include "gaac/cuda.hpp"
+#include "gaac/error.hpp"
+
+namespace gaac::cuda {
+namespace {
+
+using detail::DecodeArgs;
+using detail::TileSource;
+
+/// A kernel instance and what it needs to be launched.
+struct KernelChoice {
+  void (*kernel)(DecodeArgs) = nullptr;
+  int stages = 0;
+  uint32_t tile_stride = 0;
+};
+
+template <int C, int P, TileSource Src, Work W, int Stages>
+KernelChoice choice(uint32_t unit_bytes) {
+  KernelChoice k;
+  k.kernel = detail::decode_attention_kernel<C, P, Src, W, detail::kDecodeWarps, Stages>;
+  k.stages = Stages;
+  k.tile_stride = Src == TileSource::gaac ? unit_bytes + 16u : 16u * detail::bf16_row_stride(C);
+  return k;
+}
+
+/// Default stages per warp (measured, docs/performance.md): the GAAC kernel is bound by instruction
+/// latency, so it takes two stages and three CTAs per SM; the twin three stages, two CTAs per SM; a
+/// head_dim-256 stage holds four tiles, so two.
+template <TileSource Src, int P>
+constexpr int kDefaultStages = P == 2 ? 2 : Src == TileSource::gaac ? 2 : 3;
+
+/// The instances that exist: every head width with the default stages; for head_dim 128 also 2, 3
+/// and 4 stages and the breakdown variants.
+template <int C, int P, TileSource Src>
+KernelChoice pick(Work work, int stages, uint32_t unit_bytes) {
+  constexpr int kDef = kDefaultStages<Src, P>;
+  if (stages == 0) stages = kDef;
+  if constexpr (C == 128 && P == 1) {
+    if (work == Work::full) {
+      if (stages == 2) return choice<C, P, Src, Work::full, 2>(unit_bytes);
+      if (stages == 3) return choice<C, P, Src, Work::full, 3>(unit_bytes);
+      if (stages == 4) return choice<C, P, Src, Work::full, 4>(unit_bytes);
+    } else if (stages == kDef) {
+      if (work == Work::no_math) return choice<C, P, Src, Work::no_math, kDef>(unit_bytes);
+      if (work == Work::load_only) return choice<C, P, Src, Work::load_only, kDef>(unit_bytes);
+      if constexpr (Src == TileSource::gaac)
+        if (work == Work::no_decode) return choice<C, P, Src, Work::no_decode, kDef>(unit_bytes);
+    }
+  } else {
+    if (work == Work::full && stages == kDef) return choice<C, P, Src, Work::full, kDef>(unit_bytes);
+  }
+  throw Error("decode_attention: no kernel for head width " + std::to_string(C * P) + " with " +
+              std::to_string(stages) + " stages and work variant " + std::to_string(static_cast<int>(work)));
+}
+
+/// The kernel instance for a cache.
+KernelChoice pick(const PagedGeometry& geo, bool compressed, Work work, int stages) {
+  return detail::with_head_shape(geo.head_dim, "decode attention", [&]<int C, int P>() {
+    return compressed ? pick<C, P, TileSource::gaac>(work, stages, geo.unit_bytes)
+                      : pick<C, P, TileSource::bf16>(work, stages, geo.unit_bytes);
+  });
+}
+
+/// Per-process facts about the device and the kernel instances (one device per process): the SM
+/// count, each instance's raised shared-memory limit, its occupancy at a given shared-memory size.
+/// Kept, so that a launch makes no runtime call but the launch itself.
+class KernelFacts {
+ public:
+  static KernelFacts& get() {
+    static KernelFacts facts;
+    return facts;
+  }
+  int sms() {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    if (sms_ == 0) {
+      int device = 0;
+      check(cudaGetDevice(&device), "cudaGetDevice");
+      check(cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, device), "cudaDeviceGetAttribute");
+    }
+    return sms_;
+  }
+  /// Resident CTAs per SM of `kernel` with `shared` bytes of dynamic shared memory (the first time,
+  /// the instance is allowed the device's largest).
+  int ctas_per_sm(void (*kernel)(DecodeArgs), size_t shared) {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    const void* key = reinterpret_cast<const void*>(kernel);
+    if (!limit_set_.count(key)) {
+      int device = 0, most = 0;
+      check(cudaGetDevice(&device), "cudaGetDevice");
+      check(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "cudaDeviceGetAttribute");
+      check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, most), "cudaFuncSetAttribute");
+      limit_set_[key] = true;
+    }
+    const auto at = std::make_pair(key, shared);
+    const auto it = occupancy_.find(at);
+    if (it != occupancy_.end()) return it->second;
+    int n = 0;
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, detail::kDecodeWarps * 32, shared),
+          "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
+    occupancy_[at] = std::max(n, 1);
+    return std::max(n, 1);
+  }
+
+ private:
+  struct PairHash {
+    size_t operator()(const std::pair<const void*, size_t>& p) const {
+      return std::hash<const void*>()(p.first) ^ (std::hash<size_t>()(p.second) * 0x9E3779B97F4A7C15ull);
+    }
+  };
+  std::mutex mutex_;
+  int sms_ = 0;
+  std::unordered_map<const void*, bool> limit_set_;
+  std::unordered_map<std::pair<const void*, size_t>, int, PairHash> occupancy_;
+};
+
+/// Dynamic shared memory of a CTA of `k` taking up to `blocks` blocks.
+size_t shared_bytes(const PagedGeometry& geo, bool compressed, const KernelChoice& k, int blocks) {
+  return detail::plan_shared_memory(geo.tile_channels(), geo.halves(), compressed ? TileSource::gaac : TileSource::bf16,
+                                    detail::kDecodeWarps, k.stages, k.tile_stride, blocks)
+      .total;
+}
+
+void check_config(const CacheMemory& cache, const DecodeConfig& config) {
+  const PagedGeometry& geo = cache.geometry();
+  if (config.q_heads <= 0 || config.q_heads % geo.kv_heads != 0 || config.q_heads / geo.kv_heads > 8)
+    throw Error("decode attention: q_heads must be a multiple of the KV heads, at most 8 per KV head (got " +
+                std::to_string(config.q_heads) + " for " + std::to_string(geo.kv_heads) + ")");
+  if (config.blocks_per_split < 0 || config.plan_tokens < 0 || config.stages < 0)
+    throw Error("decode attention: blocks_per_split, plan_tokens and stages must be 0 (chosen) or positive");
+  if (config.work == Work::no_decode && !cache.compressed())
+    throw Error("decode attention: the no_decode variant needs a compressed cache");
+}
+
+/// Attended blocks of the batch's longest sequence in layers of sliding window `window`, or of a
+/// sequence of `plan_tokens` tokens when that is more.
+int longest_attended(const BatchTable& batch, int window, int plan_tokens) {
+  int longest = 1;
+  for (int s = 0; s < batch.sequences(); ++s) longest = std::max(longest, batch.attended_blocks(s, window));
+  if (plan_tokens > 0) {
+    const int first = first_attended(plan_tokens - 1, window) / kTileTokens;
+    longest = std::max(longest, (plan_tokens + kTileTokens - 1) / kTileTokens - first);
+  }
+  return longest;
+}
+
+/// The split of `longest` blocks of each of `sequences` sequences: one wave of CTAs over the whole GPU,
+/// shared equally among the (sequence, KV head) pairs, at least two blocks for each warp (a config's
+/// blocks_per_split, when set, wins).
+DecodeSplit split_for(const PagedGeometry& geo, bool compressed, const KernelChoice& k, const DecodeConfig& config,
+                      int sequences, int longest, int window) {
+  KernelFacts& facts = KernelFacts::get();
+  const auto occupancy = [&](int blocks) { return facts.ctas_per_sm(k.kernel, shared_bytes(geo, compressed, k, blocks)); };
+  DecodeSplit split;
+  split.window = window;
+  split.planned_blocks = longest;
+  if (config.blocks_per_split > 0) {
+    split.blocks_per_split = config.blocks_per_split;
+  } else {
+    // The occupancy is taken at a typical split, then at the chosen one.
+    const int pairs = sequences * geo.kv_heads;
+    const auto blocks_for = [&](int per_sm) {
+      const int splits = std::max(1, facts.sms() * per_sm / pairs);
+      return std::max((longest + splits - 1) / splits, 2 * detail::kDecodeWarps);
+    };
+    split.blocks_per_split = std::min(blocks_for(occupancy(128)), detail::kMaxBlocksPerSplit);
+    split.blocks_per_split = std::min(blocks_for(occupancy(split.blocks_per_split)), detail::kMaxBlocksPerSplit);
+  }
+  split.blocks_per_split = std::clamp(split.blocks_per_split, 1, detail::kMaxBlocksPerSplit);
+  split.max_splits = (longest + split.blocks_per_split - 1) / split.blocks_per_split;
+  if (split.max_splits > detail::kMaxSplits) {
+    split.blocks_per_split = (longest + detail::kMaxSplits - 1) / detail::kMaxSplits;
+    split.max_splits = (longest + split.blocks_per_split - 1) / split.blocks_per_split;
+  }
+  if (split.blocks_per_split > detail::kMaxBlocksPerSplit) throw Error("decode attention: context too long");
+  // One merge level up to 48 splits (one CTA reads them all); beyond, groups of about sqrt(splits).
+  split.merge_group = split.max_splits <= 48
+                          ? std::max(split.max_splits, 1)
+                          : static_cast<int>(std::ceil(std::sqrt(static_cast<double>(split.max_splits))));
+  split.max_groups = (split.max_splits + split.merge_group - 1) / split.merge_group;
+  split.shared_bytes = shared_bytes(geo, compressed, k, split.blocks_per_split);
+  split.ctas_per_sm = occupancy(split.blocks_per_split);
+  return split;
+}
+
+bool same_layout(const PagedGeometry& a, const PagedGeometry& b) {
+  return a.layers == b.layers && a.kv_heads == b.kv_heads && a.head_dim == b.head_dim && a.unit_bytes == b.unit_bytes &&
+         a.row_capacity == b.row_capacity;
+}
+
+}  // namespace
+
+/// What a plan holds: the kernel, the splits, and the workspace with its capacities.
+struct DecodePlan::State {
+  DecodeConfig config;
+  PagedGeometry geometry;
+  std::vector<int32_t> windows;
+  bool compressed = false;
+  int sequences = 0;
+  KernelChoice kernel;
+  std::vector<DecodeSplit> splits;  ///< one per distinct window
+  std::vector<int> layer_split;     ///< per layer: its index in splits
+  // Workspace: partial results of (sequence, KV head) pairs × splits × heads of a group × head_dim.
+  size_t pairs = 0, split_capacity = 0, group_capacity = 0, heads = 0;
+  DeviceBuffer partial_o, partial_ml, group_o, group_ml, counters;
+};
+
+DecodePlan::DecodePlan() = default;
+DecodePlan::~DecodePlan() = default;
+DecodePlan::DecodePlan(DecodePlan&&) noexcept = default;
+DecodePlan& DecodePlan::operator=(DecodePlan&&) noexcept = default;
+
+void DecodePlan::plan(const CacheMemory& cache, const BatchTable& batch, const DecodeConfig& config) {
+  check_config(cache, config);
+  if (!state_) state_ = std::make_unique<State>();
+  State& s = *state_;
+  const PagedGeometry& geo = cache.geometry();
+  s.config = config;
+  s.geometry = geo;
+  s.windows = cache.windows();
+  s.compressed = cache.compressed();
+  s.sequences = batch.sequences();
+  s.kernel = pick(geo, s.compressed, config.work, config.stages);
+  s.splits.clear();
+  s.layer_split.assign(static_cast<size_t>(geo.layers), 0);
+  for (int l = 0; l < geo.layers; ++l) {
+    const int window = cache.window(l);
+    auto it = std::find_if(s.splits.begin(), s.splits.end(), [&](const DecodeSplit& d) { return d.window == window; });
+    if (it == s.splits.end()) {
+      s.splits.push_back(split_for(geo, s.compressed, s.kernel, config, s.sequences,
+                                   longest_attended(batch, window, config.plan_tokens), window));
+      it = s.splits.end() - 1;
+    }
+    s.layer_split[static_cast<size_t>(l)] = static_cast<int>(it - s.splits.begin());
+  }
+
+  // The workspace grows to the largest need and is kept: a later plan for fewer splits reuses it.
+  size_t splits = 0, groups = 0;
+  for (const DecodeSplit& d : s.splits) {
+    splits = std::max(splits, static_cast<size_t>(d.max_splits));
+    groups = std::max(groups, static_cast<size_t>(d.max_groups));
+  }
+  const size_t pairs = static_cast<size_t>(s.sequences) * geo.kv_heads;
+  const size_t heads = static_cast<size_t>(config.q_heads / geo.kv_heads) * geo.head_dim;  // floats per partial
+  if (pairs > s.pairs || splits > s.split_capacity || groups > s.group_capacity || heads > s.heads) {
+    s.pairs = std::max(pairs, s.pairs);
+    s.split_capacity = std::max(splits, s.split_capacity);
+    s.group_capacity = std::max(groups, s.group_capacity);
+    s.heads = std::max(heads, s.heads);
+    const size_t rows = s.heads / static_cast<size_t>(geo.head_dim);  // query heads per partial
+    s.partial_o = DeviceBuffer(s.pairs * s.split_capacity * s.heads * 4);
+    s.partial_ml = DeviceBuffer(s.pairs * s.split_capacity * rows * 2 * 4);
+    s.group_o = DeviceBuffer(s.pairs * s.group_capacity * s.heads * 4);
+    s.group_ml = DeviceBuffer(s.pairs * s.group_capacity * rows * 2 * 4);
+    s.counters = DeviceBuffer(s.pairs * (s.group_capacity + 1) * 4);
+    check(cudaMemset(s.counters.data(), 0, s.counters.bytes()), "cudaMemset");
+  }
+}
+
+bool DecodePlan::planned() const { return state_ != nullptr; }
+
+const DecodeConfig& DecodePlan::config() const {
+  if (!state_) throw Error("DecodePlan: not planned yet");
+  return state_->config;
+}
+
+const DecodeSplit& DecodePlan::split(int layer) const {
+  if (!state_) throw Error("DecodePlan: not planned yet");
+  if (layer < 0 || layer >= state_->geometry.layers) throw Error("DecodePlan: layer " + std::to_string(layer) + " out of range");
+  return state_->splits[static_cast<size_t>(state_->layer_split[static_cast<size_t>(layer)])];
+}
+
+size_t DecodePlan::workspace_bytes() const {
+  if (!state_) return 0;
+  const State& s = *state_;
+  return s.partial_o.bytes() + s.partial_ml.bytes() + s.group_o.bytes() + s.group_ml.bytes() + s.counters.bytes();
+}
+
+bool DecodePlan::covers(const CacheMemory& cache, const BatchTable& batch) const {
+  if (!state_) return false;
+  const State& s = *state_;
+  if (!same_layout(s.geometry, cache.geometry()) || s.compressed != cache.compressed() || s.windows != cache.windows() ||
+      batch.sequences() > s.sequences)
+    return false;
+  for (const DecodeSplit& d : s.splits) {
+    for (int q = 0; q < batch.sequences(); ++q) {
+      if (batch.attended_blocks(q, d.window) > d.planned_blocks) return false;
+    }
+  }
+  return true;
+}
+
+void DecodePlan::run(const CacheMemory& cache, const BatchTable& batch, int layer, const uint16_t* q, uint16_t* out,
+                     float scale, Stream stream) const {
+  const DecodeSplit& d = split(layer);  // throws when not planned or the layer is out of range
+  if (!covers(cache, batch))
+    throw Error("decode attention: the plan does not cover this cache and batch (another cache, more sequences, or "
+                "longer ones than planned): plan again");
+  const State& s = *state_;
+  const PagedGeometry& geo = s.geometry;
+  DecodeArgs a;
+  a.cache = cache.view();
+  a.batch = batch.view();
+  a.layer = layer;
+  a.window = cache.window(layer);
+  a.q = q;
+  a.out = out;
+  a.q_heads = s.config.q_heads;
+  a.group = s.config.q_heads / geo.kv_heads;
+  const float softmax_scale = scale > 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(geo.head_dim));
+  a.scale_log2 = softmax_scale * 1.4426950408889634f;
+  a.blocks_per_split = d.blocks_per_split;
+  a.max_splits = static_cast<int>(s.split_capacity);  // strides of the workspace; the grid has d.max_splits
+  a.merge_group = d.merge_group;
+  a.max_groups = static_cast<int>(s.group_capacity);
+  a.partial_o = static_cast<float*>(s.partial_o.data());
+  a.partial_ml = static_cast<float*>(s.partial_ml.data());
+  a.group_o = static_cast<float*>(s.group_o.data());
+  a.group_ml = static_cast<float*>(s.group_ml.data());
+  a.counters = static_cast<uint32_t*>(s.counters.data());
+  a.tile_stride = s.kernel.tile_stride;
+  a.sink_magic = s.config.work == Work::full ? 0u : 0x9E3779B9u;
+  const dim3 grid(static_cast<unsigned>(d.max_splits), static_cast<unsigned>(geo.kv_heads),
+                  static_cast<unsigned>(batch.sequences()));
+  s.kernel.kernel<<<grid, detail::kDecodeWarps * 32, d.shared_bytes, stream>>>(a);
+  check(cudaGetLastError(), "decode attention launch");
+}
+
+}  // namespace gaac::cuda

@@ -1,0 +1,178 @@
+// The GPU batch cache: a cache carved on the device, its sequences grown there in lockstep, attended
+// by the fused decode kernel with a plan made at the first attention of each forward.
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <string>
+#include <vector>
+
+#include "cuda/check.hpp"
+#include "gaac/cuda.hpp"
+
+namespace gaac::cuda {
+namespace {
+
+/// True while `stream` is capturing a CUDA graph (nothing may synchronise or allocate then).
+bool capturing(Stream stream) {
+  cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+  check(cudaStreamIsCapturing(stream, &status), "cudaStreamIsCapturing");
+  return status != cudaStreamCaptureStatusNone;
+}
+
+std::string shape(int a, int b, int c, int d) {
+  return "[" + std::to_string(a) + ", " + std::to_string(b) + ", " + std::to_string(c) + ", " + std::to_string(d) + "]";
+}
+
+class DeviceBatchKvCache final : public BatchKvCache {
+ public:
+  explicit DeviceBatchKvCache(const BatchCacheConfig& config)
+      : BatchKvCache(config.batch, config.cache.geometry.layers),
+        memory_(CacheMemory::create(config.cache)),
+        batch_(BatchTable::reserve(memory_, config.batch, config.max_tokens)),
+        budget_bytes_(config.cache.budget_bytes) {
+    decode_.blocks_per_split = config.blocks_per_split;
+    decode_.plan_tokens = config.plan_tokens;
+    written_.assign(static_cast<size_t>(layers()), false);
+  }
+
+  void begin(int tokens, CUstream_st* stream) override {
+    if (std::find(written_.begin(), written_.end(), false) != written_.end() && forwards_ > 0)
+      throw Error("begin: the previous forward did not write every layer");
+    begin_tokens(memory_, batch_, tokens, stream);  // throws, changing nothing, past max_tokens
+    written_.assign(written_.size(), false);
+    ++forwards_;
+    if (!capturing(stream)) check();
+  }
+
+  void write(int layer, const BatchRows& k, const BatchRows& v, CUstream_st* stream) override {
+    check_layer(layer, "write");
+    if (written_[static_cast<size_t>(layer)]) throw Error("write: layer " + std::to_string(layer) + " written twice");
+    write_tokens(memory_, batch_, layer, token_rows(k, v), stream);
+    written_[static_cast<size_t>(layer)] = true;
+    if (std::find(written_.begin(), written_.end(), false) == written_.end()) finalize_completed(memory_, batch_, stream);
+  }
+
+  void attend(int layer, const BatchRows& q, const MutableBatchRows& out, float scale, CUstream_st* stream) override {
+    check_layer(layer, "attend");
+    const PagedGeometry& geo = memory_.geometry();
+    if (q.tokens != 1) {
+      throw Error("attend: a forward of " + std::to_string(q.tokens) +
+                  " tokens on a cache that already held tokens cannot be attended on the GPU yet (decode attention "
+                  "takes one new token per sequence)");
+    }
+    const int64_t row = static_cast<int64_t>(q.heads) * geo.head_dim;
+    const auto packed = [&](const auto& a) {
+      return a.data != nullptr && a.batch == batch() && a.heads == q.heads && a.tokens == 1 && a.head_dim == geo.head_dim &&
+             (a.heads == 1 || a.head_stride == geo.head_dim) && (a.batch == 1 || a.batch_stride == row);
+    };
+    if (!packed(q) || !packed(out))
+      throw Error("attend: q and out must be contiguous " + shape(batch(), q.heads, 1, geo.head_dim) +
+                  " device arrays (sequences, query heads, one token, head_dim)");
+    if (forwards_ != planned_forward_ || decode_.q_heads != q.heads) {
+      decode_.q_heads = q.heads;
+      plan_.plan(memory_, batch_, decode_);
+      planned_forward_ = forwards_;
+    }
+    plan_.run(memory_, batch_, layer, q.data, out.data, scale, stream);
+  }
+
+  int length() const override { return batch_.length(0); }
+  int forward_tokens() const override { return batch_.last_count(); }
+
+  CacheUsage usage() const override {
+    const PagedGeometry& geo = memory_.geometry();
+    const CacheMemory::TileCounts tiles = memory_.count_tiles();
+    CacheUsage u;
+    u.budget_bytes = budget_bytes_;
+    u.unit_bytes = geo.unit_bytes;
+    u.raw_units = geo.raw_split() ? 2 : 1;
+    u.units = memory_.units();
+    u.units_free = memory_.free_unit_count();
+    u.rows = geo.row_capacity;
+    u.rows_used = static_cast<uint64_t>(batch_.total_blocks());
+    u.table_bytes = geo.table_entries() * 4;
+    u.compressed_tiles = tiles.compressed;
+    // Raw entries are finalized raw tiles and the open blocks' tails (every layer of a sequence whose
+    // last block is incomplete).
+    uint64_t open = 0, elements = 0;
+    for (int s = 0; s < batch_.sequences(); ++s) {
+      const int len = batch_.length(s);
+      open += len % kTileTokens != 0 ? 1 : 0;
+      for (int l = 0; l < geo.layers; ++l) {
+        const int first_kept = len > 0 ? first_attended(len - 1, memory_.window(l)) / kTileTokens * kTileTokens : 0;
+        elements += 2ull * static_cast<uint64_t>(len - first_kept) * geo.kv_heads * geo.head_dim;  // K and V
+      }
+    }
+    u.tail_tiles = std::min<uint64_t>(tiles.raw, open * geo.entries_per_row());
+    u.raw_tiles = tiles.raw - u.tail_tiles;
+    u.elements = elements;
+    u.sequences = static_cast<uint64_t>(batch_.sequences());
+    return u;
+  }
+
+  void check() const override {
+    if (memory_.status() & CacheMemory::kOutOfUnits)
+      throw Error(ErrorCode::out_of_space,
+                  "the KV cache's budget ran out of units; the tiles begun since then are missing, so the cache's "
+                  "contents are incomplete (a larger budget holds more)");
+  }
+
+  void note_replayed(int count) override {
+    batch_.note_begin(count);
+    ++forwards_;
+  }
+  bool in_device_memory() const override { return true; }
+
+ private:
+  void check_layer(int layer, const char* what) const {
+    if (layer < 0 || layer >= layers())
+      throw Error(std::string(what) + ": layer " + std::to_string(layer) + " out of range for " +
+                  std::to_string(layers()) + " layers");
+    if (forwards_ == 0) throw Error(std::string(what) + ": no forward has begun");
+  }
+
+  /// `[batch, kv_heads, tokens, head_dim]` device rows as write_tokens reads them.
+  TokenRows token_rows(const BatchRows& k, const BatchRows& v) const {
+    const PagedGeometry& geo = memory_.geometry();
+    const int tokens = batch_.last_count();
+    for (const BatchRows* a : {&k, &v}) {
+      if (a->data == nullptr || a->batch != batch() || a->heads != geo.kv_heads || a->tokens != tokens ||
+          a->head_dim != geo.head_dim)
+        throw Error("write: k and v must be " + shape(batch(), geo.kv_heads, tokens, geo.head_dim) +
+                    " (sequences, KV heads, the forward's tokens, head_dim), got " +
+                    shape(a->batch, a->heads, a->tokens, a->head_dim));
+    }
+    // A dimension of extent 1 may carry any stride: give it one the kernel accepts.
+    const auto stride = [](int extent, int64_t given, int64_t otherwise) { return extent == 1 ? otherwise : given; };
+    TokenRows r;
+    r.k = k.data;
+    r.v = v.data;
+    r.token_stride = stride(tokens, k.token_stride, geo.head_dim);
+    r.head_stride = stride(geo.kv_heads, k.head_stride, r.token_stride * tokens);
+    r.sequence_stride = stride(batch(), k.batch_stride, r.head_stride * geo.kv_heads);
+    if (stride(tokens, v.token_stride, r.token_stride) != r.token_stride ||
+        stride(geo.kv_heads, v.head_stride, r.head_stride) != r.head_stride ||
+        stride(batch(), v.batch_stride, r.sequence_stride) != r.sequence_stride)
+      throw Error("write: k and v need the same strides");
+    return r;
+  }
+
+  CacheMemory memory_;
+  BatchTable batch_;
+  uint64_t budget_bytes_ = 0;
+  DecodeConfig decode_;
+  DecodePlan plan_;
+  std::vector<bool> written_;
+  long long forwards_ = 0;          ///< forwards begun (replays counted by note_replayed)
+  long long planned_forward_ = -1;  ///< the forward the plan was made in
+};
+
+}  // namespace
+
+std::unique_ptr<BatchKvCache> make_device_batch_kv_cache(const BatchCacheConfig& config) {
+  if (!device_available()) throw Error("a GPU batch cache needs a CUDA device, and none was found");
+  if (config.batch < 1) throw Error("a batch cache needs at least one sequence, got " + std::to_string(config.batch));
+  return std::make_unique<DeviceBatchKvCache>(config);
+}
+
+}  // namespace gaac::cuda

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # One call on a GPU machine for the Python package and the end-to-end experiments: installs gaac there
 # (pip, the CUDA kernels built by nvcc), runs the C++ tests of sequences grown on the device (prebuilt
-# binaries when given and they run), the Python GPU tests (gaac.DeviceCache, gaac.DeviceKvCache,
-# GaacCache(device="cuda") on SmolLM2 and Gemma 3) and bench/gpu/bench_e2e.py. $OUT (default
+# binaries when given and they run), the Python GPU tests (gaac.KvCacheMirror, gaac.BatchKvCache,
+# GaacCache(device="cuda") on random-weight models and, when given, SmolLM2 and Gemma 3) and
+# bench/gpu/bench_e2e.py. $OUT (default
 # ./gpu-out) receives e2e.json and the logs.
-#   scripts/gpu_e2e.sh --models DIR --data DIR [--prebuilt DIR] [--skip-tests] [--skip-bench]
+#   scripts/gpu_e2e.sh --data DIR [--models DIR] [--prebuilt DIR] [--skip-tests] [--skip-bench]
 #                      [--bench-args "..."] [--build-only]
+# (without --models: the tests that need no model files, random-weight models among them; no benchmark)
 # (--build-only: the package alone, e.g. in the background while the models are still on their way).
 # MODELS holds the two GGUF files; DATA holds xxhash/ (xxhash.h: the build machine may lack it) and the
 # gguf wheel (gguf-*.whl), which transformers needs to read GGUF files. The package is built once per
@@ -26,7 +28,8 @@ while [ $# -gt 0 ]; do
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
-[ -n "$data" ] && { [ -n "$models" ] || [ $build_only = 1 ]; } || { echo "usage: $0 --models DIR --data DIR [...]" >&2; exit 2; }
+[ -n "$data" ] || { echo "usage: $0 --data DIR [--models DIR] [...]" >&2; exit 2; }
+[ -n "$models" ] || skip_bench=1
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out"
 stage() { printf '\n=== %s (t=%ds)\n' "$*" "$SECONDS"; }
@@ -42,7 +45,11 @@ sources=$(find CMakeLists.txt pyproject.toml cmake include src python -type f -p
 if [ ! -f "$site/.built-$sources" ]; then
   rm -rf "$site" && mkdir -p "$site"
   python3 -m pip install -q --no-index --no-deps --target "$site" "$data"/gguf-*.whl || exit 1
+  # One C++ runtime in the Python process: the compiler whose libstdc++ python3 loads (or an older one).
+  cxx=$(scripts/cxx_for_python.sh) || exit 1
+  echo "C++ compiler: $cxx"
   python3 -m pip install --no-build-isolation --no-deps -q --target "$site" . -C build-dir=/tmp/gaac-py \
+    -C cmake.define.CMAKE_CXX_COMPILER="$cxx" -C cmake.define.CMAKE_CUDA_HOST_COMPILER="$cxx" \
     -C cmake.define.GAAC_XXHASH_INCLUDE_DIR="$PWD/$data/xxhash" >"$out/pip.log" 2>&1 || { tail -40 "$out/pip.log"; exit 1; }
   touch "$site/.built-$sources"
 fi
@@ -50,9 +57,10 @@ export PYTHONPATH=$site PYTHONUNBUFFERED=1
 python3 -c "import gaac; print('gaac', gaac.__file__, 'cuda', gaac.cuda_available())" || exit 1
 [ $build_only = 1 ] && exit 0
 
-stage "models"
 hf=/tmp/gaac-hf
-python3 - "$models" "$hf" <<'PY' || echo "not converted: the GGUF files are loaded as they are"
+if [ -n "$models" ]; then
+  stage "models"
+  python3 - "$models" "$hf" <<'PY' || echo "not converted: the GGUF files are loaded as they are"
 import pathlib, sys, time
 import torch
 from transformers import AutoModelForCausalLM
@@ -68,6 +76,7 @@ for gguf in sorted(models.glob("*.gguf")):
     model.save_pretrained(target)
     print(f"{gguf.name}: converted in {time.time() - t0:.0f} s", flush=True)
 PY
+fi
 
 if [ $skip_tests = 0 ]; then
   stage "C++ GPU tests"
@@ -83,8 +92,10 @@ if [ $skip_tests = 0 ]; then
     fi
   done
   stage "Python GPU tests"
-  GAAC_MODEL_DIR=$models GAAC_HF_MODELS=$hf GAAC_REQUIRE_TRANSFORMERS=1 GAAC_SLOW_TESTS=1 \
-    python3 -m pytest -q -s -p no:cacheprovider tests/python/test_cuda.py tests/python/test_transformers.py -k "cuda or gpu or device" \
+  select="cuda or gpu or device"
+  [ -n "$models" ] || select="($select) and not smollm2 and not gemma3_gpu"  # those need the model files
+  GAAC_MODEL_DIR=${models:-/nonexistent} GAAC_HF_MODELS=$hf GAAC_REQUIRE_TRANSFORMERS=1 GAAC_SLOW_TESTS=1 \
+    python3 -m pytest -q -s -p no:cacheprovider tests/python/test_cuda.py tests/python/test_transformers.py -k "$select" \
     2>&1 | tee "$out/pytest.log" | tail -30
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi

@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# One call on a GPU machine: take the prebuilt CUDA binaries if they run there (else build them), run
+# One call on a GPU machine: take the prebuilt CUDA binaries if they run there (else build them with the
+# compiler whose C++ runtime python3 loads: scripts/cxx_for_python.sh), run
 # the GPU tests, the decode-attention benchmark against PyTorch SDPA and FlashInfer, the codec
 # benchmark against the peer codecs (--codecs), the comparisons with earlier kernel versions,
 # compute-sanitizer memcheck and racecheck on small cases, and Nsight Compute on one case. $OUT
@@ -43,27 +44,32 @@ nvcc --version | tail -1
 
 bin=""
 if [ -n "$prebuilt" ] && "$prebuilt/cuda_decode_test" --gtest_list_tests >/dev/null 2>&1 &&
-  "$prebuilt/cuda_codec_test" --gtest_list_tests >/dev/null 2>&1; then
+  "$prebuilt/cuda_codec_test" --gtest_list_tests >/dev/null 2>&1 && "$prebuilt/cuda_grow_test" --gtest_list_tests >/dev/null 2>&1 &&
+  python3 -c "import torch, ctypes; ctypes.CDLL('$prebuilt/libgaac_gpu_bench.so')" 2>/dev/null; then
   bin=$prebuilt
   echo "using prebuilt binaries from $prebuilt"
 else
   stage "build"
   xx=()
   [ -n "$data" ] && [ -f "$data/xxhash/xxhash.h" ] && xx=(-DGAAC_XXHASH_INCLUDE_DIR="$PWD/$data/xxhash")
+  # One C++ runtime in the benchmark's Python process: the compiler whose libstdc++ python3 loads.
+  cxx=$(scripts/cxx_for_python.sh) || exit 1
+  echo "C++ compiler: $cxx"
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DGAAC_BUILD_BENCHMARKS=OFF -DGAAC_BUILD_TOOLS=OFF \
-    "${xx[@]}" >"$out/cmake.log" 2>&1 || { tail -30 "$out/cmake.log"; exit 1; }
-  ninja -C build-gpu cuda_decode_test cuda_codec_test lane_decode_test gaac_gpu_bench >"$out/build.log" 2>&1 ||
+    -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_CUDA_HOST_COMPILER="$cxx" "${xx[@]}" >"$out/cmake.log" 2>&1 ||
+    { tail -30 "$out/cmake.log"; exit 1; }
+  ninja -C build-gpu cuda_decode_test cuda_codec_test cuda_grow_test lane_decode_test gaac_gpu_bench >"$out/build.log" 2>&1 ||
     { tail -40 "$out/build.log"; exit 1; }
   mkdir -p build-gpu/collected
-  cp build-gpu/tests/cuda_decode_test build-gpu/tests/cuda_codec_test build-gpu/tests/lane_decode_test \
-    build-gpu/bench/gpu/libgaac_gpu_bench.so build-gpu/collected/
+  cp build-gpu/tests/cuda_decode_test build-gpu/tests/cuda_codec_test build-gpu/tests/cuda_grow_test \
+    build-gpu/tests/lane_decode_test build-gpu/bench/gpu/libgaac_gpu_bench.so build-gpu/collected/
   bin=build-gpu/collected
 fi
 
 status=0
 if [ $skip_tests -eq 0 ]; then
   stage "tests"
-  for t in lane_decode_test cuda_codec_test cuda_decode_test; do
+  for t in lane_decode_test cuda_codec_test cuda_decode_test cuda_grow_test; do
     timeout 300 "$bin/$t" --gtest_brief=1 >"$out/$t.log" 2>&1
     rc=$?
     echo "$t: exit $rc"; tail -3 "$out/$t.log"

@@ -86,6 +86,48 @@ def report(name, out):
               f"{u.get('tail_tiles', 'its raw count includes the')} open tiles")
 
 
+def random_model(arch, device):
+    """A small model of a real architecture with seeded random weights: the whole integration (updates,
+    attention, sliding windows, GQA) without model files. Llama: 9 query heads over 3 KV heads of 64 (SmolLM2's
+    shape); Gemma 3: 4 over 1 of 256, sliding windows of 32 tokens on five layers of six."""
+    torch = need_module("torch")
+    need_module("transformers")
+    import transformers
+
+    import gaac.transformers as gt
+
+    torch.manual_seed(0)
+    if arch == "llama":
+        config = transformers.LlamaConfig(vocab_size=512, hidden_size=576, intermediate_size=768, num_hidden_layers=3,
+                                          num_attention_heads=9, num_key_value_heads=3, head_dim=64,
+                                          max_position_embeddings=1024)
+        model = transformers.LlamaForCausalLM(config)
+    else:
+        config = transformers.Gemma3TextConfig(vocab_size=512, hidden_size=256, intermediate_size=512,
+                                               num_hidden_layers=6, num_attention_heads=4, num_key_value_heads=1,
+                                               head_dim=256, sliding_window=32, max_position_embeddings=1024)
+        model = transformers.Gemma3ForCausalLM(config)
+    model = model.to(device=device, dtype=torch.bfloat16).eval()
+    model.set_attn_implementation(gt.ATTENTION)
+    return torch, gt, model
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+@pytest.mark.parametrize("arch", ["llama", "gemma3"])
+def test_random_models_gaac_equals_bf16_twin(arch, device):
+    """Random weights of both architectures: a batch of two 100-token prompts and 40 new tokens (past the
+    sliding window), the same tokens from a GAAC cache and its BF16 twin, on the CPU and on a GPU."""
+    torch, gt, model = random_model(arch, "cpu")
+    if device == "cuda":
+        need_gpu(torch)
+    prompts = torch.randint(3, 512, (2, 100), generator=torch.Generator().manual_seed(1))
+    calibration = torch.randint(3, 512, (1, 300), generator=torch.Generator().manual_seed(2))
+    out = generate_three_ways(torch, gt, model, prompts, calibration, 40, device=device)
+    assert out["gaac"] == out["bf16"]
+    assert out["gaac_usage"]["compressed_tiles"] > 0
+    report(f"random {arch} on {device}", out)
+
+
 def test_smollm2_gaac_equals_bf16_twin():
     torch, gt, model = load("SmolLM2-135M-Instruct.Q4_1.gguf")
     from transformers import AutoTokenizer

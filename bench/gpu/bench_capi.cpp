@@ -36,7 +36,7 @@ struct BenchCase {
   std::vector<KvDump> sequences;  // the values, for export to the baselines
   std::vector<CacheMemory> gaac, bf16, decompressed;
   std::unique_ptr<BatchTable> seqs, bf16_seqs;
-  std::map<std::array<int, 5>, DecodePlan> plans;  // by (path, work, stages, blocks_per_split, q_heads)
+  std::map<std::array<int, 6>, DecodePlan> plans;  // by (path, work, stages, warps, blocks_per_split, q_heads)
   CacheUsage usage;
   uint32_t unit_bytes = 0;
   uint64_t gaac_bytes = 0, bf16_bytes = 0;  // bytes of units the attended tiles occupy
@@ -125,13 +125,14 @@ int gaac_bench_export(void* handle, uint16_t* k, uint16_t* v) {
 
 /// The plan of a path (0 GAAC, 1 twin, 2 the twin over the decompressed cache) for a configuration,
 /// made on first use (host work and the workspace's allocation stay out of the timed calls).
-const DecodePlan& plan_for(BenchCase& c, int path, int work, int stages, int blocks_per_split, int q_heads) {
-  DecodePlan& plan = c.plans[{path, work, stages, blocks_per_split, q_heads}];
+const DecodePlan& plan_for(BenchCase& c, int path, int work, int stages, int warps, int blocks_per_split, int q_heads) {
+  DecodePlan& plan = c.plans[{path, work, stages, warps, blocks_per_split, q_heads}];
   if (!plan.planned()) {
     DecodeConfig config;
     config.q_heads = q_heads;
     config.work = static_cast<Work>(work);
     config.stages = stages;
+    config.warps = warps;
     config.blocks_per_split = blocks_per_split;
     const CacheMemory& cache = path == 0 ? c.gaac.at(0) : path == 1 ? c.bf16.at(0) : c.decompressed.at(0);
     plan.plan(cache, path == 1 ? *c.bf16_seqs : *c.seqs, config);
@@ -141,10 +142,10 @@ const DecodePlan& plan_for(BenchCase& c, int path, int work, int stages, int blo
 
 /// Runs one path on copy `copy`: 0 the fused GAAC kernel, 1 the BF16 twin, 2 decompress-first
 /// (decompress, then the twin on the result), 3 the decompression alone. `work` selects a breakdown
-/// variant (gaac::cuda::Work), `stages` and `blocks_per_split` override the kernel's defaults when
-/// nonzero. `q` and `out` are device pointers `[batch][q_heads][head_dim]` BF16; `stream` a
+/// variant (gaac::cuda::Work), `stages`, `warps` and `blocks_per_split` override the kernel's defaults
+/// when nonzero. `q` and `out` are device pointers `[batch][q_heads][head_dim]` BF16; `stream` a
 /// cudaStream_t (0: default). Writes the split used to `*used_blocks_per_split` when not null.
-int gaac_bench_run(void* handle, int copy, int path, int work, int stages, int blocks_per_split, int q_heads,
+int gaac_bench_run(void* handle, int copy, int path, int work, int stages, int warps, int blocks_per_split, int q_heads,
                    const void* q, void* out, void* stream, int* used_blocks_per_split) {
   return guarded([&] {
     BenchCase& c = *static_cast<BenchCase*>(handle);
@@ -155,7 +156,7 @@ int gaac_bench_run(void* handle, int copy, int path, int work, int stages, int b
     const auto st = static_cast<Stream>(stream);
     if (path == 2 || path == 3) decompress(c.gaac.at(i), *c.seqs, 0, c.decompressed.at(i), st);
     if (path == 3) return;
-    const DecodePlan& plan = plan_for(c, path, work, stages, blocks_per_split, q_heads);
+    const DecodePlan& plan = plan_for(c, path, work, stages, warps, blocks_per_split, q_heads);
     const CacheMemory& cache = path == 0 ? c.gaac.at(i) : path == 1 ? c.bf16.at(i) : c.decompressed.at(i);
     plan.run(cache, path == 1 ? *c.bf16_seqs : *c.seqs, 0, qp, op, 0.0f, st);
     if (used_blocks_per_split) *used_blocks_per_split = plan.split(0).blocks_per_split;
@@ -163,10 +164,10 @@ int gaac_bench_run(void* handle, int copy, int path, int work, int stages, int b
 }
 
 /// The split plan of a path (0 GAAC, 1 twin) as JSON, written to `buffer` (`size` bytes).
-int gaac_bench_plan(void* handle, int path, int work, int stages, int q_heads, char* buffer, int size) {
+int gaac_bench_plan(void* handle, int path, int work, int stages, int warps, int q_heads, char* buffer, int size) {
   return guarded([&] {
     BenchCase& c = *static_cast<BenchCase*>(handle);
-    const DecodeSplit& p = plan_for(c, path, work, stages, 0, q_heads).split(0);
+    const DecodeSplit& p = plan_for(c, path, work, stages, warps, 0, q_heads).split(0);
     const std::string js = "{\"blocks_per_split\": " + std::to_string(p.blocks_per_split) +
                            ", \"max_splits\": " + std::to_string(p.max_splits) + ", \"ctas_per_sm\": " +
                            std::to_string(p.ctas_per_sm) + ", \"shared_bytes\": " + std::to_string(p.shared_bytes) + "}";

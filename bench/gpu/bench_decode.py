@@ -29,6 +29,9 @@ SHAPES = {
     "llama_realkv": (32, 8, 128, "smollm2x6"),  # the same shape, heads paired from SmolLM2's real KV
     "gemma3": (4, 1, 256, "gemma3"),         # Gemma 3 270M, real KV
     "smollm2": (9, 3, 64, "smollm2"),        # SmolLM2-135M, real KV
+    "gqa16": (64, 4, 128, "synthetic"),      # 16 query heads per KV head (Qwen3-235B-A22B's attention shape)
+    "mha": (8, 8, 128, "synthetic"),         # one query head per KV head
+    "d64_kv2": (16, 2, 64, "synthetic"),     # few KV heads of width 64, 8 query heads each
 }
 REAL_LAYER = {"gemma3": 0, "smollm2": 0, "smollm2x6": 0}  # files cut by cut_layer.py: layers 8, 12, 10..15
 CASES = [(4096, 1), (16384, 1), (32768, 1), (65536, 1), (131072, 1), (65536, 2), (65536, 4), (32768, 8)]
@@ -48,10 +51,10 @@ class Gaac:
         L.gaac_bench_describe.argtypes = [ctypes.c_void_p]
         L.gaac_bench_export.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
         L.gaac_bench_run.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                                     ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
+                                     ctypes.c_int, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p,
                                      ctypes.POINTER(ctypes.c_int)]
         L.gaac_bench_plan.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
-                                      ctypes.c_char_p, ctypes.c_int]
+                                      ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
         L.gaac_bench_free.argtypes = [ctypes.c_void_p]
 
     def check(self, status):
@@ -149,11 +152,11 @@ def run_case(g, shape_name, context, batch, args, flashinfer, results, log):
             "source": source, "copies": copies, "bf16_bytes": bf16_bytes, "cache": info, "build_s": round(time.time() - t0, 2)}
     methods = {}
 
-    def gaac_fn(path, work=0, stages=0, bps=0):
+    def gaac_fn(path, work=0, stages=0, bps=0, warps=0):
         used = ctypes.c_int(0)
 
         def fn(i):
-            g.check(g.lib.gaac_bench_run(h, i, path, work, stages, bps, Hq, q.data_ptr(), out.data_ptr(), None,
+            g.check(g.lib.gaac_bench_run(h, i, path, work, stages, warps, bps, Hq, q.data_ptr(), out.data_ptr(), None,
                                          ctypes.byref(used)))
         fn.used = used
         return fn
@@ -185,9 +188,9 @@ def run_case(g, shape_name, context, batch, args, flashinfer, results, log):
             methods[name] = {"error": str(e)[:300]}
             log(f"  {name}: ERROR {str(e)[:200]}")
 
-    def plan(path, work=0, stages=0):
+    def plan(path, work=0, stages=0, warps=0):
         buf = ctypes.create_string_buffer(256)
-        g.check(g.lib.gaac_bench_plan(h, path, work, stages, Hq, buf, 256))
+        g.check(g.lib.gaac_bench_plan(h, path, work, stages, warps, Hq, buf, 256))
         return json.loads(buf.value.decode())
 
     gaac_bytes, twin_bytes = info["gaac_bytes"], info["bf16_bytes"]
@@ -212,6 +215,11 @@ def run_case(g, shape_name, context, batch, args, flashinfer, results, log):
         for stages in (2, 3, 4):
             measure(f"gaac_stages{stages}", gaac_fn(0, stages=stages), gaac_bytes, extra={"plan": plan(0, 0, stages)})
             measure(f"bf16_twin_stages{stages}", gaac_fn(1, stages=stages), twin_bytes, extra={"plan": plan(1, 0, stages)})
+    if shape_name.startswith("llama"):  # CTAs of 8 and 16 warps (fewer, longer CTAs; fewer splits to merge)
+        for warps in (8, 16):
+            measure(f"gaac_warps{warps}", gaac_fn(0, warps=warps), gaac_bytes, extra={"plan": plan(0, 0, 0, warps)})
+            measure(f"bf16_twin_warps{warps}", gaac_fn(1, warps=warps), twin_bytes, extra={"plan": plan(1, 0, 0, warps)})
+    if shape_name == "llama" and not args.quick_variants:
         for work, wname in ((1, "no_math"), (2, "no_decode"), (3, "load_only")):
             measure(f"gaac_{wname}", gaac_fn(0, work=work), gaac_bytes, validate=False)
             if work != 2:
@@ -261,7 +269,7 @@ def run_case(g, shape_name, context, batch, args, flashinfer, results, log):
 
     bf16_names = [n for n in ("bf16_twin", "sdpa_cudnn", "sdpa_flash", "flashinfer", "flashinfer_tc")
                   if "us" in methods.get(n, {})]
-    bf16_names += [n for n in methods if n.startswith("bf16_twin_stages") and "us" in methods[n]]
+    bf16_names += [n for n in methods if n.startswith(("bf16_twin_stages", "bf16_twin_warps")) and "us" in methods[n]]
     if bf16_names and "us" in methods.get("gaac", {}):
         best = min(bf16_names, key=lambda n: methods[n]["us"])
         case["best_bf16"] = best
@@ -290,7 +298,7 @@ def profile(args):
     q = torch.randn(batch, Hq, d, device="cuda").to(torch.bfloat16)
     out = torch.empty_like(q)
     for path in (0, 1, 0, 1):  # warm (plans, attributes), then the launches to profile
-        g.check(g.lib.gaac_bench_run(h, 0, path, 0, 0, 0, Hq, q.data_ptr(), out.data_ptr(), None, None))
+        g.check(g.lib.gaac_bench_run(h, 0, path, 0, 0, 0, 0, Hq, q.data_ptr(), out.data_ptr(), None, None))
     torch.cuda.synchronize()
     g.lib.gaac_bench_free(h)
 

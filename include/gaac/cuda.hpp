@@ -165,12 +165,13 @@ class GAAC_API BatchTable {
 
 /// What a decode-attention plan is made for: one query token per sequence.
 struct DecodeConfig {
-  int q_heads = 0;             ///< query heads: a multiple of the KV heads, at most 8 per KV head
+  int q_heads = 0;             ///< query heads: a multiple of the KV heads, at most 16 per KV head
   int blocks_per_split = 0;    ///< 16-token blocks per CTA; 0: chosen from the context and the SM count
   /// Plan as if the longest sequence had at least this many tokens (0: the lengths): launches captured
   /// in a CUDA graph stay right while their sequences grow up to this length on the device.
   int plan_tokens = 0;
   int stages = 0;              ///< pipeline stages per warp; 0: the kernel's default
+  int warps = 0;               ///< warps per CTA; 0: the kernel's default (4; 8 and 16 exist for head_dim 128)
   Work work = Work::full;
 };
 

@@ -238,13 +238,13 @@ __device__ __forceinline__ bool last_to_arrive(uint32_t* counter, int expected, 
 /// Merges `count` consecutive partial results (running max m, sum l, unnormalised O of `group` heads ×
 /// kD channels), starting at partial `first` of `po`/`pml`, in index order. Final: writes O / L as
 /// bf16 to `out`; otherwise writes the merged (M, L, O) to `dst_o`/`dst_ml`. `scratch`: shared memory
-/// for 8 × 64 weights and 8 × 2 floats; count ≤ 64.
-template <int NW, int kD, bool Final>
+/// for H × 64 weights and H × 2 floats; group ≤ H, count ≤ 64.
+template <int NW, int H, int kD, bool Final>
 __device__ void merge_partials(const float* po, const float* pml, size_t first, int count, int group, uint8_t* scratch,
                                uint16_t* out, float* dst_o, float* dst_ml, int tid) {
   const int warp = tid / 32, lane = tid % 32;
   float* weight = reinterpret_cast<float*>(scratch);  // [head][64]
-  float* ml = weight + 8 * 64;                        // [head][M, L]
+  float* ml = weight + H * 64;                        // [head][M, L]
   for (int head = warp; head < group; head += NW) {
     float mx = -INFINITY;
     for (int i = lane; i < count; i += 32) mx = fmaxf(mx, __ldcg(&pml[2 * (first + static_cast<size_t>(i) * group + head)]));
@@ -296,17 +296,26 @@ __device__ void merge_partials(const float* po, const float* pml, size_t first, 
 /// range of fp32 sums and of the bf16 probabilities P·V multiplies.
 inline constexpr float kRescaleSlack = 8.0f;
 
-/// CTAs per SM the compiler is asked to make room for (registers ≤ 65536 / (CTAs · threads)): four,
-/// as the shared memory of two stages allows, for the GAAC kernel at head_dim 128; else no constraint.
-constexpr int min_ctas_per_sm(int channels, int halves, TileSource source, int stages) {
-  return halves == 1 && stages == 2 && channels == 128 && source == TileSource::gaac ? 4 : 1;
+/// CTAs per SM the compiler is asked to make room for (registers ≤ 65536 / (CTAs · threads)): for the
+/// GAAC kernel at head_dim 128 with two stages, 16 warps per SM (128 registers a thread) as the shared
+/// memory allows, 8 warps with 16 query heads per KV head (their accumulators need more); else no
+/// constraint.
+constexpr int min_ctas_per_sm(int channels, int halves, int heads, TileSource source, int warps, int stages) {
+  const int warps_per_sm = heads == 8 ? 16 : 8;
+  return halves == 1 && stages == 2 && channels == 128 && source == TileSource::gaac && warps <= warps_per_sm
+             ? warps_per_sm / warps
+             : 1;
 }
 
-/// The decode-attention kernel; see the top of this file. C: tile channels, P: tiles per head,
-/// NW warps, STAGES stages per warp.
-template <int C, int P, TileSource Src, Work W, int NW, int STAGES>
-__global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, Src, STAGES)) decode_attention_kernel(const DecodeArgs a) {
+/// The decode-attention kernel; see the top of this file. C: tile channels, P: tiles per head, H:
+/// query heads per KV head it has room for (8 or 16: one or two n8 column blocks of the products), NW
+/// warps, STAGES stages per warp.
+template <int C, int P, int H, TileSource Src, Work W, int NW, int STAGES>
+__global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STAGES))
+    decode_attention_kernel(const DecodeArgs a) {
+  static_assert(H == 8 || H == 16, "8 or 16 query heads per KV head");
   constexpr int kSteps = C / 16;  // k16 steps of Q·Kᵀ per tile, m16 blocks of Vᵀ·Pᵀ per tile
+  constexpr int kBlocks = H / 8;  // n8 column blocks of query heads
   constexpr int kD = C * P;
   constexpr int kTiles = 2 * P;
   constexpr bool kMath = W == Work::full || W == Work::no_decode;
@@ -327,7 +336,7 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, Src, STAGES)) d
   const int cta_blocks = max(0, min(cta_first + a.blocks_per_split, end_block) - cta_first);
 
   const SmemPlan plan =
-      plan_shared_memory(C, P, Src, NW, STAGES, a.tile_stride, a.blocks_per_split);
+      plan_shared_memory(C, P, H, Src, NW, STAGES, a.tile_stride, a.blocks_per_split);
   const uint32_t stage_bytes = kTiles * a.tile_stride;
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + plan.bars);
   uint32_t* ents = reinterpret_cast<uint32_t*>(smem + plan.entries);
@@ -357,18 +366,21 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, Src, STAGES)) d
   }
   __syncthreads();
 
-  // Q fragments (A operand, rows = query heads of this KV head; rows ≥ group are zero).
-  uint32_t qf[P][kSteps][2];
-  {
-    const bool real = g < a.group;
-    const uint32_t* qrow =
-        reinterpret_cast<const uint32_t*>(a.q + (static_cast<size_t>(seq) * a.q_heads + kvh * a.group + (real ? g : 0)) * kD);
+  // Q fragments (B operand, columns = query heads of this KV head, 8 per column block; heads ≥ group
+  // are zero).
+  uint32_t qf[kBlocks][P][kSteps][2];
+#pragma unroll
+  for (int cb = 0; cb < kBlocks; ++cb) {
+    const int head = 8 * cb + g;
+    const bool real = head < a.group;
+    const uint32_t* qrow = reinterpret_cast<const uint32_t*>(
+        a.q + (static_cast<size_t>(seq) * a.q_heads + kvh * a.group + (real ? head : 0)) * kD);
 #pragma unroll
     for (int h = 0; h < P; ++h)
 #pragma unroll
       for (int s = 0; s < kSteps; ++s) {
-        qf[h][s][0] = real ? qrow[(h * C + 16 * s) / 2 + t] : 0u;
-        qf[h][s][1] = real ? qrow[(h * C + 16 * s + 8) / 2 + t] : 0u;
+        qf[cb][h][s][0] = real ? qrow[(h * C + 16 * s) / 2 + t] : 0u;
+        qf[cb][h][s][1] = real ? qrow[(h * C + 16 * s + 8) / 2 + t] : 0u;
       }
   }
 
@@ -416,12 +428,17 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, Src, STAGES)) d
   // Online-softmax state of the lane's two query heads 2t and 2t+1 (log2 domain): the reference
   // maximum m (raised only when a block's maximum passes it by more than kRescaleSlack, so the
   // accumulators are rarely rescaled) and the lane's part of the sum l (its tokens g and g+8).
-  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.0f, 0.0f};
-  float o[P][kSteps][4];
+  float m_run[kBlocks][2], l_run[kBlocks][2];
+  float o[kBlocks][P][kSteps][4];
 #pragma unroll
-  for (int h = 0; h < P; ++h)
+  for (int cb = 0; cb < kBlocks; ++cb) {
+    m_run[cb][0] = m_run[cb][1] = -INFINITY;
+    l_run[cb][0] = l_run[cb][1] = 0.0f;
 #pragma unroll
-    for (int p = 0; p < kSteps; ++p) o[h][p][0] = o[h][p][1] = o[h][p][2] = o[h][p][3] = 0.0f;
+    for (int h = 0; h < P; ++h)
+#pragma unroll
+      for (int p = 0; p < kSteps; ++p) o[cb][h][p][0] = o[cb][h][p][1] = o[cb][h][p][2] = o[cb][h][p][3] = 0.0f;
+  }
   uint32_t sink = 0;
 
   for (int i = 0; i < STAGES && i < mine; ++i) issue(i);
@@ -455,11 +472,13 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, Src, STAGES)) d
       if constexpr (Src == TileSource::gaac && W != Work::no_decode) escape_offsets<C, kTiles>(stage, a.tile_stride, ent, lane, offset);
 
       // Sᵀ = K·Qᵀ: the key tile is the A operand (token rows g and g+8, channel step s: quads s and
-      // kSteps + s), Q the B operand (heads as columns: no zero rows), two accumulation chains.
-      // sacc[c]: token g heads 2t, 2t+1, then token g+8 heads 2t, 2t+1.
-      float sacc[2][4];
+      // kSteps + s), Q the B operand (heads as columns: no zero rows), two accumulation chains per
+      // column block. sacc[cb][c]: token g heads 8cb + 2t, +1, then token g+8 heads 8cb + 2t, +1.
+      float sacc[kBlocks][2][4];
 #pragma unroll
-      for (int c = 0; c < 2; ++c) sacc[c][0] = sacc[c][1] = sacc[c][2] = sacc[c][3] = 0.0f;
+      for (int cb = 0; cb < kBlocks; ++cb)
+#pragma unroll
+        for (int c = 0; c < 2; ++c) sacc[cb][c][0] = sacc[cb][c][1] = sacc[cb][c][2] = sacc[cb][c][3] = 0.0f;
 #pragma unroll
       for (int half = 0; half < P; ++half) {
         const TileClass cls = entry_class(ent[half]);
@@ -475,7 +494,10 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, Src, STAGES)) d
                                    if (h == 0) {
                                      low0[st] = r0[q], low1[st] = r1[q];
                                    } else if constexpr (kMath) {
-                                     ptx::mma_bf16(sacc[st & 1], low0[st], r0[q], low1[st], r1[q], qf[half][st][0], qf[half][st][1]);
+#pragma unroll
+                                     for (int cb = 0; cb < kBlocks; ++cb)
+                                       ptx::mma_bf16(sacc[cb][st & 1], low0[st], r0[q], low1[st], r1[q], qf[cb][half][st][0],
+                                                     qf[cb][half][st][1]);
                                    } else {
                                      sink ^= low0[st] ^ low1[st] ^ r0[q] ^ r1[q];
                                    }
@@ -502,8 +524,11 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, Src, STAGES)) d
         }
         if constexpr (kMath) {
 #pragma unroll
-          for (int s = 0; s < kSteps; ++s)
-            ptx::mma_bf16(sacc[s & 1], kf[0][s][0], kf[1][s][0], kf[0][s][1], kf[1][s][1], qf[half][s][0], qf[half][s][1]);
+          for (int cb = 0; cb < kBlocks; ++cb)
+#pragma unroll
+            for (int s = 0; s < kSteps; ++s)
+              ptx::mma_bf16(sacc[cb][s & 1], kf[0][s][0], kf[1][s][0], kf[0][s][1], kf[1][s][1], qf[cb][half][s][0],
+                            qf[cb][half][s][1]);
         } else {
           sink ^= fold<4 * kSteps>(&kf[0][0][0]);
         }
@@ -513,62 +538,75 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, Src, STAGES)) d
       // exponent's argument (one FFMA); a head's reference maximum moves only when the block's
       // maximum passes it by more than kRescaleSlack, and the accumulators are rescaled only when
       // some head of the warp moved (probabilities stay below 2^kRescaleSlack).
-      uint32_t pb0 = 0u, pb1 = 0u;
+      uint32_t pb0[kBlocks] = {}, pb1[kBlocks] = {};
       if constexpr (kMath) {
-        float x[4];
+        float x[kBlocks][4];
 #pragma unroll
-        for (int k = 0; k < 4; ++k) x[k] = sacc[0][k] + sacc[1][k];
+        for (int cb = 0; cb < kBlocks; ++cb)
+#pragma unroll
+          for (int k = 0; k < 4; ++k) x[cb][k] = sacc[cb][0][k] + sacc[cb][1][k];
         if (key_absent || tok0 < first || tok0 + kTileTokens > len) {
 #pragma unroll
           for (int k = 0; k < 4; ++k) {
             const int pos = tok0 + g + 8 * (k / 2);
-            if (key_absent || pos < first || pos >= len) x[k] = -INFINITY;
+            if (key_absent || pos < first || pos >= len)
+#pragma unroll
+              for (int cb = 0; cb < kBlocks; ++cb) x[cb][k] = -INFINITY;
           }
         }
-        float mx[2];
+        float mx[kBlocks][2];
 #pragma unroll
-        for (int j = 0; j < 2; ++j) mx[j] = fmaxf(x[j], x[2 + j]);
+        for (int cb = 0; cb < kBlocks; ++cb)
+#pragma unroll
+          for (int j = 0; j < 2; ++j) mx[cb][j] = fmaxf(x[cb][j], x[cb][2 + j]);
 #pragma unroll
         for (int d = 4; d < 32; d <<= 1)
 #pragma unroll
-          for (int j = 0; j < 2; ++j) mx[j] = fmaxf(mx[j], __shfl_xor_sync(0xFFFFFFFFu, mx[j], d));
-        bool moves[2];
+          for (int cb = 0; cb < kBlocks; ++cb)
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          mx[j] *= a.scale_log2;
-          moves[j] = mx[j] > m_run[j] + kRescaleSlack;
-        }
+            for (int j = 0; j < 2; ++j) mx[cb][j] = fmaxf(mx[cb][j], __shfl_xor_sync(0xFFFFFFFFu, mx[cb][j], d));
         // A head's first reference needs no rescaling (its accumulators are still zero).
         bool rescale = false;
-        float alpha[2];
+        float alpha[kBlocks][2];
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          alpha[j] = moves[j] ? ptx::exp2_approx(m_run[j] - mx[j]) : 1.0f;
-          rescale |= moves[j] && m_run[j] != -INFINITY;
-          m_run[j] = moves[j] ? mx[j] : m_run[j];
-        }
+        for (int cb = 0; cb < kBlocks; ++cb)
+#pragma unroll
+          for (int j = 0; j < 2; ++j) {
+            mx[cb][j] *= a.scale_log2;
+            const bool moves = mx[cb][j] > m_run[cb][j] + kRescaleSlack;
+            alpha[cb][j] = moves ? ptx::exp2_approx(m_run[cb][j] - mx[cb][j]) : 1.0f;
+            rescale |= moves && m_run[cb][j] != -INFINITY;
+            m_run[cb][j] = moves ? mx[cb][j] : m_run[cb][j];
+          }
         if (__any_sync(0xFFFFFFFFu, rescale)) {
 #pragma unroll
-          for (int j = 0; j < 2; ++j) l_run[j] *= alpha[j];
+          for (int cb = 0; cb < kBlocks; ++cb) {
 #pragma unroll
-          for (int h = 0; h < P; ++h)
+            for (int j = 0; j < 2; ++j) l_run[cb][j] *= alpha[cb][j];
 #pragma unroll
-            for (int p = 0; p < kSteps; ++p) {
-              o[h][p][0] *= alpha[0], o[h][p][1] *= alpha[1], o[h][p][2] *= alpha[0], o[h][p][3] *= alpha[1];
-            }
+            for (int h = 0; h < P; ++h)
+#pragma unroll
+              for (int p = 0; p < kSteps; ++p) {
+                float* acc = o[cb][h][p];
+                acc[0] *= alpha[cb][0], acc[1] *= alpha[cb][1], acc[2] *= alpha[cb][0], acc[3] *= alpha[cb][1];
+              }
+          }
         }
-        float pr[4];
 #pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const float base = m_run[k % 2] == -INFINITY ? 0.0f : m_run[k % 2];
-          pr[k] = ptx::exp2_approx(fmaf(x[k], a.scale_log2, -base));
+        for (int cb = 0; cb < kBlocks; ++cb) {
+          float pr[4];
+#pragma unroll
+          for (int k = 0; k < 4; ++k) {
+            const float base = m_run[cb][k % 2] == -INFINITY ? 0.0f : m_run[cb][k % 2];
+            pr[k] = ptx::exp2_approx(fmaf(x[cb][k], a.scale_log2, -base));
+          }
+          l_run[cb][0] += pr[0] + pr[2];
+          l_run[cb][1] += pr[1] + pr[3];
+          // Pᵀ as the B operand of Vᵀ·Pᵀ (tokens 2t, 2t+1 | 2t+8, 2t+9 of head 8cb + g): the transposes of
+          // the lane's (token g | g+8; heads 8cb + 2t, +1) pairs.
+          pb0[cb] = ptx::movmatrix_trans(ptx::pack_bf16(pr[0], pr[1]));
+          pb1[cb] = ptx::movmatrix_trans(ptx::pack_bf16(pr[2], pr[3]));
         }
-        l_run[0] += pr[0] + pr[2];
-        l_run[1] += pr[1] + pr[3];
-        // Pᵀ as the B operand of Vᵀ·Pᵀ (tokens 2t, 2t+1 | 2t+8, 2t+9 of head g): the transposes of the
-        // lane's (token g | g+8; heads 2t, 2t+1) pairs.
-        pb0 = ptx::movmatrix_trans(ptx::pack_bf16(pr[0], pr[1]));
-        pb1 = ptx::movmatrix_trans(ptx::pack_bf16(pr[2], pr[3]));
       }
 
       // Oᵀ += Vᵀ·Pᵀ.
@@ -580,9 +618,12 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, Src, STAGES)) d
           decode_slot<C, false>(tile, lane, offset[P + half], base_words<C>(bases, half, false, false),
                                 base_words<C>(bases, half, false, true),
                                 [&](auto group, const uint32_t (&r0)[2], const uint32_t (&r1)[2]) {
-                                  if constexpr (kMath)
-                                    ptx::mma_bf16(o[half][decltype(group)::value], r0[0], r0[1], r1[0], r1[1], pb0, pb1);
-                                  else
+                                  if constexpr (kMath) {
+#pragma unroll
+                                    for (int cb = 0; cb < kBlocks; ++cb)
+                                      ptx::mma_bf16(o[cb][half][decltype(group)::value], r0[0], r0[1], r1[0], r1[1], pb0[cb],
+                                                    pb1[cb]);
+                                  } else
                                     sink ^= r0[0] ^ r0[1] ^ r1[0] ^ r1[1];
                                 });
           continue;
@@ -604,7 +645,10 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, Src, STAGES)) d
         }
         if constexpr (kMath) {
 #pragma unroll
-          for (int p = 0; p < kSteps; ++p) ptx::mma_bf16(o[half][p], vf[p][0], vf[p][1], vf[p][2], vf[p][3], pb0, pb1);
+          for (int cb = 0; cb < kBlocks; ++cb)
+#pragma unroll
+            for (int p = 0; p < kSteps; ++p)
+              ptx::mma_bf16(o[cb][half][p], vf[p][0], vf[p][1], vf[p][2], vf[p][3], pb0[cb], pb1[cb]);
         } else {
           sink ^= fold<4 * kSteps>(&vf[0][0]);
         }
@@ -616,30 +660,39 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, Src, STAGES)) d
   if (sink == a.sink_magic && a.sink_magic != 0u) a.partial_ml[0] = 1.0f;  // keeps the sink alive
 
   // Warps meet in shared memory (the stages are idle now: every copy issued has been waited for).
-  float l_sum[2];
+  float l_sum[kBlocks][2];
 #pragma unroll
-  for (int j = 0; j < 2; ++j) {
-    l_sum[j] = l_run[j];
+  for (int cb = 0; cb < kBlocks; ++cb)
 #pragma unroll
-    for (int d = 4; d < 32; d <<= 1) l_sum[j] += __shfl_xor_sync(0xFFFFFFFFu, l_sum[j], d);
-  }
+    for (int j = 0; j < 2; ++j) {
+      l_sum[cb][j] = l_run[cb][j];
+#pragma unroll
+      for (int d = 4; d < 32; d <<= 1) l_sum[cb][j] += __shfl_xor_sync(0xFFFFFFFFu, l_sum[cb][j], d);
+    }
   __syncthreads();
-  float* wm = reinterpret_cast<float*>(smem + plan.stages);
-  float* wl = wm + NW * 8;
-  float* wo = wl + NW * 8;
+  float* wm = reinterpret_cast<float*>(smem + plan.stages);  // [warp][head]
+  float* wl = wm + NW * H;
+  float* wo = wl + NW * H;  // [warp][head][channel]
   if (g == 0) {
 #pragma unroll
-    for (int j = 0; j < 2; ++j) wm[warp * 8 + 2 * t + j] = m_run[j], wl[warp * 8 + 2 * t + j] = l_sum[j];
+    for (int cb = 0; cb < kBlocks; ++cb)
+#pragma unroll
+      for (int j = 0; j < 2; ++j) {
+        wm[warp * H + 8 * cb + 2 * t + j] = m_run[cb][j];
+        wl[warp * H + 8 * cb + 2 * t + j] = l_sum[cb][j];
+      }
   }
 #pragma unroll
-  for (int h = 0; h < P; ++h)
+  for (int cb = 0; cb < kBlocks; ++cb)
 #pragma unroll
-    for (int p = 0; p < kSteps; ++p)
+    for (int h = 0; h < P; ++h)
 #pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const int head = 2 * t + k % 2, channel = h * C + 16 * p + g + 8 * (k / 2);
-        wo[(warp * 8 + head) * kD + channel] = o[h][p][k];
-      }
+      for (int p = 0; p < kSteps; ++p)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const int head = 8 * cb + 2 * t + k % 2, channel = h * C + 16 * p + g + 8 * (k / 2);
+          wo[(warp * H + head) * kD + channel] = o[cb][h][p][k];
+        }
   __syncthreads();
 
   const int group = a.group;
@@ -649,14 +702,14 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, Src, STAGES)) d
     const int head = idx / kD, channel = idx % kD;
     float mx = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < NW; ++w) mx = fmaxf(mx, wm[w * 8 + head]);
+    for (int w = 0; w < NW; ++w) mx = fmaxf(mx, wm[w * H + head]);
     float l = 0.0f, acc = 0.0f;
     if (mx != -INFINITY) {
 #pragma unroll
       for (int w = 0; w < NW; ++w) {
-        const float f = ptx::exp2_approx(wm[w * 8 + head] - mx);
-        l += wl[w * 8 + head] * f;
-        acc += wo[(w * 8 + head) * kD + channel] * f;
+        const float f = ptx::exp2_approx(wm[w * H + head] - mx);
+        l += wl[w * H + head] * f;
+        acc += wo[(w * H + head) * kD + channel] * f;
       }
     }
     if (splits == 1) {
@@ -682,16 +735,16 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, Src, STAGES)) d
   const size_t group0 = pair * a.max_groups * group;  // merged group 0 of this pair
   if (!last_to_arrive(&counters[my_group], group_count, flag, tid)) return;
   if (groups == 1) {
-    merge_partials<NW, kD, true>(a.partial_o, a.partial_ml, part0 + group_first * group, group_count, group, smem + plan.stages,
+    merge_partials<NW, H, kD, true>(a.partial_o, a.partial_ml, part0 + group_first * group, group_count, group, smem + plan.stages,
                                  out, nullptr, nullptr, tid);
     if (tid == 0) counters[my_group] = 0u;
     return;
   }
-  merge_partials<NW, kD, false>(a.partial_o, a.partial_ml, part0 + group_first * group, group_count, group, smem + plan.stages,
+  merge_partials<NW, H, kD, false>(a.partial_o, a.partial_ml, part0 + group_first * group, group_count, group, smem + plan.stages,
                                 nullptr, a.group_o + (group0 + my_group * group) * kD, a.group_ml + 2 * (group0 + my_group * group), tid);
   if (tid == 0) counters[my_group] = 0u;
   if (!last_to_arrive(&counters[a.max_groups], groups, flag, tid)) return;
-  merge_partials<NW, kD, true>(a.group_o, a.group_ml, group0, groups, group, smem + plan.stages, out, nullptr, nullptr, tid);
+  merge_partials<NW, H, kD, true>(a.group_o, a.group_ml, group0, groups, group, smem + plan.stages, out, nullptr, nullptr, tid);
   if (tid == 0) counters[a.max_groups] = 0u;
 }
 

@@ -49,7 +49,7 @@ namespace gaac::cuda::detail {
 /// Warps per CTA of the decode kernels: each streams its own blocks through its own stages.
 inline constexpr int kDecodeWarps = 4;
 /// Largest number of blocks one CTA takes (its entries are staged in shared memory).
-inline constexpr int kMaxBlocksPerSplit = 512;
+inline constexpr int kMaxBlocksPerSplit = 2048;
 /// Largest number of splits per (sequence, KV head) the final merge handles.
 inline constexpr int kMaxSplits = 1024;  // merge groups of at most 32, at most 32 groups
 /// Padded row of a BF16 tile in shared memory: 2·C bytes + 16, so ldmatrix's eight rows of a matrix
@@ -67,15 +67,16 @@ struct SmemPlan {
 };
 
 /// Shared-memory plan for a CTA of `warps` warps with `stages` stages of tiles of `tile_stride` bytes
-/// and up to `blocks` blocks, tiles of C channels, P halves.
-GAAC_HOST_DEVICE constexpr SmemPlan plan_shared_memory(int channels, int halves, TileSource source, int warps,
+/// and up to `blocks` blocks, tiles of C channels, P halves, room for `heads` query heads per KV head.
+GAAC_HOST_DEVICE constexpr SmemPlan plan_shared_memory(int channels, int halves, int heads, TileSource source, int warps,
                                                        int stages, uint32_t tile_stride, int blocks) {
   const auto align16 = [](uint32_t x) { return (x + 15u) & ~15u; };
   const uint32_t tiles = 2u * static_cast<uint32_t>(halves);
   const uint32_t head_dim = static_cast<uint32_t>(channels * halves);
+  const uint32_t h = static_cast<uint32_t>(heads);
   const uint32_t stage_bytes = static_cast<uint32_t>(warps * stages) * tiles * tile_stride;
-  const uint32_t warp_merge = static_cast<uint32_t>(warps) * 8u * (2u + head_dim) * 4u;
-  const uint32_t split_merge = 8u * 64u * 4u + 8u * 2u * 4u;  // weights of up to 64 partials per head, M and L
+  const uint32_t warp_merge = static_cast<uint32_t>(warps) * h * (2u + head_dim) * 4u;
+  const uint32_t split_merge = h * 64u * 4u + h * 2u * 4u;  // weights of up to 64 partials per head, M and L
   SmemPlan plan;
   plan.stages = 0;
   const uint32_t region = align16(stage_bytes > warp_merge ? (stage_bytes > split_merge ? stage_bytes : split_merge)

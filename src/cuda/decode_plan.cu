@@ -24,54 +24,70 @@ using detail::TileSource;
 /// A kernel instance and what it needs to be launched.
 struct KernelChoice {
   void (*kernel)(DecodeArgs) = nullptr;
-  int stages = 0;
+  int heads = 0;   ///< query heads per KV head it has room for
+  int warps = 0;   ///< warps per CTA
+  int stages = 0;  ///< stages per warp
   uint32_t tile_stride = 0;
 };
 
-template <int C, int P, TileSource Src, Work W, int Stages>
+template <int C, int P, int H, TileSource Src, Work W, int NW, int Stages>
 KernelChoice choice(uint32_t unit_bytes) {
   KernelChoice k;
-  k.kernel = detail::decode_attention_kernel<C, P, Src, W, detail::kDecodeWarps, Stages>;
+  k.kernel = detail::decode_attention_kernel<C, P, H, Src, W, NW, Stages>;
+  k.heads = H;
+  k.warps = NW;
   k.stages = Stages;
   k.tile_stride = Src == TileSource::gaac ? unit_bytes + 16u : 16u * detail::bf16_row_stride(C);
   return k;
 }
 
 /// Default stages per warp (measured, docs/performance.md): the GAAC kernel is bound by instruction
-/// latency, so it takes two stages and three CTAs per SM; the twin three stages, two CTAs per SM; a
-/// head_dim-256 stage holds four tiles, so two.
-template <TileSource Src, int P>
-constexpr int kDefaultStages = P == 2 ? 2 : Src == TileSource::gaac ? 2 : 3;
+/// latency, so it takes two stages and more warps per SM; the twin three stages, two CTAs per SM (two
+/// in CTAs of 16 warps, whose three would not fit shared memory); a head_dim-256 stage holds four
+/// tiles, so two.
+template <TileSource Src, int P, int NW>
+constexpr int kDefaultStages = P == 2 || Src == TileSource::gaac || NW >= 16 ? 2 : 3;
 
-/// The instances that exist: every head width with the default stages; for head_dim 128 also 2, 3
-/// and 4 stages and the breakdown variants.
-template <int C, int P, TileSource Src>
-KernelChoice pick(Work work, int stages, uint32_t unit_bytes) {
-  constexpr int kDef = kDefaultStages<Src, P>;
-  if (stages == 0) stages = kDef;
-  if constexpr (C == 128 && P == 1) {
-    if (work == Work::full) {
-      if (stages == 2) return choice<C, P, Src, Work::full, 2>(unit_bytes);
-      if (stages == 3) return choice<C, P, Src, Work::full, 3>(unit_bytes);
-      if (stages == 4) return choice<C, P, Src, Work::full, 4>(unit_bytes);
-    } else if (stages == kDef) {
-      if (work == Work::no_math) return choice<C, P, Src, Work::no_math, kDef>(unit_bytes);
-      if (work == Work::load_only) return choice<C, P, Src, Work::load_only, kDef>(unit_bytes);
+/// The instances that exist: every head width, 8 or 16 query heads per KV head, four warps per CTA and
+/// the default stages; for head_dim 128 with 8 query heads also 2, 3 and 4 stages, 8 and 16 warps per
+/// CTA, and the breakdown variants.
+template <int C, int P, int H, TileSource Src>
+KernelChoice pick(Work work, int warps, int stages, uint32_t unit_bytes) {
+  constexpr int NW = detail::kDecodeWarps;
+  constexpr int kDef = kDefaultStages<Src, P, NW>;
+  if (warps == 0) warps = NW;
+  if (stages == 0) stages = warps == 16 ? kDefaultStages<Src, P, 16> : kDef;
+  if constexpr (C == 128 && P == 1 && H == 8) {
+    if (work == Work::full && warps == NW) {
+      if (stages == 2) return choice<C, P, H, Src, Work::full, NW, 2>(unit_bytes);
+      if (stages == 3) return choice<C, P, H, Src, Work::full, NW, 3>(unit_bytes);
+      if (stages == 4) return choice<C, P, H, Src, Work::full, NW, 4>(unit_bytes);
+    } else if (work == Work::full) {
+      if (warps == 8 && stages == kDef) return choice<C, P, H, Src, Work::full, 8, kDef>(unit_bytes);
+      constexpr int kDef16 = kDefaultStages<Src, P, 16>;
+      if (warps == 16 && stages == kDef16) return choice<C, P, H, Src, Work::full, 16, kDef16>(unit_bytes);
+    } else if (stages == kDef && warps == NW) {
+      if (work == Work::no_math) return choice<C, P, H, Src, Work::no_math, NW, kDef>(unit_bytes);
+      if (work == Work::load_only) return choice<C, P, H, Src, Work::load_only, NW, kDef>(unit_bytes);
       if constexpr (Src == TileSource::gaac)
-        if (work == Work::no_decode) return choice<C, P, Src, Work::no_decode, kDef>(unit_bytes);
+        if (work == Work::no_decode) return choice<C, P, H, Src, Work::no_decode, NW, kDef>(unit_bytes);
     }
   } else {
-    if (work == Work::full && stages == kDef) return choice<C, P, Src, Work::full, kDef>(unit_bytes);
+    if (work == Work::full && stages == kDef && warps == NW) return choice<C, P, H, Src, Work::full, NW, kDef>(unit_bytes);
   }
-  throw Error("decode_attention: no kernel for head width " + std::to_string(C * P) + " with " +
-              std::to_string(stages) + " stages and work variant " + std::to_string(static_cast<int>(work)));
+  throw Error("decode attention: no kernel for head width " + std::to_string(C * P) + ", " + std::to_string(H) +
+              " query heads per KV head, " + std::to_string(warps) + " warps, " + std::to_string(stages) +
+              " stages and work variant " + std::to_string(static_cast<int>(work)));
 }
 
-/// The kernel instance for a cache.
-KernelChoice pick(const PagedGeometry& geo, bool compressed, Work work, int stages) {
+/// The kernel instance for a cache and `group` query heads per KV head.
+KernelChoice pick(const PagedGeometry& geo, bool compressed, int group, const DecodeConfig& config) {
   return detail::with_head_shape(geo.head_dim, "decode attention", [&]<int C, int P>() {
-    return compressed ? pick<C, P, TileSource::gaac>(work, stages, geo.unit_bytes)
-                      : pick<C, P, TileSource::bf16>(work, stages, geo.unit_bytes);
+    const auto of = [&]<int H>() {
+      return compressed ? pick<C, P, H, TileSource::gaac>(config.work, config.warps, config.stages, geo.unit_bytes)
+                        : pick<C, P, H, TileSource::bf16>(config.work, config.warps, config.stages, geo.unit_bytes);
+    };
+    return group <= 8 ? of.template operator()<8>() : of.template operator()<16>();
   });
 }
 
@@ -95,7 +111,7 @@ class KernelFacts {
   }
   /// Resident CTAs per SM of `kernel` with `shared` bytes of dynamic shared memory (the first time,
   /// the instance is allowed the device's largest).
-  int ctas_per_sm(void (*kernel)(DecodeArgs), size_t shared) {
+  int ctas_per_sm(void (*kernel)(DecodeArgs), int warps, size_t shared) {
     const std::lock_guard<std::mutex> lock(mutex_);
     const void* key = reinterpret_cast<const void*>(kernel);
     if (!limit_set_.count(key)) {
@@ -109,10 +125,13 @@ class KernelFacts {
     const auto it = occupancy_.find(at);
     if (it != occupancy_.end()) return it->second;
     int n = 0;
-    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, detail::kDecodeWarps * 32, shared),
+    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, warps * 32, shared),
           "cudaOccupancyMaxActiveBlocksPerMultiprocessor");
-    occupancy_[at] = std::max(n, 1);
-    return std::max(n, 1);
+    if (n == 0)
+      throw Error("decode attention: a CTA needs " + std::to_string(shared) +
+                  " bytes of shared memory, more than an SM of this GPU holds (fewer stages or warps would fit)");
+    occupancy_[at] = n;
+    return n;
   }
 
  private:
@@ -129,18 +148,19 @@ class KernelFacts {
 
 /// Dynamic shared memory of a CTA of `k` taking up to `blocks` blocks.
 size_t shared_bytes(const PagedGeometry& geo, bool compressed, const KernelChoice& k, int blocks) {
-  return detail::plan_shared_memory(geo.tile_channels(), geo.halves(), compressed ? TileSource::gaac : TileSource::bf16,
-                                    detail::kDecodeWarps, k.stages, k.tile_stride, blocks)
+  return detail::plan_shared_memory(geo.tile_channels(), geo.halves(), k.heads,
+                                    compressed ? TileSource::gaac : TileSource::bf16, k.warps, k.stages, k.tile_stride,
+                                    blocks)
       .total;
 }
 
 void check_config(const CacheMemory& cache, const DecodeConfig& config) {
   const PagedGeometry& geo = cache.geometry();
-  if (config.q_heads <= 0 || config.q_heads % geo.kv_heads != 0 || config.q_heads / geo.kv_heads > 8)
-    throw Error("decode attention: q_heads must be a multiple of the KV heads, at most 8 per KV head (got " +
+  if (config.q_heads <= 0 || config.q_heads % geo.kv_heads != 0 || config.q_heads / geo.kv_heads > 16)
+    throw Error("decode attention: q_heads must be a multiple of the KV heads, at most 16 per KV head (got " +
                 std::to_string(config.q_heads) + " for " + std::to_string(geo.kv_heads) + ")");
-  if (config.blocks_per_split < 0 || config.plan_tokens < 0 || config.stages < 0)
-    throw Error("decode attention: blocks_per_split, plan_tokens and stages must be 0 (chosen) or positive");
+  if (config.blocks_per_split < 0 || config.plan_tokens < 0 || config.stages < 0 || config.warps < 0)
+    throw Error("decode attention: blocks_per_split, plan_tokens, stages and warps must be 0 (chosen) or positive");
   if (config.work == Work::no_decode && !cache.compressed())
     throw Error("decode attention: the no_decode variant needs a compressed cache");
 }
@@ -163,7 +183,9 @@ int longest_attended(const BatchTable& batch, int window, int plan_tokens) {
 DecodeSplit split_for(const PagedGeometry& geo, bool compressed, const KernelChoice& k, const DecodeConfig& config,
                       int sequences, int longest, int window) {
   KernelFacts& facts = KernelFacts::get();
-  const auto occupancy = [&](int blocks) { return facts.ctas_per_sm(k.kernel, shared_bytes(geo, compressed, k, blocks)); };
+  const auto occupancy = [&](int blocks) {
+    return facts.ctas_per_sm(k.kernel, k.warps, shared_bytes(geo, compressed, k, blocks));
+  };
   DecodeSplit split;
   split.window = window;
   split.planned_blocks = longest;
@@ -174,7 +196,7 @@ DecodeSplit split_for(const PagedGeometry& geo, bool compressed, const KernelCho
     const int pairs = sequences * geo.kv_heads;
     const auto blocks_for = [&](int per_sm) {
       const int splits = std::max(1, facts.sms() * per_sm / pairs);
-      return std::max((longest + splits - 1) / splits, 2 * detail::kDecodeWarps);
+      return std::max((longest + splits - 1) / splits, 2 * k.warps);
     };
     split.blocks_per_split = std::min(blocks_for(occupancy(128)), detail::kMaxBlocksPerSplit);
     split.blocks_per_split = std::min(blocks_for(occupancy(split.blocks_per_split)), detail::kMaxBlocksPerSplit);
@@ -233,7 +255,7 @@ void DecodePlan::plan(const CacheMemory& cache, const BatchTable& batch, const D
   s.windows = cache.windows();
   s.compressed = cache.compressed();
   s.sequences = batch.sequences();
-  s.kernel = pick(geo, s.compressed, config.work, config.stages);
+  s.kernel = pick(geo, s.compressed, config.q_heads / geo.kv_heads, config);
   s.splits.clear();
   s.layer_split.assign(static_cast<size_t>(geo.layers), 0);
   for (int l = 0; l < geo.layers; ++l) {
@@ -335,7 +357,7 @@ void DecodePlan::run(const CacheMemory& cache, const BatchTable& batch, int laye
   a.sink_magic = s.config.work == Work::full ? 0u : 0x9E3779B9u;
   const dim3 grid(static_cast<unsigned>(d.max_splits), static_cast<unsigned>(geo.kv_heads),
                   static_cast<unsigned>(batch.sequences()));
-  s.kernel.kernel<<<grid, detail::kDecodeWarps * 32, d.shared_bytes, stream>>>(a);
+  s.kernel.kernel<<<grid, static_cast<unsigned>(s.kernel.warps * 32), d.shared_bytes, stream>>>(a);
   check(cudaGetLastError(), "decode attention launch");
 }
 

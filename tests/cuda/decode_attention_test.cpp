@@ -10,12 +10,14 @@
 #include <cmath>
 #include <cstring>
 #include <random>
+#include <span>
 #include <vector>
 
 #include "cuda/cache_fill.hpp"
 #include "gaac/bf16.hpp"
 #include "gaac/calibration.hpp"
 #include "gaac/cuda.hpp"
+#include "gaac/error.hpp"
 #include "gaac/synthetic.hpp"
 
 namespace gaac {
@@ -38,6 +40,7 @@ struct Case {
   std::vector<int> lengths = {1000};
   int window = 0;
   int blocks_per_split = 0;  // 0: the planner's
+  int warps = 0;             // warps per CTA; 0: the kernel's default
   enum class Data { synthetic, every_mode } data = Data::synthetic;
   bool zero_bases = false;           // every group raw: every tile falls back to raw
   int escape_capacity = -1;          // -1: the calibration's
@@ -153,6 +156,7 @@ Outputs run_case(const Case& c) {
   DecodeConfig config;
   config.q_heads = heads;
   config.blocks_per_split = c.blocks_per_split;
+  config.warps = c.warps;
   DecodePlan plan;
   plan.plan(dev_gaac, dev_seqs, config);
   config.blocks_per_split = plan.split(0).blocks_per_split;
@@ -239,6 +243,46 @@ TEST_F(GpuDecode, HeadDims64And256AndGroupSizes) {
     Case c;
     c.kv_heads = kv, c.group = group, c.head_dim = hd, c.lengths = {700, 1234};
     SCOPED_TRACE(testing::Message() << "kv " << kv << " group " << group << " head_dim " << hd);
+    expect_identical(run_case(c));
+  }
+}
+
+TEST_F(GpuDecode, GroupsOfOneToSixteenQueryHeads) {
+  for (const auto& [kv, group, hd] : {std::tuple{2, 16, 128}, std::tuple{1, 12, 64}, std::tuple{1, 16, 256},
+                                     std::tuple{4, 9, 128}, std::tuple{8, 1, 128}, std::tuple{2, 2, 256}}) {
+    Case c;
+    c.kv_heads = kv, c.group = group, c.head_dim = hd, c.lengths = {33, 900, 2049};
+    SCOPED_TRACE(testing::Message() << "kv " << kv << " group " << group << " head_dim " << hd);
+    expect_identical(run_case(c));
+  }
+}
+
+TEST_F(GpuDecode, MoreThanSixteenQueryHeadsPerKvHeadIsRefused) {
+  SyntheticKvSpec spec;
+  spec.layers = 1, spec.kv_heads = 1, spec.head_dim = 128, spec.tokens = 64;
+  const std::vector<KvDump> seqs = {make_synthetic_kv(spec)};
+  const KvDump* ptr = &seqs[0];
+  const CalibrationTable table = calibrate(std::span<const KvDump* const>(&ptr, 1));
+  KvCache host(test::cache_config_for(seqs, CacheFormat::gaac, &table, {0}));
+  const std::vector<SequenceId> ids = test::fill_cache(host, seqs);
+  const CacheMemory dev = CacheMemory::upload(host);
+  const BatchTable batch = BatchTable::upload(host.sequence_table(ids).view());
+  DecodeConfig config;
+  config.q_heads = 17;
+  DecodePlan plan;
+  EXPECT_THROW(plan.plan(dev, batch, config), Error);
+  config.q_heads = 16;
+  plan.plan(dev, batch, config);
+  EXPECT_EQ(plan.split(0).planned_blocks, 4);
+}
+
+TEST_F(GpuDecode, CtasOfEightAndSixteenWarps) {
+  for (const int warps : {8, 16}) {
+    Case c;
+    c.kv_heads = 2, c.warps = warps, c.lengths = {1, 33, 1000, 4097};
+    SCOPED_TRACE(testing::Message() << warps << " warps per CTA");
+    expect_identical(run_case(c));
+    c.blocks_per_split = 5;
     expect_identical(run_case(c));
   }
 }

@@ -24,6 +24,7 @@
 
 #include "common/cpu.hpp"
 #include "gaac/error.hpp"
+#include "model/k_quant_scales.hpp"
 #include "model/quants.hpp"
 
 #if (defined(__x86_64__) || defined(_M_X64)) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -80,17 +81,6 @@ inline uint32_t le32(const uint8_t* p) {
   uint32_t v;
   std::memcpy(&v, p, sizeof v);
   return v;
-}
-
-// Q4_K / Q5_K: scale and min of sub-block j (0..7) from the 12 packed bytes (as the reference).
-inline void scale_min_k4(int j, const uint8_t* s, int& scale, int& min) {
-  if (j < 4) {
-    scale = s[j] & 63;
-    min = s[j + 4] & 63;
-  } else {
-    scale = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
-    min = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-  }
 }
 
 inline float f(int v) { return static_cast<float>(v); }
@@ -240,8 +230,9 @@ struct Q4_K {  // f16 d, dmin; u8 scales[12]; u8 qs[128]
   template <class Sink>
   static void emit(const uint8_t* b, Sink&& sink) {
     const float d = half_at(b), dmin = half_at(b + 2);
-    const uint8_t* scales = b + 4;
+    const KQuantScales scales = unpack_k_quant_scales(b + 4);
     const __m256i mask = dwords(15);
+#pragma GCC unroll 4  // constant sub-block indices: the scales and mins come out of `scales` by fixed shifts
     for (int c = 0; c < 4; ++c) {
       const uint8_t* qs = b + 16 + 32 * c;
       __m256i lo[4], hi[4];
@@ -250,11 +241,8 @@ struct Q4_K {  // f16 d, dmin; u8 scales[12]; u8 qs[128]
         lo[k] = _mm256_and_si256(v, mask);
         hi[k] = _mm256_srli_epi32(v, 4);
       }
-      int sc, m;
-      scale_min_k4(2 * c, scales, sc, m);
-      k_quant_sub_block(2 * c, lo, d, dmin, sc, m, sink);
-      scale_min_k4(2 * c + 1, scales, sc, m);
-      k_quant_sub_block(2 * c + 1, hi, d, dmin, sc, m, sink);
+      k_quant_sub_block(2 * c, lo, d, dmin, scales.scale(2 * c), scales.min(2 * c), sink);
+      k_quant_sub_block(2 * c + 1, hi, d, dmin, scales.scale(2 * c + 1), scales.min(2 * c + 1), sink);
     }
   }
 };
@@ -265,9 +253,10 @@ struct Q5_K {  // f16 d, dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]
   template <class Sink>
   static void emit(const uint8_t* b, Sink&& sink) {
     const float d = half_at(b), dmin = half_at(b + 2);
-    const uint8_t* scales = b + 4;
+    const KQuantScales scales = unpack_k_quant_scales(b + 4);
     const uint8_t* qh = b + 16;
     const __m256i mask = dwords(15), sixteen = dwords(16);
+#pragma GCC unroll 4  // as in Q4_K
     for (int c = 0; c < 4; ++c) {
       const uint8_t* qs = b + 48 + 32 * c;
       __m256i lo[4], hi[4];
@@ -277,11 +266,8 @@ struct Q5_K {  // f16 d, dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]
         lo[k] = _mm256_or_si256(_mm256_and_si256(v, mask), _mm256_and_si256(_mm256_srli_epi32(h16, 2 * c), sixteen));
         hi[k] = _mm256_or_si256(_mm256_srli_epi32(v, 4), _mm256_and_si256(_mm256_srli_epi32(h16, 2 * c + 1), sixteen));
       }
-      int sc, m;
-      scale_min_k4(2 * c, scales, sc, m);
-      k_quant_sub_block(2 * c, lo, d, dmin, sc, m, sink);
-      scale_min_k4(2 * c + 1, scales, sc, m);
-      k_quant_sub_block(2 * c + 1, hi, d, dmin, sc, m, sink);
+      k_quant_sub_block(2 * c, lo, d, dmin, scales.scale(2 * c), scales.min(2 * c), sink);
+      k_quant_sub_block(2 * c + 1, hi, d, dmin, scales.scale(2 * c + 1), scales.min(2 * c + 1), sink);
     }
   }
 };

@@ -9,6 +9,7 @@
 
 #include "gaac/bf16.hpp"
 #include "gaac/error.hpp"
+#include "model/k_quant_scales.hpp"
 #include "model/quants.hpp"
 #include "model/quants_q8.hpp"
 
@@ -317,17 +318,6 @@ float dot_q8_0(const uint8_t* w, const uint8_t* x, int64_t blocks) {
   return sumf;
 }
 
-// Q4_K / Q5_K: scale and min of sub-block j (0..7) from the 12 packed bytes.
-void scale_min_k4(int j, const uint8_t* s, int& scale, int& min) {
-  if (j < 4) {
-    scale = s[j] & 63;
-    min = s[j + 4] & 63;
-  } else {
-    scale = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
-    min = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-  }
-}
-
 /// Σ over 32-element groups g of scale[g]·Σ q8·a, split into ggml's eight lanes (lane l takes
 /// elements ≡ l mod 8), as the generic K-quant kernels accumulate it.
 void lane_sums(const int8_t* a, const int8_t* q8, const int* scale, int group, int32_t (&aux32)[8]) {
@@ -350,7 +340,7 @@ float dot_q45_k(const uint8_t* w, const uint8_t* x, int64_t blocks) {
   float sums[8] = {};
   float sumf = 0.0f;
   for (int64_t i = 0; i < blocks; ++i, w += kBytes, x += 292) {
-    const uint8_t* scales = w + 4;
+    const KQuantScales scales = unpack_k_quant_scales(w + 4);
     const uint8_t* qh = w + 16;
     const uint8_t* qs = w + (five_bits ? 48 : 16);
     int8_t a[256];
@@ -365,10 +355,10 @@ float dot_q45_k(const uint8_t* w, const uint8_t* x, int64_t blocks) {
         a[64 * c + 32 + l] = static_cast<int8_t>(hi);
       }
     }
-    int sc[8], mn[8];
-    for (int j = 0; j < 8; ++j) scale_min_k4(j, scales, sc[j], mn[j]);
+    int sc[8];
+    for (int j = 0; j < 8; ++j) sc[j] = scales.scale(j);
     int sumi = 0;
-    for (int j = 0; j < 16; ++j) sumi += static_cast<int16_t>(le16(x + 260 + 2 * j)) * mn[j / 2];
+    for (int j = 0; j < 16; ++j) sumi += static_cast<int16_t>(le16(x + 260 + 2 * j)) * scales.min(j / 2);
     int32_t aux32[8];
     lane_sums(a, reinterpret_cast<const int8_t*>(x + 4), sc, 32, aux32);
     const float xd = float_at(x);

@@ -22,6 +22,7 @@
 
 #include "gaac/bf16.hpp"
 #include "gaac/error.hpp"
+#include "model/k_quant_scales.hpp"
 #include "model/quants.hpp"
 #include "model/quants_q8.hpp"
 
@@ -286,16 +287,11 @@ inline void scale_vectors(__m128i bytes16, KBlock& out) {
   }
 }
 
-/// Q4_K / Q5_K: the 12 packed bytes → 8 six-bit scales and 8 six-bit mins.
+/// Q4_K / Q5_K: the 12 packed bytes → the scale vectors and the mins.
 inline void k4_scales(const uint8_t* packed, KBlock& out) {
-  uint32_t u[3];
-  std::memcpy(u, packed, 12);
-  const uint32_t scales_lo = u[0] & 0x3F3F3F3Fu;                                           // scales 0..3
-  const uint32_t scales_hi = (u[2] & 0x0F0F0F0Fu) | (((u[0] >> 6) & 0x03030303u) << 4);    // scales 4..7
-  const uint32_t mins_lo = u[1] & 0x3F3F3F3Fu;                                             // mins 0..3
-  const uint32_t mins_hi = ((u[2] >> 4) & 0x0F0F0F0Fu) | (((u[1] >> 6) & 0x03030303u) << 4);  // mins 4..7
-  const __m128i v = _mm_setr_epi32(static_cast<int>(scales_lo), static_cast<int>(scales_hi), static_cast<int>(mins_lo),
-                                   static_cast<int>(mins_hi));
+  const KQuantScales unpacked = unpack_k_quant_scales(packed);
+  const __m128i v = _mm_setr_epi32(static_cast<int>(unpacked.words[0]), static_cast<int>(unpacked.words[1]),
+                                   static_cast<int>(unpacked.words[2]), static_cast<int>(unpacked.words[3]));
   scale_vectors<false>(v, out);
   _mm_storeu_si128(reinterpret_cast<__m128i*>(out.mins), _mm_cvtepu8_epi16(_mm_srli_si128(v, 8)));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(out.mins + 8), _mm_setzero_si128());

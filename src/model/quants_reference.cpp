@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "gaac/bf16.hpp"
+#include "model/k_quant_scales.hpp"
 #include "model/quants.hpp"
 
 namespace gaac::model {
@@ -44,17 +45,6 @@ uint32_t le32(const uint8_t* p) {
 }
 float half_at(const uint8_t* p) { return fp16_to_float(le16(p)); }
 float f(int v) { return static_cast<float>(v); }
-
-// Q4_K / Q5_K: scale and min of sub-block j (0..7) from the 12 packed bytes.
-void scale_min_k4(int j, const uint8_t* s, int& scale, int& min) {
-  if (j < 4) {
-    scale = s[j] & 63;
-    min = s[j + 4] & 63;
-  } else {
-    scale = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
-    min = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-  }
-}
 
 void q8_0(const uint8_t* b, float* y) {  // f16 d; i8 qs[32]
   const float d = half_at(b);
@@ -103,14 +93,11 @@ void q5_1(const uint8_t* b, float* y) {  // f16 d, m; u8 qh[4]; u8 qs[16]
 
 void q4_k(const uint8_t* b, float* y) {  // f16 d, dmin; u8 scales[12]; u8 qs[128]
   const float d = half_at(b), dmin = half_at(b + 2);
-  const uint8_t* scales = b + 4;
+  const KQuantScales scales = unpack_k_quant_scales(b + 4);
   const uint8_t* q = b + 16;
   for (int c = 0; c < 4; ++c, q += 32, y += 64) {
-    int sc, m;
-    scale_min_k4(2 * c, scales, sc, m);
-    const float d1 = d * f(sc), m1 = dmin * f(m);
-    scale_min_k4(2 * c + 1, scales, sc, m);
-    const float d2 = d * f(sc), m2 = dmin * f(m);
+    const float d1 = d * f(scales.scale(2 * c)), m1 = dmin * f(scales.min(2 * c));
+    const float d2 = d * f(scales.scale(2 * c + 1)), m2 = dmin * f(scales.min(2 * c + 1));
     for (int l = 0; l < 32; ++l) y[l] = d1 * f(q[l] & 15) - m1;
     for (int l = 0; l < 32; ++l) y[32 + l] = d2 * f(q[l] >> 4) - m2;
   }
@@ -118,15 +105,12 @@ void q4_k(const uint8_t* b, float* y) {  // f16 d, dmin; u8 scales[12]; u8 qs[12
 
 void q5_k(const uint8_t* b, float* y) {  // f16 d, dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]
   const float d = half_at(b), dmin = half_at(b + 2);
-  const uint8_t* scales = b + 4;
+  const KQuantScales scales = unpack_k_quant_scales(b + 4);
   const uint8_t* qh = b + 16;
   const uint8_t* q = b + 48;
   for (int c = 0; c < 4; ++c, q += 32, y += 64) {
-    int sc, m;
-    scale_min_k4(2 * c, scales, sc, m);
-    const float d1 = d * f(sc), m1 = dmin * f(m);
-    scale_min_k4(2 * c + 1, scales, sc, m);
-    const float d2 = d * f(sc), m2 = dmin * f(m);
+    const float d1 = d * f(scales.scale(2 * c)), m1 = dmin * f(scales.min(2 * c));
+    const float d2 = d * f(scales.scale(2 * c + 1)), m2 = dmin * f(scales.min(2 * c + 1));
     for (int l = 0; l < 32; ++l) y[l] = d1 * f((q[l] & 15) | (((qh[l] >> (2 * c)) & 1) << 4)) - m1;
     for (int l = 0; l < 32; ++l) y[32 + l] = d2 * f((q[l] >> 4) | (((qh[l] >> (2 * c + 1)) & 1) << 4)) - m2;
   }

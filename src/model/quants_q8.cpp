@@ -19,44 +19,10 @@ namespace gaac::model {
 // Formats
 
 ActivationType activation_type(GgmlType weight_type) {
-  switch (weight_type) {
-    case GgmlType::f32: return ActivationType::f32;
-    case GgmlType::f16: return ActivationType::f16;
-    case GgmlType::bf16: return ActivationType::bf16;
-    case GgmlType::q4_0:
-    case GgmlType::q5_0:
-    case GgmlType::q8_0: return ActivationType::q8_0;
-    case GgmlType::q4_1:
-    case GgmlType::q5_1: return ActivationType::q8_1;
-    case GgmlType::q4_k:
-    case GgmlType::q5_k:
-    case GgmlType::q6_k: return ActivationType::q8_k;
+  if (!supported_type(weight_type)) {
+    throw Error("quantized activations: unsupported weight type " + std::to_string(static_cast<uint32_t>(weight_type)));
   }
-  throw Error("quantized activations: unsupported weight type " + std::to_string(static_cast<uint32_t>(weight_type)));
-}
-
-int64_t activation_block_elements(ActivationType type) {
-  switch (type) {
-    case ActivationType::f32:
-    case ActivationType::f16:
-    case ActivationType::bf16: return 1;
-    case ActivationType::q8_0:
-    case ActivationType::q8_1: return 32;
-    case ActivationType::q8_k: return 256;
-  }
-  return 0;
-}
-
-size_t activation_block_bytes(ActivationType type) {
-  switch (type) {
-    case ActivationType::f32: return 4;
-    case ActivationType::f16:
-    case ActivationType::bf16: return 2;
-    case ActivationType::q8_0: return 34;
-    case ActivationType::q8_1: return 36;
-    case ActivationType::q8_k: return 292;
-  }
-  return 0;
+  return ggml_type_info(weight_type).vec_dot_type;
 }
 
 uint16_t float_to_fp16(float value) {
@@ -84,7 +50,7 @@ uint16_t float_to_fp16(float value) {
 
 namespace {
 
-std::string weight_name(GgmlType type) { return type_name(type); }
+std::string weight_name(GgmlType type) { return ggml_type_info(type).name; }
 
 uint16_t le16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
 uint32_t le32(const uint8_t* p) {
@@ -147,7 +113,7 @@ float block_amax(const float* x) {
 }
 
 void quantize_q8_0(const float* x, uint8_t* out, int64_t blocks, Q8Rounding rounding) {
-  for (int64_t i = 0; i < blocks; ++i, x += 32, out += 34) {
+  for (int64_t i = 0; i < blocks; ++i, x += 32, out += activation_block_bytes(ActivationType::q8_0)) {
     float d, id;
     q8_scales(block_amax(x), rounding, d, id);
     put16(out, float_to_fp16(d));
@@ -156,7 +122,7 @@ void quantize_q8_0(const float* x, uint8_t* out, int64_t blocks, Q8Rounding roun
 }
 
 void quantize_q8_1(const float* x, uint8_t* out, int64_t blocks, Q8Rounding rounding) {
-  for (int64_t i = 0; i < blocks; ++i, x += 32, out += 36) {
+  for (int64_t i = 0; i < blocks; ++i, x += 32, out += activation_block_bytes(ActivationType::q8_1)) {
     float d, id;
     q8_scales(block_amax(x), rounding, d, id);
     put16(out, float_to_fp16(d));
@@ -171,7 +137,8 @@ void quantize_q8_1(const float* x, uint8_t* out, int64_t blocks, Q8Rounding roun
 }
 
 void quantize_q8_k(const float* x, uint8_t* out, int64_t blocks) {
-  for (int64_t i = 0; i < blocks; ++i, x += 256, out += 292) {
+  constexpr size_t kBytes = activation_block_bytes(ActivationType::q8_k);
+  for (int64_t i = 0; i < blocks; ++i, x += 256, out += kBytes) {
     float max = 0.0f, amax = 0.0f;
     for (int j = 0; j < 256; ++j) {
       const float a = std::fabs(x[j]);
@@ -181,7 +148,7 @@ void quantize_q8_k(const float* x, uint8_t* out, int64_t blocks) {
       }
     }
     if (amax == 0.0f) {
-      std::memset(out, 0, 292);  // d = 0, quants and sums 0
+      std::memset(out, 0, kBytes);  // d = 0, quants and sums 0
       continue;
     }
     const float iscale = -127.0f / max;
@@ -220,7 +187,7 @@ ActivationType check_row(GgmlType weight_type, const float* x, int64_t cols) {
   if (!supported_type(weight_type)) {
     throw Error("quantize activations: unsupported weight type " + std::to_string(static_cast<uint32_t>(weight_type)));
   }
-  const int64_t block = detail::quant_layout(weight_type).elements;
+  const int64_t block = ggml_type_info(weight_type).block_elements;
   if (cols < 0 || cols % block != 0) {
     throw Error("quantize activations for " + weight_name(weight_type) + ": " + std::to_string(cols) +
                 " columns is not a multiple of the block size " + std::to_string(block));

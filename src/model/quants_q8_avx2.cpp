@@ -106,7 +106,7 @@ template <bool with_sum>
 void quantize_q8_01(const float* x, uint8_t* out, int64_t blocks, float* scales, float* sums, size_t stride,
                     int8_t* quants, Q8Rounding rounding) {
   const bool reference = rounding == Q8Rounding::reference;
-  constexpr size_t kBytes = with_sum ? 36 : 34;
+  constexpr size_t kBytes = activation_block_bytes(with_sum ? ActivationType::q8_1 : ActivationType::q8_0);
   for (int64_t i = 0; i < blocks; ++i, x += 32, out += kBytes) {
     __m256 v[4];
     for (int k = 0; k < 4; ++k) v[k] = _mm256_loadu_ps(x + 8 * k);
@@ -134,12 +134,13 @@ void quantize_q8_01(const float* x, uint8_t* out, int64_t blocks, float* scales,
 }
 
 void quantize_q8_k(const float* x, uint8_t* out, int64_t blocks) {
-  for (int64_t i = 0; i < blocks; ++i, x += 256, out += 292) {
+  constexpr size_t kBytes = activation_block_bytes(ActivationType::q8_k);
+  for (int64_t i = 0; i < blocks; ++i, x += 256, out += kBytes) {
     __m256 amaxv = _mm256_setzero_ps();
     for (int k = 0; k < 32; ++k) amaxv = _mm256_max_ps(amaxv, abs_ps(_mm256_loadu_ps(x + 8 * k)));
     const float amax = hmax(amaxv);
     if (amax == 0.0f) {
-      std::memset(out, 0, 292);
+      std::memset(out, 0, kBytes);
       continue;
     }
     // The first element of largest magnitude, with its sign (the reference keeps the first).
@@ -226,7 +227,7 @@ struct RowA {
 };
 
 struct Q4_0 {
-  static constexpr size_t kBytes = 18;
+  static constexpr size_t kBytes = ggml_type_info(GgmlType::q4_0).block_bytes;
   static constexpr bool kSigned = true, kMin = false;
   static void decode(const uint8_t* b, int8_t* q, float& d, float&) {
     d = half_at(b);
@@ -234,7 +235,7 @@ struct Q4_0 {
   }
 };
 struct Q4_1 {
-  static constexpr size_t kBytes = 20;
+  static constexpr size_t kBytes = ggml_type_info(GgmlType::q4_1).block_bytes;
   static constexpr bool kSigned = false, kMin = true;
   static void decode(const uint8_t* b, int8_t* q, float& d, float& m) {
     d = half_at(b);
@@ -243,7 +244,7 @@ struct Q4_1 {
   }
 };
 struct Q5_0 {
-  static constexpr size_t kBytes = 22;
+  static constexpr size_t kBytes = ggml_type_info(GgmlType::q5_0).block_bytes;
   static constexpr bool kSigned = true, kMin = false;
   static void decode(const uint8_t* b, int8_t* q, float& d, float&) {
     d = half_at(b);
@@ -251,7 +252,7 @@ struct Q5_0 {
   }
 };
 struct Q5_1 {
-  static constexpr size_t kBytes = 24;
+  static constexpr size_t kBytes = ggml_type_info(GgmlType::q5_1).block_bytes;
   static constexpr bool kSigned = false, kMin = true;
   static void decode(const uint8_t* b, int8_t* q, float& d, float& m) {
     d = half_at(b);
@@ -260,7 +261,7 @@ struct Q5_1 {
   }
 };
 struct Q8_0 {
-  static constexpr size_t kBytes = 34;
+  static constexpr size_t kBytes = ggml_type_info(GgmlType::q8_0).block_bytes;
   static constexpr bool kSigned = true, kMin = false;
   static void decode(const uint8_t* b, int8_t* q, float& d, float&) {
     d = half_at(b);
@@ -298,7 +299,7 @@ inline void k4_scales(const uint8_t* packed, KBlock& out) {
 }
 
 struct Q4_K {
-  static constexpr size_t kBytes = 144;
+  static constexpr size_t kBytes = ggml_type_info(GgmlType::q4_k).block_bytes;
   static constexpr int kKind = 4;
   static void decode(const uint8_t* b, KBlock& out) {
     out.d = half_at(b);
@@ -314,7 +315,7 @@ struct Q4_K {
 };
 
 struct Q5_K {
-  static constexpr size_t kBytes = 176;
+  static constexpr size_t kBytes = ggml_type_info(GgmlType::q5_k).block_bytes;
   static constexpr int kKind = 5;
   static void decode(const uint8_t* b, KBlock& out) {
     out.d = half_at(b);
@@ -334,7 +335,7 @@ struct Q5_K {
 };
 
 struct Q6_K {
-  static constexpr size_t kBytes = 210;
+  static constexpr size_t kBytes = ggml_type_info(GgmlType::q6_k).block_bytes;
   static constexpr int kKind = 6;
   static void decode(const uint8_t* b, KBlock& out) {
     out.d = half_at(b + 208);
@@ -425,7 +426,7 @@ void kernel_k(const KBlock* w, int64_t blocks, const QuantizedActivations& x, in
   }
   for (int64_t b = 0; b < blocks; ++b) {
     const KBlock& kb = w[b];
-    const size_t base = 292 * static_cast<size_t>(b);
+    const size_t base = activation_block_bytes(ActivationType::q8_k) * static_cast<size_t>(b);
     __m256i sumi[NT];
     for (int t = 0; t < NT; ++t) sumi[t] = _mm256_setzero_si256();
     for (int g = 0; g < 8; ++g) {

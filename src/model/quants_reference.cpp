@@ -137,8 +137,8 @@ void q6_k(const uint8_t* b, float* y) {  // u8 ql[128]; u8 qh[64]; i8 scales[16]
 }
 
 void dequantize_unchecked(GgmlType type, const uint8_t* src, float* dst, int64_t n) {
-  const detail::QuantLayout layout = detail::quant_layout(type);
-  const int64_t blocks = n / layout.elements;
+  const GgmlTypeInfo& info = ggml_type_info(type);
+  const int64_t blocks = n / info.block_elements;
   switch (type) {
     case GgmlType::f32: std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float)); return;
     case GgmlType::f16:
@@ -161,7 +161,7 @@ void dequantize_unchecked(GgmlType type, const uint8_t* src, float* dst, int64_t
     case GgmlType::q6_k: block = q6_k; break;
     default: return;  // unreachable: checked by the caller
   }
-  for (int64_t i = 0; i < blocks; ++i) block(src + static_cast<size_t>(i) * layout.bytes, dst + i * layout.elements);
+  for (int64_t i = 0; i < blocks; ++i) block(src + static_cast<size_t>(i) * info.block_bytes, dst + i * info.block_elements);
 }
 
 }  // namespace

@@ -33,10 +33,10 @@ const std::vector<GgmlType> kAllTypes = {GgmlType::f32,  GgmlType::f16,  GgmlTyp
                                          GgmlType::q4_0, GgmlType::q4_1, GgmlType::q5_0, GgmlType::q5_1,
                                          GgmlType::q4_k, GgmlType::q5_k, GgmlType::q6_k};
 
-std::string name(GgmlType type) { return type_name(type); }
+std::string name(GgmlType type) { return ggml_type_info(type).name; }
 uint32_t bits_of(float v) { return std::bit_cast<uint32_t>(v); }
-int64_t block_of(GgmlType type) { return detail::quant_layout(type).elements; }
-size_t bytes_of(GgmlType type) { return detail::quant_layout(type).bytes; }
+int64_t block_of(GgmlType type) { return ggml_type_info(type).block_elements; }
+size_t bytes_of(GgmlType type) { return ggml_type_info(type).block_bytes; }
 
 void put16(std::vector<uint8_t>& b, size_t at, uint16_t v) {
   b[at] = static_cast<uint8_t>(v & 0xFF);
@@ -627,13 +627,6 @@ TEST(RealModels, Gemma3Tensors) {
 
 // ----------------------------------------------------------------------------------------------
 // Arguments
-
-TEST(QuantArguments, LayoutsAgreeWithGguf) {
-  for (GgmlType type : kAllTypes) {
-    EXPECT_EQ(detail::quant_layout(type).elements, block_elements(type)) << name(type);
-    EXPECT_EQ(detail::quant_layout(type).bytes, block_bytes(type)) << name(type);
-  }
-}
 
 TEST(QuantArguments, SupportedTypes) {
   for (GgmlType type : kAllTypes) EXPECT_TRUE(supported_type(type)) << name(type);

@@ -3,9 +3,8 @@
 // the arithmetic is the same, and to a stated tolerance where summation order differs.
 //
 // Dequantization follows ggml's dequantize_row_* expression for expression, every operation rounded
-// to float on its own (no fused multiply-add; the sources are built with -ffp-contract=off):
-//   Q8_0 q·d   Q4_0 (q−8)·d   Q4_1 q·d + m   Q5_0 (q−16)·d   Q5_1 q·d + m
-//   Q4_K/Q5_K (d·sc)·q − dmin·m   Q6_K (d·sc)·(q−32)   F16/BF16 exact widening.
+// to float on its own (no fused multiply-add; the sources are built with -ffp-contract=off); the
+// block formats and their formulas are listed with their reference kernels (reference_kernels.hpp).
 // The types supported are those of the type table (ggml_types.hpp: supported_type).
 #pragma once
 

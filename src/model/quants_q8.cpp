@@ -203,87 +203,21 @@ float round_for(ActivationType type, float v) {
   return v;
 }
 
-// ---- dots (ggml_vec_dot_*_generic)
+}  // namespace
 
-float dot_q4_0(const uint8_t* w, const uint8_t* x, int64_t blocks) {
-  float sumf = 0.0f;
-  for (int64_t i = 0; i < blocks; ++i, w += 18, x += 34) {
-    const uint8_t* qs = w + 2;
-    const auto* q8 = reinterpret_cast<const int8_t*>(x + 2);
-    int sumi0 = 0, sumi1 = 0;
-    for (int j = 0; j < 16; ++j) {
-      sumi0 += ((qs[j] & 15) - 8) * q8[j];
-      sumi1 += ((qs[j] >> 4) - 8) * q8[j + 16];
-    }
-    const int sumi = sumi0 + sumi1;
-    sumf += f(sumi) * half_at(w) * half_at(x);
-  }
-  return sumf;
-}
+// ----------------------------------------------------------------------------------------------
+// Dots of each format (ggml_vec_dot_*_generic; reference_kernels.hpp)
 
-float dot_q4_1(const uint8_t* w, const uint8_t* x, int64_t blocks) {
-  float sumf = 0.0f;
-  for (int64_t i = 0; i < blocks; ++i, w += 20, x += 36) {
-    const uint8_t* qs = w + 4;
-    const auto* q8 = reinterpret_cast<const int8_t*>(x + 4);
-    int sumi0 = 0, sumi1 = 0;
-    for (int j = 0; j < 16; ++j) {
-      sumi0 += (qs[j] & 15) * q8[j];
-      sumi1 += (qs[j] >> 4) * q8[j + 16];
-    }
-    const int sumi = sumi0 + sumi1;
-    sumf += (half_at(w) * half_at(x)) * f(sumi) + half_at(w + 2) * half_at(x + 2);
-  }
-  return sumf;
-}
+namespace {
 
-float dot_q5_0(const uint8_t* w, const uint8_t* x, int64_t blocks) {
-  float sumf = 0.0f;
-  for (int64_t i = 0; i < blocks; ++i, w += 22, x += 34) {
-    const uint32_t qh = le32(w + 2);
-    const uint8_t* qs = w + 6;
-    const auto* q8 = reinterpret_cast<const int8_t*>(x + 2);
-    int sumi0 = 0, sumi1 = 0;
-    for (int j = 0; j < 16; ++j) {
-      const int h0 = static_cast<int>((qh >> j) & 1u) << 4, h1 = static_cast<int>((qh >> (j + 16)) & 1u) << 4;
-      sumi0 += (((qs[j] & 15) | h0) - 16) * q8[j];
-      sumi1 += (((qs[j] >> 4) | h1) - 16) * q8[j + 16];
-    }
-    const int sumi = sumi0 + sumi1;
-    sumf += (half_at(w) * half_at(x)) * f(sumi);
-  }
-  return sumf;
-}
-
-float dot_q5_1(const uint8_t* w, const uint8_t* x, int64_t blocks) {
-  float sumf = 0.0f;
-  for (int64_t i = 0; i < blocks; ++i, w += 24, x += 36) {
-    const uint32_t qh = le32(w + 4);
-    const uint8_t* qs = w + 8;
-    const auto* q8 = reinterpret_cast<const int8_t*>(x + 4);
-    int sumi0 = 0, sumi1 = 0;
-    for (int j = 0; j < 16; ++j) {
-      const int h0 = static_cast<int>((qh >> j) & 1u) << 4, h1 = static_cast<int>((qh >> (j + 16)) & 1u) << 4;
-      sumi0 += ((qs[j] & 15) | h0) * q8[j];
-      sumi1 += ((qs[j] >> 4) | h1) * q8[j + 16];
-    }
-    const int sumi = sumi0 + sumi1;
-    sumf += (half_at(w) * half_at(x)) * f(sumi) + half_at(w + 2) * half_at(x + 2);
-  }
-  return sumf;
-}
-
-float dot_q8_0(const uint8_t* w, const uint8_t* x, int64_t blocks) {
-  float sumf = 0.0f;
-  for (int64_t i = 0; i < blocks; ++i, w += 34, x += 34) {
-    const auto* qw = reinterpret_cast<const int8_t*>(w + 2);
-    const auto* q8 = reinterpret_cast<const int8_t*>(x + 2);
-    int sumi = 0;
-    for (int j = 0; j < 32; ++j) sumi += qw[j] * q8[j];
-    sumf += f(sumi) * (half_at(w) * half_at(x));
-  }
-  return sumf;
-}
+/// The dots' strides for weights of type T.
+template <GgmlType T>
+struct Strides {
+  /// Bytes of one weight block.
+  static constexpr size_t weight = ggml_type_info(T).block_bytes;
+  /// Bytes of one block of the activations it multiplies (its vec_dot_type).
+  static constexpr size_t activation = activation_block_bytes(ggml_type_info(T).vec_dot_type);
+};
 
 /// Σ over 32-element groups g of scale[g]·Σ q8·a, split into ggml's eight lanes (lane l takes
 /// elements ≡ l mod 8), as the generic K-quant kernels accumulate it.
@@ -300,13 +234,14 @@ void lane_sums(const int8_t* a, const int8_t* q8, const int* scale, int group, i
   }
 }
 
-/// Q4_K and Q5_K (five_bits) against Q8_K.
-template <bool five_bits>
+/// Q4_K (T = q4_k) and Q5_K (T = q5_k) against Q8_K.
+template <GgmlType T>
 float dot_q45_k(const uint8_t* w, const uint8_t* x, int64_t blocks) {
-  constexpr size_t kBytes = five_bits ? 176 : 144;
+  constexpr bool five_bits = T == GgmlType::q5_k;
+  using S = Strides<T>;
   float sums[8] = {};
   float sumf = 0.0f;
-  for (int64_t i = 0; i < blocks; ++i, w += kBytes, x += 292) {
+  for (int64_t i = 0; i < blocks; ++i, w += S::weight, x += S::activation) {
     const KQuantScales scales = unpack_k_quant_scales(w + 4);
     const uint8_t* qh = w + 16;
     const uint8_t* qs = w + (five_bits ? 48 : 16);
@@ -338,9 +273,103 @@ float dot_q45_k(const uint8_t* w, const uint8_t* x, int64_t blocks) {
   return sumf;
 }
 
+}  // namespace
+
+namespace reference {
+
+float dot_q4_0(const uint8_t* w, const uint8_t* x, int64_t blocks) {
+  using S = Strides<GgmlType::q4_0>;
+  float sumf = 0.0f;
+  for (int64_t i = 0; i < blocks; ++i, w += S::weight, x += S::activation) {
+    const uint8_t* qs = w + 2;
+    const auto* q8 = reinterpret_cast<const int8_t*>(x + 2);
+    int sumi0 = 0, sumi1 = 0;
+    for (int j = 0; j < 16; ++j) {
+      sumi0 += ((qs[j] & 15) - 8) * q8[j];
+      sumi1 += ((qs[j] >> 4) - 8) * q8[j + 16];
+    }
+    const int sumi = sumi0 + sumi1;
+    sumf += f(sumi) * half_at(w) * half_at(x);
+  }
+  return sumf;
+}
+
+float dot_q4_1(const uint8_t* w, const uint8_t* x, int64_t blocks) {
+  using S = Strides<GgmlType::q4_1>;
+  float sumf = 0.0f;
+  for (int64_t i = 0; i < blocks; ++i, w += S::weight, x += S::activation) {
+    const uint8_t* qs = w + 4;
+    const auto* q8 = reinterpret_cast<const int8_t*>(x + 4);
+    int sumi0 = 0, sumi1 = 0;
+    for (int j = 0; j < 16; ++j) {
+      sumi0 += (qs[j] & 15) * q8[j];
+      sumi1 += (qs[j] >> 4) * q8[j + 16];
+    }
+    const int sumi = sumi0 + sumi1;
+    sumf += (half_at(w) * half_at(x)) * f(sumi) + half_at(w + 2) * half_at(x + 2);
+  }
+  return sumf;
+}
+
+float dot_q5_0(const uint8_t* w, const uint8_t* x, int64_t blocks) {
+  using S = Strides<GgmlType::q5_0>;
+  float sumf = 0.0f;
+  for (int64_t i = 0; i < blocks; ++i, w += S::weight, x += S::activation) {
+    const uint32_t qh = le32(w + 2);
+    const uint8_t* qs = w + 6;
+    const auto* q8 = reinterpret_cast<const int8_t*>(x + 2);
+    int sumi0 = 0, sumi1 = 0;
+    for (int j = 0; j < 16; ++j) {
+      const int h0 = static_cast<int>((qh >> j) & 1u) << 4, h1 = static_cast<int>((qh >> (j + 16)) & 1u) << 4;
+      sumi0 += (((qs[j] & 15) | h0) - 16) * q8[j];
+      sumi1 += (((qs[j] >> 4) | h1) - 16) * q8[j + 16];
+    }
+    const int sumi = sumi0 + sumi1;
+    sumf += (half_at(w) * half_at(x)) * f(sumi);
+  }
+  return sumf;
+}
+
+float dot_q5_1(const uint8_t* w, const uint8_t* x, int64_t blocks) {
+  using S = Strides<GgmlType::q5_1>;
+  float sumf = 0.0f;
+  for (int64_t i = 0; i < blocks; ++i, w += S::weight, x += S::activation) {
+    const uint32_t qh = le32(w + 4);
+    const uint8_t* qs = w + 8;
+    const auto* q8 = reinterpret_cast<const int8_t*>(x + 4);
+    int sumi0 = 0, sumi1 = 0;
+    for (int j = 0; j < 16; ++j) {
+      const int h0 = static_cast<int>((qh >> j) & 1u) << 4, h1 = static_cast<int>((qh >> (j + 16)) & 1u) << 4;
+      sumi0 += ((qs[j] & 15) | h0) * q8[j];
+      sumi1 += ((qs[j] >> 4) | h1) * q8[j + 16];
+    }
+    const int sumi = sumi0 + sumi1;
+    sumf += (half_at(w) * half_at(x)) * f(sumi) + half_at(w + 2) * half_at(x + 2);
+  }
+  return sumf;
+}
+
+float dot_q8_0(const uint8_t* w, const uint8_t* x, int64_t blocks) {
+  using S = Strides<GgmlType::q8_0>;
+  float sumf = 0.0f;
+  for (int64_t i = 0; i < blocks; ++i, w += S::weight, x += S::activation) {
+    const auto* qw = reinterpret_cast<const int8_t*>(w + 2);
+    const auto* q8 = reinterpret_cast<const int8_t*>(x + 2);
+    int sumi = 0;
+    for (int j = 0; j < 32; ++j) sumi += qw[j] * q8[j];
+    sumf += f(sumi) * (half_at(w) * half_at(x));
+  }
+  return sumf;
+}
+
+float dot_q4_k(const uint8_t* w, const uint8_t* x, int64_t blocks) { return dot_q45_k<GgmlType::q4_k>(w, x, blocks); }
+
+float dot_q5_k(const uint8_t* w, const uint8_t* x, int64_t blocks) { return dot_q45_k<GgmlType::q5_k>(w, x, blocks); }
+
 float dot_q6_k(const uint8_t* w, const uint8_t* x, int64_t blocks) {
+  using S = Strides<GgmlType::q6_k>;
   float sums[8] = {};
-  for (int64_t i = 0; i < blocks; ++i, w += 210, x += 292) {
+  for (int64_t i = 0; i < blocks; ++i, w += S::weight, x += S::activation) {
     int8_t a[256];
     const uint8_t* ql = w;
     const uint8_t* qh = w + 128;
@@ -364,7 +393,7 @@ float dot_q6_k(const uint8_t* w, const uint8_t* x, int64_t blocks) {
   return sumf;
 }
 
-}  // namespace
+}  // namespace reference
 
 // ----------------------------------------------------------------------------------------------
 // Checks
@@ -493,18 +522,9 @@ void quantize_activation_rows(const float* x, int64_t t_begin, int64_t t_end, Qu
 }
 
 float dot_row(GgmlType type, const uint8_t* w, const uint8_t* xq, int64_t cols) {
-  switch (type) {
-    case GgmlType::q4_0: return dot_q4_0(w, xq, cols / 32);
-    case GgmlType::q4_1: return dot_q4_1(w, xq, cols / 32);
-    case GgmlType::q5_0: return dot_q5_0(w, xq, cols / 32);
-    case GgmlType::q5_1: return dot_q5_1(w, xq, cols / 32);
-    case GgmlType::q8_0: return dot_q8_0(w, xq, cols / 32);
-    case GgmlType::q4_k: return dot_q45_k<false>(w, xq, cols / 256);
-    case GgmlType::q5_k: return dot_q45_k<true>(w, xq, cols / 256);
-    case GgmlType::q6_k: return dot_q6_k(w, xq, cols / 256);
-    default: break;
-  }
-  throw Error("quantized dot: " + weight_name(type) + " is not a quantized type");
+  const GgmlTypeInfo& info = ggml_type_info(type);
+  if (info.dot_blocks == nullptr) throw Error("quantized dot: " + weight_name(type) + " is not a quantized type");
+  return info.dot_blocks(w, xq, cols / info.block_elements);
 }
 
 void matmul_rows_quantized(GgmlType type, const uint8_t* w, size_t row_bytes, int64_t cols, int64_t row_begin,

@@ -68,7 +68,7 @@ void walk(const GgufFile& file) {
   for (const GgufTensor& t : file.tensors()) {
     for (const uint8_t b : t.bytes) sum += b;  // a view outside the image trips AddressSanitizer
     if (file.tensor(t.name) != &t) std::abort();
-    if (!gaac::model::known_type(static_cast<uint32_t>(t.type)) || t.ne.size() > 4) std::abort();
+    if (!gaac::model::supported_type(t.type) || t.ne.size() > 4) std::abort();
     if (t.offset % alignment != 0) std::abort();
     if (static_cast<uint64_t>(t.rows()) * t.row_bytes() != t.bytes.size()) std::abort();
   }

@@ -26,9 +26,9 @@ struct Problem {
 
 /// Random weights with realistic fp16 scales (exponent 2^-10 .. 2^-4) and unit-normal activations.
 Problem make_problem(GgmlType type, int64_t rows, int64_t cols, int64_t tokens) {
-  const auto layout = gaac::model::detail::quant_layout(type);
+  const gaac::model::GgmlTypeInfo& info = gaac::model::ggml_type_info(type);
   Problem p;
-  p.row_bytes = static_cast<size_t>(cols / layout.elements) * layout.bytes;
+  p.row_bytes = static_cast<size_t>(cols / info.block_elements) * info.block_bytes;
   p.w.resize(p.row_bytes * static_cast<size_t>(rows));
   std::mt19937 rng(42);
   for (auto& b : p.w) b = static_cast<uint8_t>(rng());
@@ -39,11 +39,11 @@ Problem make_problem(GgmlType type, int64_t rows, int64_t cols, int64_t tokens) 
     case GgmlType::q6_k: scales = {208}; break;
     default: break;
   }
-  const size_t blocks = p.w.size() / layout.bytes;
+  const size_t blocks = p.w.size() / info.block_bytes;
   for (size_t i = 0; i < blocks; ++i) {
     for (size_t at : scales) {
       const auto h = static_cast<uint16_t>((rng() & 0x83FF) | ((5 + rng() % 7) << 10));
-      std::memcpy(p.w.data() + i * layout.bytes + at, &h, 2);
+      std::memcpy(p.w.data() + i * info.block_bytes + at, &h, 2);
     }
   }
   std::normal_distribution<float> normal(0.0f, 1.0f);
@@ -81,7 +81,7 @@ int main(int argc, char** argv) {
     for (const auto& shape : shapes) {
       for (int64_t tokens : {1, 64}) {
         for (bool fast : {false, true}) {
-          const std::string name = std::string("matmul/") + gaac::model::type_name(type) + "/" + std::to_string(shape[0]) +
+          const std::string name = std::string("matmul/") + gaac::model::ggml_type_info(type).name + "/" + std::to_string(shape[0]) +
                                    "x" + std::to_string(shape[1]) + "/t" + std::to_string(tokens) + "/" +
                                    (fast ? "avx2" : "reference");
           benchmark::RegisterBenchmark(name.c_str(), [=](benchmark::State& s) { run(s, type, shape[0], shape[1], tokens, fast); })

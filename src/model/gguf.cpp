@@ -37,28 +37,6 @@ constexpr uint64_t kMinEntryBytes = 8 + 4 + 1;
 constexpr uint64_t kMinDescriptorBytes = 8 + 4 + 4 + 8;
 constexpr uint64_t kMaxInt64 = static_cast<uint64_t>(std::numeric_limits<int64_t>::max());
 
-/// One ggml tensor type gaac knows.
-struct TypeInfo {
-  GgmlType type;
-  const char* name;
-  int64_t block_elements;
-  size_t block_bytes;
-};
-
-constexpr TypeInfo kTypes[] = {
-    {GgmlType::f32, "F32", 1, 4},        {GgmlType::f16, "F16", 1, 2},        {GgmlType::q4_0, "Q4_0", 32, 18},
-    {GgmlType::q4_1, "Q4_1", 32, 20},    {GgmlType::q5_0, "Q5_0", 32, 22},    {GgmlType::q5_1, "Q5_1", 32, 24},
-    {GgmlType::q8_0, "Q8_0", 32, 34},    {GgmlType::q4_k, "Q4_K", 256, 144},  {GgmlType::q5_k, "Q5_K", 256, 176},
-    {GgmlType::q6_k, "Q6_K", 256, 210},  {GgmlType::bf16, "BF16", 1, 2},
-};
-
-const TypeInfo* find_type(uint32_t id) {
-  for (const TypeInfo& info : kTypes) {
-    if (static_cast<uint32_t>(info.type) == id) return &info;
-  }
-  return nullptr;
-}
-
 /// One GGUF value type: its name and the fewest bytes a value of it takes in the file (the exact
 /// size for scalars; the length prefix for strings; element type and count for arrays).
 struct ValueTypeInfo {
@@ -360,23 +338,23 @@ TensorDescriptor read_descriptor(Reader& r, uint64_t index, uint64_t alignment, 
     }
   }
   const uint32_t type_id = r.u32("ggml type");
-  const TypeInfo* info = find_type(type_id);
-  if (info == nullptr) r.fail("unknown ggml type id " + std::to_string(type_id));
-  t.type = info->type;
+  t.type = static_cast<GgmlType>(type_id);
+  if (!supported_type(t.type)) r.fail("unknown ggml type id " + std::to_string(type_id));
+  const GgmlTypeInfo& info = ggml_type_info(t.type);
   t.offset = r.u64("data offset");
-  if (t.row_elements() % info->block_elements != 0) {
+  if (t.row_elements() % info.block_elements != 0) {
     r.fail("rows of " + std::to_string(t.row_elements()) + " elements (shape " + shape_text(t.ne) +
-           ") are not a multiple of the " + info->name + " block of " + std::to_string(info->block_elements));
+           ") are not a multiple of the " + info.name + " block of " + std::to_string(info.block_elements));
   }
   // elements is a whole number of blocks since ne[0] is; a row is never larger than the whole
   // unless the tensor is empty, so both sizes are checked.
-  const auto blocks = elements / static_cast<uint64_t>(info->block_elements);
-  const auto row_blocks = static_cast<uint64_t>(t.row_elements() / info->block_elements);
+  const auto blocks = elements / static_cast<uint64_t>(info.block_elements);
+  const auto row_blocks = static_cast<uint64_t>(t.row_elements() / info.block_elements);
   uint64_t row_bytes = 0;
-  if (__builtin_mul_overflow(blocks, static_cast<uint64_t>(info->block_bytes), &d.nbytes) ||
-      __builtin_mul_overflow(row_blocks, static_cast<uint64_t>(info->block_bytes), &row_bytes) ||
+  if (__builtin_mul_overflow(blocks, static_cast<uint64_t>(info.block_bytes), &d.nbytes) ||
+      __builtin_mul_overflow(row_blocks, static_cast<uint64_t>(info.block_bytes), &row_bytes) ||
       d.nbytes > kMaxInt64 || row_bytes > kMaxInt64) {
-    r.fail("byte size of shape " + shape_text(t.ne) + " of " + info->name + " overflows");
+    r.fail("byte size of shape " + shape_text(t.ne) + " of " + info.name + " overflows");
   }
   if (t.offset % alignment != 0) {
     r.fail("data offset " + std::to_string(t.offset) + " is not a multiple of the alignment " +
@@ -395,7 +373,7 @@ void place_tensors(std::vector<TensorDescriptor>& descriptors, std::span<const u
     GgufTensor& t = d.tensor;
     if (t.offset > data_size || d.nbytes > data_size - t.offset) {
       fail_tensor(label, t.name,
-                  std::to_string(d.nbytes) + " bytes of " + type_name(t.type) + " data at offset " +
+                  std::to_string(d.nbytes) + " bytes of " + ggml_type_info(t.type).name + " data at offset " +
                       std::to_string(t.offset) + " run past the end of the " + std::to_string(data_size) +
                       "-byte data section (file offset " + std::to_string(data_offset) + ", file of " +
                       std::to_string(size) + " bytes; truncated?)");
@@ -460,24 +438,7 @@ ParsedImage parse_image(std::span<const uint8_t> image, const std::string& label
 }  // namespace
 
 // ---------------------------------------------------------------------------------------------
-// Types and tensors
-
-const char* type_name(GgmlType type) {
-  const TypeInfo* info = find_type(static_cast<uint32_t>(type));
-  return info ? info->name : "unknown";
-}
-
-int64_t block_elements(GgmlType type) {
-  const TypeInfo* info = find_type(static_cast<uint32_t>(type));
-  return info ? info->block_elements : 0;
-}
-
-size_t block_bytes(GgmlType type) {
-  const TypeInfo* info = find_type(static_cast<uint32_t>(type));
-  return info ? info->block_bytes : 0;
-}
-
-bool known_type(uint32_t id) { return find_type(id) != nullptr; }
+// Value types and tensors
 
 const char* value_type_name(uint32_t id) { return id < kValueTypeCount ? kValueTypes[id].name : "unknown"; }
 
@@ -493,8 +454,8 @@ int64_t GgufTensor::rows() const {
 }
 
 size_t GgufTensor::row_bytes() const {
-  const int64_t block = block_elements(type);
-  return block == 0 ? 0 : static_cast<size_t>(row_elements() / block) * block_bytes(type);
+  const GgmlTypeInfo& info = ggml_type_info(type);
+  return info.block_elements == 0 ? 0 : static_cast<size_t>(row_elements() / info.block_elements) * info.block_bytes;
 }
 
 // ---------------------------------------------------------------------------------------------

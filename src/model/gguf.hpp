@@ -10,22 +10,9 @@
 #include <variant>
 #include <vector>
 
+#include "model/ggml_types.hpp"
+
 namespace gaac::model {
-
-/// ggml tensor types gaac knows (ids as in ggml).
-enum class GgmlType : uint32_t {
-  f32 = 0, f16 = 1, q4_0 = 2, q4_1 = 3, q5_0 = 6, q5_1 = 7, q8_0 = 8,
-  q4_k = 12, q5_k = 13, q6_k = 14, bf16 = 30,
-};
-
-/// Name of a type ("Q4_K"); "unknown" for ids gaac does not know.
-const char* type_name(GgmlType type);
-/// Elements per quantization block (1 for plain float types); 0 for unknown ids.
-int64_t block_elements(GgmlType type);
-/// Bytes per block; 0 for unknown ids.
-size_t block_bytes(GgmlType type);
-/// True when the id is one of GgmlType's values.
-bool known_type(uint32_t id);
 
 /// GGUF metadata value-type ids (as stored in the file).
 enum class GgufType : uint32_t {

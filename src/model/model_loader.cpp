@@ -57,7 +57,7 @@ Weight weight(const GgufFile& f, const std::string& name, int64_t cols, int64_t 
     throw Error(f.label() + ": tensor '" + name + "' should be " + std::to_string(cols) + " × " + std::to_string(rows));
   }
   if (!supported_type(t->type)) {
-    throw Error(f.label() + ": tensor '" + name + "' has unsupported type " + type_name(t->type));
+    throw Error(f.label() + ": tensor '" + name + "' has unsupported type " + ggml_type_info(t->type).name);
   }
   return {t->type, t->bytes.data(), rows, cols, t->row_bytes()};
 }
@@ -66,7 +66,9 @@ std::vector<float> vector_weight(const GgufFile& f, const std::string& name, int
   const GgufTensor* t = f.tensor(name);
   if (!t) throw Error(f.label() + ": tensor '" + name + "' is missing");
   if (t->elements() != n) throw Error(f.label() + ": tensor '" + name + "' should have " + std::to_string(n) + " elements");
-  if (!supported_type(t->type)) throw Error(f.label() + ": tensor '" + name + "' has unsupported type " + type_name(t->type));
+  if (!supported_type(t->type)) {
+    throw Error(f.label() + ": tensor '" + name + "' has unsupported type " + ggml_type_info(t->type).name);
+  }
   std::vector<float> out(static_cast<size_t>(n));
   dequantize_row(t->type, t->bytes.data(), out.data(), n);
   return out;

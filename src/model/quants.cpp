@@ -7,21 +7,9 @@
 namespace gaac::model {
 namespace {
 
+/// The type's name for messages: ggml's, or "type <id>" for an id not in the type table.
 std::string name_of(GgmlType type) {
-  switch (type) {
-    case GgmlType::f32: return "F32";
-    case GgmlType::f16: return "F16";
-    case GgmlType::bf16: return "BF16";
-    case GgmlType::q8_0: return "Q8_0";
-    case GgmlType::q4_0: return "Q4_0";
-    case GgmlType::q4_1: return "Q4_1";
-    case GgmlType::q5_0: return "Q5_0";
-    case GgmlType::q5_1: return "Q5_1";
-    case GgmlType::q4_k: return "Q4_K";
-    case GgmlType::q5_k: return "Q5_K";
-    case GgmlType::q6_k: return "Q6_K";
-  }
-  return "type " + std::to_string(static_cast<uint32_t>(type));
+  return supported_type(type) ? ggml_type_info(type).name : "type " + std::to_string(static_cast<uint32_t>(type));
 }
 
 void check_type(GgmlType type) {
@@ -35,15 +23,13 @@ bool use_avx2() {
 
 }  // namespace
 
-bool supported_type(GgmlType type) { return detail::quant_layout(type).elements != 0; }
-
 const char* active_backend() { return use_avx2() ? "avx2" : "reference"; }
 
 namespace detail {
 
 void check_dequantize(GgmlType type, const uint8_t* src, const float* dst, int64_t n) {
   check_type(type);
-  const int64_t block = quant_layout(type).elements;
+  const int64_t block = ggml_type_info(type).block_elements;
   if (n < 0 || n % block != 0) {
     throw Error("dequantize " + name_of(type) + ": " + std::to_string(n) + " elements is not a multiple of the block size " +
                 std::to_string(block));
@@ -55,12 +41,12 @@ void check_matmul(GgmlType type, const uint8_t* w, size_t row_bytes, int64_t col
                   const float* x, int64_t tokens, const float* y, int64_t y_stride) {
   check_type(type);
   const std::string what = "matmul " + name_of(type) + ": ";
-  const QuantLayout layout = quant_layout(type);
-  if (cols < 0 || cols % layout.elements != 0) {
+  const GgmlTypeInfo& info = ggml_type_info(type);
+  if (cols < 0 || cols % info.block_elements != 0) {
     throw Error(what + std::to_string(cols) + " columns is not a multiple of the block size " +
-                std::to_string(layout.elements));
+                std::to_string(info.block_elements));
   }
-  const auto encoded = static_cast<size_t>(cols / layout.elements) * layout.bytes;
+  const auto encoded = static_cast<size_t>(cols / info.block_elements) * info.block_bytes;
   if (row_bytes < encoded) {
     throw Error(what + "row stride of " + std::to_string(row_bytes) + " bytes is less than a row's " +
                 std::to_string(encoded) + " bytes");

@@ -3,21 +3,17 @@
 // the arithmetic is the same, and to a stated tolerance where summation order differs.
 //
 // Dequantization follows ggml's dequantize_row_* expression for expression, every operation rounded
-// to float on its own (no fused multiply-add; the sources are built with -ffp-contract=off):
-//   Q8_0 q·d   Q4_0 (q−8)·d   Q4_1 q·d + m   Q5_0 (q−16)·d   Q5_1 q·d + m
-//   Q4_K/Q5_K (d·sc)·q − dmin·m   Q6_K (d·sc)·(q−32)   F16/BF16 exact widening.
+// to float on its own (no fused multiply-add; the sources are built with -ffp-contract=off); the
+// block formats and their formulas are listed with their reference kernels (reference_kernels.hpp).
+// The types supported are those of the type table (ggml_types.hpp: supported_type).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
-#include "model/gguf.hpp"
+#include "model/ggml_types.hpp"
 
 namespace gaac::model {
-
-/// True when gaac can dequantize and multiply tensors of this type
-/// (F32, F16, BF16, Q8_0, Q4_0, Q4_1, Q5_0, Q5_1, Q4_K, Q5_K, Q6_K).
-bool supported_type(GgmlType type);
 
 /// Converts `n` elements (a multiple of the type's block size) at `src` to floats at `dst`.
 /// Throws gaac::Error for an unsupported type or a bad count.
@@ -63,27 +59,6 @@ void matmul_rows(GgmlType type, const uint8_t* w, size_t row_bytes, int64_t cols
 }  // namespace avx2
 
 namespace detail {
-/// Block geometry of the supported types (plain float types: 1 element), independent of gguf.cpp.
-struct QuantLayout {
-  int64_t elements;
-  size_t bytes;
-};
-constexpr QuantLayout quant_layout(GgmlType type) {
-  switch (type) {
-    case GgmlType::f32: return {1, 4};
-    case GgmlType::f16: return {1, 2};
-    case GgmlType::bf16: return {1, 2};
-    case GgmlType::q8_0: return {32, 34};
-    case GgmlType::q4_0: return {32, 18};
-    case GgmlType::q4_1: return {32, 20};
-    case GgmlType::q5_0: return {32, 22};
-    case GgmlType::q5_1: return {32, 24};
-    case GgmlType::q4_k: return {256, 144};
-    case GgmlType::q5_k: return {256, 176};
-    case GgmlType::q6_k: return {256, 210};
-  }
-  return {0, 0};
-}
 /// Argument checks shared by every implementation; throw gaac::Error naming the problem.
 void check_dequantize(GgmlType type, const uint8_t* src, const float* dst, int64_t n);
 void check_matmul(GgmlType type, const uint8_t* w, size_t row_bytes, int64_t cols, int64_t row_begin, int64_t row_end,

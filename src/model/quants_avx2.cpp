@@ -24,6 +24,7 @@
 
 #include "common/cpu.hpp"
 #include "gaac/error.hpp"
+#include "model/k_quant_scales.hpp"
 #include "model/quants.hpp"
 
 #if (defined(__x86_64__) || defined(_M_X64)) && defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -82,17 +83,6 @@ inline uint32_t le32(const uint8_t* p) {
   return v;
 }
 
-// Q4_K / Q5_K: scale and min of sub-block j (0..7) from the 12 packed bytes (as the reference).
-inline void scale_min_k4(int j, const uint8_t* s, int& scale, int& min) {
-  if (j < 4) {
-    scale = s[j] & 63;
-    min = s[j + 4] & 63;
-  } else {
-    scale = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
-    min = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-  }
-}
-
 inline float f(int v) { return static_cast<float>(v); }
 
 /// Bytes p[0..7] widened to 8 dwords (one vpmovzxbd from memory).
@@ -115,9 +105,22 @@ inline __m256 to_ps(__m256i v) { return _mm256_cvtepi32_ps(v); }
 // Block decoders. `emit(block, sink)` calls sink(g, v0, v1, v2, v3) for g = 0 .. kElements/32 − 1,
 // v0..v3 holding elements 32g .. 32g+31 of the block.
 
-struct F32 {
-  static constexpr int64_t kElements = 32;
-  static constexpr size_t kBytes = 128;
+/// What a decoder of type T reads, from the type table.
+template <GgmlType T>
+struct Decodes {
+  /// The type decoded.
+  static constexpr GgmlType kType = T;
+  /// F32, F16, BF16: blocks of one element, decoded 32 at a time, any count (a scalar tail after the
+  /// groups of 32).
+  static constexpr bool kPlainFloat = ggml_type_info(T).block_elements == 1;
+  /// Elements one emit() call decodes: a block, or 32 elements of a plain float type.
+  static constexpr int64_t kElements = kPlainFloat ? 32 : ggml_type_info(T).block_elements;
+  /// Bytes one emit() call reads.
+  static constexpr size_t kBytes =
+      ggml_type_info(T).block_bytes * static_cast<size_t>(kElements / ggml_type_info(T).block_elements);
+};
+
+struct F32 : Decodes<GgmlType::f32> {
   template <class Sink>
   static void emit(const uint8_t* b, Sink&& sink) {
     const auto* p = reinterpret_cast<const float*>(b);
@@ -130,9 +133,7 @@ struct F32 {
   }
 };
 
-struct F16 {
-  static constexpr int64_t kElements = 32;
-  static constexpr size_t kBytes = 64;
+struct F16 : Decodes<GgmlType::f16> {
   template <class Sink>
   static void emit(const uint8_t* b, Sink&& sink) {
     sink(0, _mm256_cvtph_ps(load128(b)), _mm256_cvtph_ps(load128(b + 16)), _mm256_cvtph_ps(load128(b + 32)),
@@ -141,9 +142,7 @@ struct F16 {
   static float scalar(const uint8_t* b, int64_t i) { return half_at(b + 2 * i); }
 };
 
-struct BF16 {
-  static constexpr int64_t kElements = 32;
-  static constexpr size_t kBytes = 64;
+struct BF16 : Decodes<GgmlType::bf16> {
   static __m256 widen(const uint8_t* p) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(load128(p)), 16));
   }
@@ -161,9 +160,7 @@ struct BF16 {
   }
 };
 
-struct Q8_0 {  // f16 d; i8 qs[32]: q·d
-  static constexpr int64_t kElements = 32;
-  static constexpr size_t kBytes = 34;
+struct Q8_0 : Decodes<GgmlType::q8_0> {  // f16 d; i8 qs[32]: q·d
   template <class Sink>
   static void emit(const uint8_t* b, Sink&& sink) {
     const __m256 d = _mm256_set1_ps(half_at(b));
@@ -174,9 +171,7 @@ struct Q8_0 {  // f16 d; i8 qs[32]: q·d
   }
 };
 
-struct Q4_0 {  // f16 d; u8 qs[16]: (q−8)·d
-  static constexpr int64_t kElements = 32;
-  static constexpr size_t kBytes = 18;
+struct Q4_0 : Decodes<GgmlType::q4_0> {  // f16 d; u8 qs[16]: (q−8)·d
   template <class Sink>
   static void emit(const uint8_t* b, Sink&& sink) {
     const __m256 d = _mm256_set1_ps(half_at(b));
@@ -187,9 +182,7 @@ struct Q4_0 {  // f16 d; u8 qs[16]: (q−8)·d
   }
 };
 
-struct Q4_1 {  // f16 d, m; u8 qs[16]: q·d + m
-  static constexpr int64_t kElements = 32;
-  static constexpr size_t kBytes = 20;
+struct Q4_1 : Decodes<GgmlType::q4_1> {  // f16 d, m; u8 qs[16]: q·d + m
   template <class Sink>
   static void emit(const uint8_t* b, Sink&& sink) {
     const __m256 d = _mm256_set1_ps(half_at(b)), m = _mm256_set1_ps(half_at(b + 2));
@@ -200,9 +193,7 @@ struct Q4_1 {  // f16 d, m; u8 qs[16]: q·d + m
   }
 };
 
-struct Q5_0 {  // f16 d; u8 qh[4]; u8 qs[16]: (q−16)·d
-  static constexpr int64_t kElements = 32;
-  static constexpr size_t kBytes = 22;
+struct Q5_0 : Decodes<GgmlType::q5_0> {  // f16 d; u8 qh[4]; u8 qs[16]: (q−16)·d
   template <class Sink>
   static void emit(const uint8_t* b, Sink&& sink) {
     const __m256 d = _mm256_set1_ps(half_at(b));
@@ -212,9 +203,7 @@ struct Q5_0 {  // f16 d; u8 qh[4]; u8 qs[16]: (q−16)·d
   }
 };
 
-struct Q5_1 {  // f16 d, m; u8 qh[4]; u8 qs[16]: q·d + m
-  static constexpr int64_t kElements = 32;
-  static constexpr size_t kBytes = 24;
+struct Q5_1 : Decodes<GgmlType::q5_1> {  // f16 d, m; u8 qh[4]; u8 qs[16]: q·d + m
   template <class Sink>
   static void emit(const uint8_t* b, Sink&& sink) {
     const __m256 d = _mm256_set1_ps(half_at(b)), m = _mm256_set1_ps(half_at(b + 2));
@@ -234,14 +223,13 @@ inline void k_quant_sub_block(int g, const __m256i (&q)[4], float d, float dmin,
        _mm256_fmsub_ps(to_ps(q[2]), scale, offset), _mm256_fmsub_ps(to_ps(q[3]), scale, offset));
 }
 
-struct Q4_K {  // f16 d, dmin; u8 scales[12]; u8 qs[128]
-  static constexpr int64_t kElements = 256;
-  static constexpr size_t kBytes = 144;
+struct Q4_K : Decodes<GgmlType::q4_k> {  // f16 d, dmin; u8 scales[12]; u8 qs[128]
   template <class Sink>
   static void emit(const uint8_t* b, Sink&& sink) {
     const float d = half_at(b), dmin = half_at(b + 2);
-    const uint8_t* scales = b + 4;
+    const KQuantScales scales = unpack_k_quant_scales(b + 4);
     const __m256i mask = dwords(15);
+#pragma GCC unroll 4  // constant sub-block indices: the scales and mins come out of `scales` by fixed shifts
     for (int c = 0; c < 4; ++c) {
       const uint8_t* qs = b + 16 + 32 * c;
       __m256i lo[4], hi[4];
@@ -250,24 +238,20 @@ struct Q4_K {  // f16 d, dmin; u8 scales[12]; u8 qs[128]
         lo[k] = _mm256_and_si256(v, mask);
         hi[k] = _mm256_srli_epi32(v, 4);
       }
-      int sc, m;
-      scale_min_k4(2 * c, scales, sc, m);
-      k_quant_sub_block(2 * c, lo, d, dmin, sc, m, sink);
-      scale_min_k4(2 * c + 1, scales, sc, m);
-      k_quant_sub_block(2 * c + 1, hi, d, dmin, sc, m, sink);
+      k_quant_sub_block(2 * c, lo, d, dmin, scales.scale(2 * c), scales.min(2 * c), sink);
+      k_quant_sub_block(2 * c + 1, hi, d, dmin, scales.scale(2 * c + 1), scales.min(2 * c + 1), sink);
     }
   }
 };
 
-struct Q5_K {  // f16 d, dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]
-  static constexpr int64_t kElements = 256;
-  static constexpr size_t kBytes = 176;
+struct Q5_K : Decodes<GgmlType::q5_k> {  // f16 d, dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]
   template <class Sink>
   static void emit(const uint8_t* b, Sink&& sink) {
     const float d = half_at(b), dmin = half_at(b + 2);
-    const uint8_t* scales = b + 4;
+    const KQuantScales scales = unpack_k_quant_scales(b + 4);
     const uint8_t* qh = b + 16;
     const __m256i mask = dwords(15), sixteen = dwords(16);
+#pragma GCC unroll 4  // as in Q4_K
     for (int c = 0; c < 4; ++c) {
       const uint8_t* qs = b + 48 + 32 * c;
       __m256i lo[4], hi[4];
@@ -277,18 +261,13 @@ struct Q5_K {  // f16 d, dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]
         lo[k] = _mm256_or_si256(_mm256_and_si256(v, mask), _mm256_and_si256(_mm256_srli_epi32(h16, 2 * c), sixteen));
         hi[k] = _mm256_or_si256(_mm256_srli_epi32(v, 4), _mm256_and_si256(_mm256_srli_epi32(h16, 2 * c + 1), sixteen));
       }
-      int sc, m;
-      scale_min_k4(2 * c, scales, sc, m);
-      k_quant_sub_block(2 * c, lo, d, dmin, sc, m, sink);
-      scale_min_k4(2 * c + 1, scales, sc, m);
-      k_quant_sub_block(2 * c + 1, hi, d, dmin, sc, m, sink);
+      k_quant_sub_block(2 * c, lo, d, dmin, scales.scale(2 * c), scales.min(2 * c), sink);
+      k_quant_sub_block(2 * c + 1, hi, d, dmin, scales.scale(2 * c + 1), scales.min(2 * c + 1), sink);
     }
   }
 };
 
-struct Q6_K {  // u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d: (d·sc)·(q−32)
-  static constexpr int64_t kElements = 256;
-  static constexpr size_t kBytes = 210;
+struct Q6_K : Decodes<GgmlType::q6_k> {  // u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d: (d·sc)·(q−32)
   template <class Sink>
   static void sub_blocks(int g, __m256i q, float s0, float s1, Sink& sink) {
     const __m256i qq = _mm256_sub_epi8(q, byte_splat(32));
@@ -317,22 +296,6 @@ struct Q6_K {  // u8 ql[128]; u8 qh[64]; i8 scales[16]; f16 d: (d·sc)·(q−32)
   }
 };
 
-/// Plain float types: any element count, a scalar tail after the 32-element groups.
-template <class K>
-constexpr bool kPlainFloat = std::is_same_v<K, F32> || std::is_same_v<K, F16> || std::is_same_v<K, BF16>;
-
-/// Elements of the type per stored unit (1 for plain float types, the block size otherwise).
-template <class K>
-constexpr int64_t unit_elements() {
-  if constexpr (kPlainFloat<K>) return 1;
-  return K::kElements;
-}
-template <class K>
-constexpr size_t unit_bytes() {
-  if constexpr (kPlainFloat<K>) return K::kBytes / 32;
-  return K::kBytes;
-}
-
 /// Dequantizes `n` elements (a multiple of the type's unit) starting at `src`.
 template <class K>
 void dequantize(const uint8_t* src, float* dst, int64_t n) {
@@ -347,7 +310,7 @@ void dequantize(const uint8_t* src, float* dst, int64_t n) {
       _mm256_storeu_ps(p + 24, v3);
     });
   }
-  if constexpr (kPlainFloat<K>) {
+  if constexpr (K::kPlainFloat) {
     const uint8_t* tail = src + static_cast<size_t>(blocks) * K::kBytes;
     for (int64_t i = blocks * K::kElements; i < n; ++i) dst[i] = K::scalar(tail, i - blocks * K::kElements);
   }
@@ -384,7 +347,7 @@ float dot_row(const uint8_t* w, const float* x, int64_t cols) {
     });
   }
   float sum = hsum(_mm256_add_ps(_mm256_add_ps(acc0, acc1), _mm256_add_ps(acc2, acc3)));
-  if constexpr (kPlainFloat<K>) {
+  if constexpr (K::kPlainFloat) {
     const uint8_t* tail = w + static_cast<size_t>(blocks) * K::kBytes;
     for (int64_t c = blocks * K::kElements; c < cols; ++c) sum += K::scalar(tail, c - blocks * K::kElements) * x[c];
   }
@@ -456,7 +419,8 @@ void matmul(const uint8_t* w, size_t row_bytes, int64_t cols, int64_t row_begin,
       const int nr = static_cast<int>(std::min<int64_t>(kRows, row_end - r0));
       for (int64_t c0 = 0; c0 < cols; c0 += kChunk) {
         const int64_t n = std::min(kChunk, cols - c0);
-        const size_t offset = static_cast<size_t>(c0 / unit_elements<K>()) * unit_bytes<K>();
+        const GgmlTypeInfo& info = ggml_type_info(K::kType);
+        const size_t offset = static_cast<size_t>(c0 / info.block_elements) * info.block_bytes;
         for (int r = 0; r < kRows; ++r) {
           if (r < nr) {
             dequantize<K>(w + static_cast<size_t>(r0 + r) * row_bytes + offset, panel[r], n);

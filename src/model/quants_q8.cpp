@@ -9,6 +9,7 @@
 
 #include "gaac/bf16.hpp"
 #include "gaac/error.hpp"
+#include "model/k_quant_scales.hpp"
 #include "model/quants.hpp"
 #include "model/quants_q8.hpp"
 
@@ -18,44 +19,10 @@ namespace gaac::model {
 // Formats
 
 ActivationType activation_type(GgmlType weight_type) {
-  switch (weight_type) {
-    case GgmlType::f32: return ActivationType::f32;
-    case GgmlType::f16: return ActivationType::f16;
-    case GgmlType::bf16: return ActivationType::bf16;
-    case GgmlType::q4_0:
-    case GgmlType::q5_0:
-    case GgmlType::q8_0: return ActivationType::q8_0;
-    case GgmlType::q4_1:
-    case GgmlType::q5_1: return ActivationType::q8_1;
-    case GgmlType::q4_k:
-    case GgmlType::q5_k:
-    case GgmlType::q6_k: return ActivationType::q8_k;
+  if (!supported_type(weight_type)) {
+    throw Error("quantized activations: unsupported weight type " + std::to_string(static_cast<uint32_t>(weight_type)));
   }
-  throw Error("quantized activations: unsupported weight type " + std::to_string(static_cast<uint32_t>(weight_type)));
-}
-
-int64_t activation_block_elements(ActivationType type) {
-  switch (type) {
-    case ActivationType::f32:
-    case ActivationType::f16:
-    case ActivationType::bf16: return 1;
-    case ActivationType::q8_0:
-    case ActivationType::q8_1: return 32;
-    case ActivationType::q8_k: return 256;
-  }
-  return 0;
-}
-
-size_t activation_block_bytes(ActivationType type) {
-  switch (type) {
-    case ActivationType::f32: return 4;
-    case ActivationType::f16:
-    case ActivationType::bf16: return 2;
-    case ActivationType::q8_0: return 34;
-    case ActivationType::q8_1: return 36;
-    case ActivationType::q8_k: return 292;
-  }
-  return 0;
+  return ggml_type_info(weight_type).vec_dot_type;
 }
 
 uint16_t float_to_fp16(float value) {
@@ -83,7 +50,7 @@ uint16_t float_to_fp16(float value) {
 
 namespace {
 
-std::string weight_name(GgmlType type) { return type_name(type); }
+std::string weight_name(GgmlType type) { return ggml_type_info(type).name; }
 
 uint16_t le16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
 uint32_t le32(const uint8_t* p) {
@@ -146,7 +113,7 @@ float block_amax(const float* x) {
 }
 
 void quantize_q8_0(const float* x, uint8_t* out, int64_t blocks, Q8Rounding rounding) {
-  for (int64_t i = 0; i < blocks; ++i, x += 32, out += 34) {
+  for (int64_t i = 0; i < blocks; ++i, x += 32, out += activation_block_bytes(ActivationType::q8_0)) {
     float d, id;
     q8_scales(block_amax(x), rounding, d, id);
     put16(out, float_to_fp16(d));
@@ -155,7 +122,7 @@ void quantize_q8_0(const float* x, uint8_t* out, int64_t blocks, Q8Rounding roun
 }
 
 void quantize_q8_1(const float* x, uint8_t* out, int64_t blocks, Q8Rounding rounding) {
-  for (int64_t i = 0; i < blocks; ++i, x += 32, out += 36) {
+  for (int64_t i = 0; i < blocks; ++i, x += 32, out += activation_block_bytes(ActivationType::q8_1)) {
     float d, id;
     q8_scales(block_amax(x), rounding, d, id);
     put16(out, float_to_fp16(d));
@@ -170,7 +137,8 @@ void quantize_q8_1(const float* x, uint8_t* out, int64_t blocks, Q8Rounding roun
 }
 
 void quantize_q8_k(const float* x, uint8_t* out, int64_t blocks) {
-  for (int64_t i = 0; i < blocks; ++i, x += 256, out += 292) {
+  constexpr size_t kBytes = activation_block_bytes(ActivationType::q8_k);
+  for (int64_t i = 0; i < blocks; ++i, x += 256, out += kBytes) {
     float max = 0.0f, amax = 0.0f;
     for (int j = 0; j < 256; ++j) {
       const float a = std::fabs(x[j]);
@@ -180,7 +148,7 @@ void quantize_q8_k(const float* x, uint8_t* out, int64_t blocks) {
       }
     }
     if (amax == 0.0f) {
-      std::memset(out, 0, 292);  // d = 0, quants and sums 0
+      std::memset(out, 0, kBytes);  // d = 0, quants and sums 0
       continue;
     }
     const float iscale = -127.0f / max;
@@ -219,7 +187,7 @@ ActivationType check_row(GgmlType weight_type, const float* x, int64_t cols) {
   if (!supported_type(weight_type)) {
     throw Error("quantize activations: unsupported weight type " + std::to_string(static_cast<uint32_t>(weight_type)));
   }
-  const int64_t block = detail::quant_layout(weight_type).elements;
+  const int64_t block = ggml_type_info(weight_type).block_elements;
   if (cols < 0 || cols % block != 0) {
     throw Error("quantize activations for " + weight_name(weight_type) + ": " + std::to_string(cols) +
                 " columns is not a multiple of the block size " + std::to_string(block));
@@ -235,98 +203,21 @@ float round_for(ActivationType type, float v) {
   return v;
 }
 
-// ---- dots (ggml_vec_dot_*_generic)
+}  // namespace
 
-float dot_q4_0(const uint8_t* w, const uint8_t* x, int64_t blocks) {
-  float sumf = 0.0f;
-  for (int64_t i = 0; i < blocks; ++i, w += 18, x += 34) {
-    const uint8_t* qs = w + 2;
-    const auto* q8 = reinterpret_cast<const int8_t*>(x + 2);
-    int sumi0 = 0, sumi1 = 0;
-    for (int j = 0; j < 16; ++j) {
-      sumi0 += ((qs[j] & 15) - 8) * q8[j];
-      sumi1 += ((qs[j] >> 4) - 8) * q8[j + 16];
-    }
-    const int sumi = sumi0 + sumi1;
-    sumf += f(sumi) * half_at(w) * half_at(x);
-  }
-  return sumf;
-}
+// ----------------------------------------------------------------------------------------------
+// Dots of each format (ggml_vec_dot_*_generic; reference_kernels.hpp)
 
-float dot_q4_1(const uint8_t* w, const uint8_t* x, int64_t blocks) {
-  float sumf = 0.0f;
-  for (int64_t i = 0; i < blocks; ++i, w += 20, x += 36) {
-    const uint8_t* qs = w + 4;
-    const auto* q8 = reinterpret_cast<const int8_t*>(x + 4);
-    int sumi0 = 0, sumi1 = 0;
-    for (int j = 0; j < 16; ++j) {
-      sumi0 += (qs[j] & 15) * q8[j];
-      sumi1 += (qs[j] >> 4) * q8[j + 16];
-    }
-    const int sumi = sumi0 + sumi1;
-    sumf += (half_at(w) * half_at(x)) * f(sumi) + half_at(w + 2) * half_at(x + 2);
-  }
-  return sumf;
-}
+namespace {
 
-float dot_q5_0(const uint8_t* w, const uint8_t* x, int64_t blocks) {
-  float sumf = 0.0f;
-  for (int64_t i = 0; i < blocks; ++i, w += 22, x += 34) {
-    const uint32_t qh = le32(w + 2);
-    const uint8_t* qs = w + 6;
-    const auto* q8 = reinterpret_cast<const int8_t*>(x + 2);
-    int sumi0 = 0, sumi1 = 0;
-    for (int j = 0; j < 16; ++j) {
-      const int h0 = static_cast<int>((qh >> j) & 1u) << 4, h1 = static_cast<int>((qh >> (j + 16)) & 1u) << 4;
-      sumi0 += (((qs[j] & 15) | h0) - 16) * q8[j];
-      sumi1 += (((qs[j] >> 4) | h1) - 16) * q8[j + 16];
-    }
-    const int sumi = sumi0 + sumi1;
-    sumf += (half_at(w) * half_at(x)) * f(sumi);
-  }
-  return sumf;
-}
-
-float dot_q5_1(const uint8_t* w, const uint8_t* x, int64_t blocks) {
-  float sumf = 0.0f;
-  for (int64_t i = 0; i < blocks; ++i, w += 24, x += 36) {
-    const uint32_t qh = le32(w + 4);
-    const uint8_t* qs = w + 8;
-    const auto* q8 = reinterpret_cast<const int8_t*>(x + 4);
-    int sumi0 = 0, sumi1 = 0;
-    for (int j = 0; j < 16; ++j) {
-      const int h0 = static_cast<int>((qh >> j) & 1u) << 4, h1 = static_cast<int>((qh >> (j + 16)) & 1u) << 4;
-      sumi0 += ((qs[j] & 15) | h0) * q8[j];
-      sumi1 += ((qs[j] >> 4) | h1) * q8[j + 16];
-    }
-    const int sumi = sumi0 + sumi1;
-    sumf += (half_at(w) * half_at(x)) * f(sumi) + half_at(w + 2) * half_at(x + 2);
-  }
-  return sumf;
-}
-
-float dot_q8_0(const uint8_t* w, const uint8_t* x, int64_t blocks) {
-  float sumf = 0.0f;
-  for (int64_t i = 0; i < blocks; ++i, w += 34, x += 34) {
-    const auto* qw = reinterpret_cast<const int8_t*>(w + 2);
-    const auto* q8 = reinterpret_cast<const int8_t*>(x + 2);
-    int sumi = 0;
-    for (int j = 0; j < 32; ++j) sumi += qw[j] * q8[j];
-    sumf += f(sumi) * (half_at(w) * half_at(x));
-  }
-  return sumf;
-}
-
-// Q4_K / Q5_K: scale and min of sub-block j (0..7) from the 12 packed bytes.
-void scale_min_k4(int j, const uint8_t* s, int& scale, int& min) {
-  if (j < 4) {
-    scale = s[j] & 63;
-    min = s[j + 4] & 63;
-  } else {
-    scale = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
-    min = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-  }
-}
+/// The dots' strides for weights of type T.
+template <GgmlType T>
+struct Strides {
+  /// Bytes of one weight block.
+  static constexpr size_t weight = ggml_type_info(T).block_bytes;
+  /// Bytes of one block of the activations it multiplies (its vec_dot_type).
+  static constexpr size_t activation = activation_block_bytes(ggml_type_info(T).vec_dot_type);
+};
 
 /// Σ over 32-element groups g of scale[g]·Σ q8·a, split into ggml's eight lanes (lane l takes
 /// elements ≡ l mod 8), as the generic K-quant kernels accumulate it.
@@ -343,14 +234,15 @@ void lane_sums(const int8_t* a, const int8_t* q8, const int* scale, int group, i
   }
 }
 
-/// Q4_K and Q5_K (five_bits) against Q8_K.
-template <bool five_bits>
+/// Q4_K (T = q4_k) and Q5_K (T = q5_k) against Q8_K.
+template <GgmlType T>
 float dot_q45_k(const uint8_t* w, const uint8_t* x, int64_t blocks) {
-  constexpr size_t kBytes = five_bits ? 176 : 144;
+  constexpr bool five_bits = T == GgmlType::q5_k;
+  using S = Strides<T>;
   float sums[8] = {};
   float sumf = 0.0f;
-  for (int64_t i = 0; i < blocks; ++i, w += kBytes, x += 292) {
-    const uint8_t* scales = w + 4;
+  for (int64_t i = 0; i < blocks; ++i, w += S::weight, x += S::activation) {
+    const KQuantScales scales = unpack_k_quant_scales(w + 4);
     const uint8_t* qh = w + 16;
     const uint8_t* qs = w + (five_bits ? 48 : 16);
     int8_t a[256];
@@ -365,10 +257,10 @@ float dot_q45_k(const uint8_t* w, const uint8_t* x, int64_t blocks) {
         a[64 * c + 32 + l] = static_cast<int8_t>(hi);
       }
     }
-    int sc[8], mn[8];
-    for (int j = 0; j < 8; ++j) scale_min_k4(j, scales, sc[j], mn[j]);
+    int sc[8];
+    for (int j = 0; j < 8; ++j) sc[j] = scales.scale(j);
     int sumi = 0;
-    for (int j = 0; j < 16; ++j) sumi += static_cast<int16_t>(le16(x + 260 + 2 * j)) * mn[j / 2];
+    for (int j = 0; j < 16; ++j) sumi += static_cast<int16_t>(le16(x + 260 + 2 * j)) * scales.min(j / 2);
     int32_t aux32[8];
     lane_sums(a, reinterpret_cast<const int8_t*>(x + 4), sc, 32, aux32);
     const float xd = float_at(x);
@@ -381,9 +273,103 @@ float dot_q45_k(const uint8_t* w, const uint8_t* x, int64_t blocks) {
   return sumf;
 }
 
+}  // namespace
+
+namespace reference {
+
+float dot_q4_0(const uint8_t* w, const uint8_t* x, int64_t blocks) {
+  using S = Strides<GgmlType::q4_0>;
+  float sumf = 0.0f;
+  for (int64_t i = 0; i < blocks; ++i, w += S::weight, x += S::activation) {
+    const uint8_t* qs = w + 2;
+    const auto* q8 = reinterpret_cast<const int8_t*>(x + 2);
+    int sumi0 = 0, sumi1 = 0;
+    for (int j = 0; j < 16; ++j) {
+      sumi0 += ((qs[j] & 15) - 8) * q8[j];
+      sumi1 += ((qs[j] >> 4) - 8) * q8[j + 16];
+    }
+    const int sumi = sumi0 + sumi1;
+    sumf += f(sumi) * half_at(w) * half_at(x);
+  }
+  return sumf;
+}
+
+float dot_q4_1(const uint8_t* w, const uint8_t* x, int64_t blocks) {
+  using S = Strides<GgmlType::q4_1>;
+  float sumf = 0.0f;
+  for (int64_t i = 0; i < blocks; ++i, w += S::weight, x += S::activation) {
+    const uint8_t* qs = w + 4;
+    const auto* q8 = reinterpret_cast<const int8_t*>(x + 4);
+    int sumi0 = 0, sumi1 = 0;
+    for (int j = 0; j < 16; ++j) {
+      sumi0 += (qs[j] & 15) * q8[j];
+      sumi1 += (qs[j] >> 4) * q8[j + 16];
+    }
+    const int sumi = sumi0 + sumi1;
+    sumf += (half_at(w) * half_at(x)) * f(sumi) + half_at(w + 2) * half_at(x + 2);
+  }
+  return sumf;
+}
+
+float dot_q5_0(const uint8_t* w, const uint8_t* x, int64_t blocks) {
+  using S = Strides<GgmlType::q5_0>;
+  float sumf = 0.0f;
+  for (int64_t i = 0; i < blocks; ++i, w += S::weight, x += S::activation) {
+    const uint32_t qh = le32(w + 2);
+    const uint8_t* qs = w + 6;
+    const auto* q8 = reinterpret_cast<const int8_t*>(x + 2);
+    int sumi0 = 0, sumi1 = 0;
+    for (int j = 0; j < 16; ++j) {
+      const int h0 = static_cast<int>((qh >> j) & 1u) << 4, h1 = static_cast<int>((qh >> (j + 16)) & 1u) << 4;
+      sumi0 += (((qs[j] & 15) | h0) - 16) * q8[j];
+      sumi1 += (((qs[j] >> 4) | h1) - 16) * q8[j + 16];
+    }
+    const int sumi = sumi0 + sumi1;
+    sumf += (half_at(w) * half_at(x)) * f(sumi);
+  }
+  return sumf;
+}
+
+float dot_q5_1(const uint8_t* w, const uint8_t* x, int64_t blocks) {
+  using S = Strides<GgmlType::q5_1>;
+  float sumf = 0.0f;
+  for (int64_t i = 0; i < blocks; ++i, w += S::weight, x += S::activation) {
+    const uint32_t qh = le32(w + 4);
+    const uint8_t* qs = w + 8;
+    const auto* q8 = reinterpret_cast<const int8_t*>(x + 4);
+    int sumi0 = 0, sumi1 = 0;
+    for (int j = 0; j < 16; ++j) {
+      const int h0 = static_cast<int>((qh >> j) & 1u) << 4, h1 = static_cast<int>((qh >> (j + 16)) & 1u) << 4;
+      sumi0 += ((qs[j] & 15) | h0) * q8[j];
+      sumi1 += ((qs[j] >> 4) | h1) * q8[j + 16];
+    }
+    const int sumi = sumi0 + sumi1;
+    sumf += (half_at(w) * half_at(x)) * f(sumi) + half_at(w + 2) * half_at(x + 2);
+  }
+  return sumf;
+}
+
+float dot_q8_0(const uint8_t* w, const uint8_t* x, int64_t blocks) {
+  using S = Strides<GgmlType::q8_0>;
+  float sumf = 0.0f;
+  for (int64_t i = 0; i < blocks; ++i, w += S::weight, x += S::activation) {
+    const auto* qw = reinterpret_cast<const int8_t*>(w + 2);
+    const auto* q8 = reinterpret_cast<const int8_t*>(x + 2);
+    int sumi = 0;
+    for (int j = 0; j < 32; ++j) sumi += qw[j] * q8[j];
+    sumf += f(sumi) * (half_at(w) * half_at(x));
+  }
+  return sumf;
+}
+
+float dot_q4_k(const uint8_t* w, const uint8_t* x, int64_t blocks) { return dot_q45_k<GgmlType::q4_k>(w, x, blocks); }
+
+float dot_q5_k(const uint8_t* w, const uint8_t* x, int64_t blocks) { return dot_q45_k<GgmlType::q5_k>(w, x, blocks); }
+
 float dot_q6_k(const uint8_t* w, const uint8_t* x, int64_t blocks) {
+  using S = Strides<GgmlType::q6_k>;
   float sums[8] = {};
-  for (int64_t i = 0; i < blocks; ++i, w += 210, x += 292) {
+  for (int64_t i = 0; i < blocks; ++i, w += S::weight, x += S::activation) {
     int8_t a[256];
     const uint8_t* ql = w;
     const uint8_t* qh = w + 128;
@@ -407,7 +393,7 @@ float dot_q6_k(const uint8_t* w, const uint8_t* x, int64_t blocks) {
   return sumf;
 }
 
-}  // namespace
+}  // namespace reference
 
 // ----------------------------------------------------------------------------------------------
 // Checks
@@ -536,18 +522,9 @@ void quantize_activation_rows(const float* x, int64_t t_begin, int64_t t_end, Qu
 }
 
 float dot_row(GgmlType type, const uint8_t* w, const uint8_t* xq, int64_t cols) {
-  switch (type) {
-    case GgmlType::q4_0: return dot_q4_0(w, xq, cols / 32);
-    case GgmlType::q4_1: return dot_q4_1(w, xq, cols / 32);
-    case GgmlType::q5_0: return dot_q5_0(w, xq, cols / 32);
-    case GgmlType::q5_1: return dot_q5_1(w, xq, cols / 32);
-    case GgmlType::q8_0: return dot_q8_0(w, xq, cols / 32);
-    case GgmlType::q4_k: return dot_q45_k<false>(w, xq, cols / 256);
-    case GgmlType::q5_k: return dot_q45_k<true>(w, xq, cols / 256);
-    case GgmlType::q6_k: return dot_q6_k(w, xq, cols / 256);
-    default: break;
-  }
-  throw Error("quantized dot: " + weight_name(type) + " is not a quantized type");
+  const GgmlTypeInfo& info = ggml_type_info(type);
+  if (info.dot_blocks == nullptr) throw Error("quantized dot: " + weight_name(type) + " is not a quantized type");
+  return info.dot_blocks(w, xq, cols / info.block_elements);
 }
 
 void matmul_rows_quantized(GgmlType type, const uint8_t* w, size_t row_bytes, int64_t cols, int64_t row_begin,

@@ -41,12 +41,9 @@
 #include <cstdint>
 #include <vector>
 
-#include "model/gguf.hpp"
+#include "model/ggml_types.hpp"
 
 namespace gaac::model {
-
-/// The format activations are converted to for products with weights of a given type.
-enum class ActivationType { f32, f16, bf16, q8_0, q8_1, q8_k };
 
 /// Which of ggml's two Q8_0/Q8_1 activation quantizers to follow (Q8_K has one):
 ///   reference: quantize_row_q8_0_ref / _q8_1_ref: id = 1/(amax/127), q = roundf(x·id) (ties away from 0).
@@ -55,11 +52,34 @@ enum class ActivationType { f32, f16, bf16, q8_0, q8_1, q8_k };
 /// The two differ in about one quant per 500,000.
 enum class Q8Rounding { reference, x86 };
 
-/// ggml's vec_dot_type of a weight type. Throws gaac::Error for a type supported_type() rejects.
+/// ggml's vec_dot_type of a weight type (the type table's). Throws gaac::Error for a type
+/// supported_type() rejects.
 ActivationType activation_type(GgmlType weight_type);
-/// Elements per block of an activation type (1 for the float types) and bytes per block.
-int64_t activation_block_elements(ActivationType type);
-size_t activation_block_bytes(ActivationType type);
+/// Elements per block of an activation type (1 for the float types). The formats that weights have
+/// too (F32, F16, BF16, Q8_0) read the type table; Q8_1 and Q8_K are activation formats only.
+constexpr int64_t activation_block_elements(ActivationType type) {
+  switch (type) {
+    case ActivationType::f32: return ggml_type_info(GgmlType::f32).block_elements;
+    case ActivationType::f16: return ggml_type_info(GgmlType::f16).block_elements;
+    case ActivationType::bf16: return ggml_type_info(GgmlType::bf16).block_elements;
+    case ActivationType::q8_0: return ggml_type_info(GgmlType::q8_0).block_elements;
+    case ActivationType::q8_1: return 32;
+    case ActivationType::q8_k: return 256;
+  }
+  return 0;
+}
+/// Bytes per block of an activation type (as activation_block_elements, the shared formats from the table).
+constexpr size_t activation_block_bytes(ActivationType type) {
+  switch (type) {
+    case ActivationType::f32: return ggml_type_info(GgmlType::f32).block_bytes;
+    case ActivationType::f16: return ggml_type_info(GgmlType::f16).block_bytes;
+    case ActivationType::bf16: return ggml_type_info(GgmlType::bf16).block_bytes;
+    case ActivationType::q8_0: return ggml_type_info(GgmlType::q8_0).block_bytes;
+    case ActivationType::q8_1: return 36;
+    case ActivationType::q8_k: return 292;
+  }
+  return 0;
+}
 
 /// fp32 → IEEE binary16 bit pattern, round to nearest even (overflow → ±infinity, subnormals
 /// exact), NaN → sign | 0x7E00 (as ggml's software conversion). Matches F16C's vcvtps2ph on every

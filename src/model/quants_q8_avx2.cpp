@@ -22,6 +22,7 @@
 
 #include "gaac/bf16.hpp"
 #include "gaac/error.hpp"
+#include "model/k_quant_scales.hpp"
 #include "model/quants.hpp"
 #include "model/quants_q8.hpp"
 
@@ -105,7 +106,7 @@ template <bool with_sum>
 void quantize_q8_01(const float* x, uint8_t* out, int64_t blocks, float* scales, float* sums, size_t stride,
                     int8_t* quants, Q8Rounding rounding) {
   const bool reference = rounding == Q8Rounding::reference;
-  constexpr size_t kBytes = with_sum ? 36 : 34;
+  constexpr size_t kBytes = activation_block_bytes(with_sum ? ActivationType::q8_1 : ActivationType::q8_0);
   for (int64_t i = 0; i < blocks; ++i, x += 32, out += kBytes) {
     __m256 v[4];
     for (int k = 0; k < 4; ++k) v[k] = _mm256_loadu_ps(x + 8 * k);
@@ -133,12 +134,13 @@ void quantize_q8_01(const float* x, uint8_t* out, int64_t blocks, float* scales,
 }
 
 void quantize_q8_k(const float* x, uint8_t* out, int64_t blocks) {
-  for (int64_t i = 0; i < blocks; ++i, x += 256, out += 292) {
+  constexpr size_t kBytes = activation_block_bytes(ActivationType::q8_k);
+  for (int64_t i = 0; i < blocks; ++i, x += 256, out += kBytes) {
     __m256 amaxv = _mm256_setzero_ps();
     for (int k = 0; k < 32; ++k) amaxv = _mm256_max_ps(amaxv, abs_ps(_mm256_loadu_ps(x + 8 * k)));
     const float amax = hmax(amaxv);
     if (amax == 0.0f) {
-      std::memset(out, 0, 292);
+      std::memset(out, 0, kBytes);
       continue;
     }
     // The first element of largest magnitude, with its sign (the reference keeps the first).
@@ -225,7 +227,7 @@ struct RowA {
 };
 
 struct Q4_0 {
-  static constexpr size_t kBytes = 18;
+  static constexpr size_t kBytes = ggml_type_info(GgmlType::q4_0).block_bytes;
   static constexpr bool kSigned = true, kMin = false;
   static void decode(const uint8_t* b, int8_t* q, float& d, float&) {
     d = half_at(b);
@@ -233,7 +235,7 @@ struct Q4_0 {
   }
 };
 struct Q4_1 {
-  static constexpr size_t kBytes = 20;
+  static constexpr size_t kBytes = ggml_type_info(GgmlType::q4_1).block_bytes;
   static constexpr bool kSigned = false, kMin = true;
   static void decode(const uint8_t* b, int8_t* q, float& d, float& m) {
     d = half_at(b);
@@ -242,7 +244,7 @@ struct Q4_1 {
   }
 };
 struct Q5_0 {
-  static constexpr size_t kBytes = 22;
+  static constexpr size_t kBytes = ggml_type_info(GgmlType::q5_0).block_bytes;
   static constexpr bool kSigned = true, kMin = false;
   static void decode(const uint8_t* b, int8_t* q, float& d, float&) {
     d = half_at(b);
@@ -250,7 +252,7 @@ struct Q5_0 {
   }
 };
 struct Q5_1 {
-  static constexpr size_t kBytes = 24;
+  static constexpr size_t kBytes = ggml_type_info(GgmlType::q5_1).block_bytes;
   static constexpr bool kSigned = false, kMin = true;
   static void decode(const uint8_t* b, int8_t* q, float& d, float& m) {
     d = half_at(b);
@@ -259,7 +261,7 @@ struct Q5_1 {
   }
 };
 struct Q8_0 {
-  static constexpr size_t kBytes = 34;
+  static constexpr size_t kBytes = ggml_type_info(GgmlType::q8_0).block_bytes;
   static constexpr bool kSigned = true, kMin = false;
   static void decode(const uint8_t* b, int8_t* q, float& d, float&) {
     d = half_at(b);
@@ -286,23 +288,18 @@ inline void scale_vectors(__m128i bytes16, KBlock& out) {
   }
 }
 
-/// Q4_K / Q5_K: the 12 packed bytes → 8 six-bit scales and 8 six-bit mins.
+/// Q4_K / Q5_K: the 12 packed bytes → the scale vectors and the mins.
 inline void k4_scales(const uint8_t* packed, KBlock& out) {
-  uint32_t u[3];
-  std::memcpy(u, packed, 12);
-  const uint32_t scales_lo = u[0] & 0x3F3F3F3Fu;                                           // scales 0..3
-  const uint32_t scales_hi = (u[2] & 0x0F0F0F0Fu) | (((u[0] >> 6) & 0x03030303u) << 4);    // scales 4..7
-  const uint32_t mins_lo = u[1] & 0x3F3F3F3Fu;                                             // mins 0..3
-  const uint32_t mins_hi = ((u[2] >> 4) & 0x0F0F0F0Fu) | (((u[1] >> 6) & 0x03030303u) << 4);  // mins 4..7
-  const __m128i v = _mm_setr_epi32(static_cast<int>(scales_lo), static_cast<int>(scales_hi), static_cast<int>(mins_lo),
-                                   static_cast<int>(mins_hi));
+  const KQuantScales unpacked = unpack_k_quant_scales(packed);
+  const __m128i v = _mm_setr_epi32(static_cast<int>(unpacked.words[0]), static_cast<int>(unpacked.words[1]),
+                                   static_cast<int>(unpacked.words[2]), static_cast<int>(unpacked.words[3]));
   scale_vectors<false>(v, out);
   _mm_storeu_si128(reinterpret_cast<__m128i*>(out.mins), _mm_cvtepu8_epi16(_mm_srli_si128(v, 8)));
   _mm_storeu_si128(reinterpret_cast<__m128i*>(out.mins + 8), _mm_setzero_si128());
 }
 
 struct Q4_K {
-  static constexpr size_t kBytes = 144;
+  static constexpr size_t kBytes = ggml_type_info(GgmlType::q4_k).block_bytes;
   static constexpr int kKind = 4;
   static void decode(const uint8_t* b, KBlock& out) {
     out.d = half_at(b);
@@ -318,7 +315,7 @@ struct Q4_K {
 };
 
 struct Q5_K {
-  static constexpr size_t kBytes = 176;
+  static constexpr size_t kBytes = ggml_type_info(GgmlType::q5_k).block_bytes;
   static constexpr int kKind = 5;
   static void decode(const uint8_t* b, KBlock& out) {
     out.d = half_at(b);
@@ -338,7 +335,7 @@ struct Q5_K {
 };
 
 struct Q6_K {
-  static constexpr size_t kBytes = 210;
+  static constexpr size_t kBytes = ggml_type_info(GgmlType::q6_k).block_bytes;
   static constexpr int kKind = 6;
   static void decode(const uint8_t* b, KBlock& out) {
     out.d = half_at(b + 208);
@@ -429,7 +426,7 @@ void kernel_k(const KBlock* w, int64_t blocks, const QuantizedActivations& x, in
   }
   for (int64_t b = 0; b < blocks; ++b) {
     const KBlock& kb = w[b];
-    const size_t base = 292 * static_cast<size_t>(b);
+    const size_t base = activation_block_bytes(ActivationType::q8_k) * static_cast<size_t>(b);
     __m256i sumi[NT];
     for (int t = 0; t < NT; ++t) sumi[t] = _mm256_setzero_si256();
     for (int g = 0; g < 8; ++g) {

@@ -3,10 +3,10 @@
 // multiplication and addition rounded to float on its own (this file is compiled with
 // -ffp-contract=off so the compiler cannot fuse them).
 #include <bit>
-#include <cstring>
 #include <vector>
 
 #include "gaac/bf16.hpp"
+#include "model/k_quant_scales.hpp"
 #include "model/quants.hpp"
 
 namespace gaac::model {
@@ -45,16 +45,13 @@ uint32_t le32(const uint8_t* p) {
 float half_at(const uint8_t* p) { return fp16_to_float(le16(p)); }
 float f(int v) { return static_cast<float>(v); }
 
-// Q4_K / Q5_K: scale and min of sub-block j (0..7) from the 12 packed bytes.
-void scale_min_k4(int j, const uint8_t* s, int& scale, int& min) {
-  if (j < 4) {
-    scale = s[j] & 63;
-    min = s[j + 4] & 63;
-  } else {
-    scale = (s[j + 4] & 15) | ((s[j - 4] >> 6) << 4);
-    min = (s[j + 4] >> 4) | ((s[j] >> 6) << 4);
-  }
-}
+// One block of each format (reference_kernels.hpp lays them out).
+
+void f32(const uint8_t* b, float* y) { y[0] = std::bit_cast<float>(le32(b)); }
+
+void f16(const uint8_t* b, float* y) { y[0] = half_at(b); }
+
+void bf16(const uint8_t* b, float* y) { y[0] = bf16_to_float(le16(b)); }
 
 void q8_0(const uint8_t* b, float* y) {  // f16 d; i8 qs[32]
   const float d = half_at(b);
@@ -103,14 +100,11 @@ void q5_1(const uint8_t* b, float* y) {  // f16 d, m; u8 qh[4]; u8 qs[16]
 
 void q4_k(const uint8_t* b, float* y) {  // f16 d, dmin; u8 scales[12]; u8 qs[128]
   const float d = half_at(b), dmin = half_at(b + 2);
-  const uint8_t* scales = b + 4;
+  const KQuantScales scales = unpack_k_quant_scales(b + 4);
   const uint8_t* q = b + 16;
   for (int c = 0; c < 4; ++c, q += 32, y += 64) {
-    int sc, m;
-    scale_min_k4(2 * c, scales, sc, m);
-    const float d1 = d * f(sc), m1 = dmin * f(m);
-    scale_min_k4(2 * c + 1, scales, sc, m);
-    const float d2 = d * f(sc), m2 = dmin * f(m);
+    const float d1 = d * f(scales.scale(2 * c)), m1 = dmin * f(scales.min(2 * c));
+    const float d2 = d * f(scales.scale(2 * c + 1)), m2 = dmin * f(scales.min(2 * c + 1));
     for (int l = 0; l < 32; ++l) y[l] = d1 * f(q[l] & 15) - m1;
     for (int l = 0; l < 32; ++l) y[32 + l] = d2 * f(q[l] >> 4) - m2;
   }
@@ -118,15 +112,12 @@ void q4_k(const uint8_t* b, float* y) {  // f16 d, dmin; u8 scales[12]; u8 qs[12
 
 void q5_k(const uint8_t* b, float* y) {  // f16 d, dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]
   const float d = half_at(b), dmin = half_at(b + 2);
-  const uint8_t* scales = b + 4;
+  const KQuantScales scales = unpack_k_quant_scales(b + 4);
   const uint8_t* qh = b + 16;
   const uint8_t* q = b + 48;
   for (int c = 0; c < 4; ++c, q += 32, y += 64) {
-    int sc, m;
-    scale_min_k4(2 * c, scales, sc, m);
-    const float d1 = d * f(sc), m1 = dmin * f(m);
-    scale_min_k4(2 * c + 1, scales, sc, m);
-    const float d2 = d * f(sc), m2 = dmin * f(m);
+    const float d1 = d * f(scales.scale(2 * c)), m1 = dmin * f(scales.min(2 * c));
+    const float d2 = d * f(scales.scale(2 * c + 1)), m2 = dmin * f(scales.min(2 * c + 1));
     for (int l = 0; l < 32; ++l) y[l] = d1 * f((q[l] & 15) | (((qh[l] >> (2 * c)) & 1) << 4)) - m1;
     for (int l = 0; l < 32; ++l) y[32 + l] = d2 * f((q[l] >> 4) | (((qh[l] >> (2 * c + 1)) & 1) << 4)) - m2;
   }
@@ -152,37 +143,35 @@ void q6_k(const uint8_t* b, float* y) {  // u8 ql[128]; u8 qh[64]; i8 scales[16]
   }
 }
 
+/// `blocks` consecutive blocks of type T, each decoded by `block`.
+template <GgmlType T, void (*block)(const uint8_t*, float*)>
+void each_block(const uint8_t* src, float* dst, int64_t blocks) {
+  constexpr size_t kBytes = ggml_type_info(T).block_bytes;
+  constexpr int64_t kElements = ggml_type_info(T).block_elements;
+  for (int64_t i = 0; i < blocks; ++i) block(src + static_cast<size_t>(i) * kBytes, dst + i * kElements);
+}
+
+/// Converts `n` elements (a whole number of blocks, checked by the caller).
 void dequantize_unchecked(GgmlType type, const uint8_t* src, float* dst, int64_t n) {
-  const detail::QuantLayout layout = detail::quant_layout(type);
-  const int64_t blocks = n / layout.elements;
-  switch (type) {
-    case GgmlType::f32: std::memcpy(dst, src, static_cast<size_t>(n) * sizeof(float)); return;
-    case GgmlType::f16:
-      for (int64_t i = 0; i < n; ++i) dst[i] = half_at(src + 2 * i);
-      return;
-    case GgmlType::bf16:
-      for (int64_t i = 0; i < n; ++i) dst[i] = bf16_to_float(le16(src + 2 * i));
-      return;
-    default: break;
-  }
-  void (*block)(const uint8_t*, float*) = nullptr;
-  switch (type) {
-    case GgmlType::q8_0: block = q8_0; break;
-    case GgmlType::q4_0: block = q4_0; break;
-    case GgmlType::q4_1: block = q4_1; break;
-    case GgmlType::q5_0: block = q5_0; break;
-    case GgmlType::q5_1: block = q5_1; break;
-    case GgmlType::q4_k: block = q4_k; break;
-    case GgmlType::q5_k: block = q5_k; break;
-    case GgmlType::q6_k: block = q6_k; break;
-    default: return;  // unreachable: checked by the caller
-  }
-  for (int64_t i = 0; i < blocks; ++i) block(src + static_cast<size_t>(i) * layout.bytes, dst + i * layout.elements);
+  const GgmlTypeInfo& info = ggml_type_info(type);
+  info.dequantize_blocks(src, dst, n / info.block_elements);
 }
 
 }  // namespace
 
 namespace reference {
+
+void dequantize_f32(const uint8_t* src, float* dst, int64_t blocks) { each_block<GgmlType::f32, f32>(src, dst, blocks); }
+void dequantize_f16(const uint8_t* src, float* dst, int64_t blocks) { each_block<GgmlType::f16, f16>(src, dst, blocks); }
+void dequantize_bf16(const uint8_t* src, float* dst, int64_t blocks) { each_block<GgmlType::bf16, bf16>(src, dst, blocks); }
+void dequantize_q8_0(const uint8_t* src, float* dst, int64_t blocks) { each_block<GgmlType::q8_0, q8_0>(src, dst, blocks); }
+void dequantize_q4_0(const uint8_t* src, float* dst, int64_t blocks) { each_block<GgmlType::q4_0, q4_0>(src, dst, blocks); }
+void dequantize_q4_1(const uint8_t* src, float* dst, int64_t blocks) { each_block<GgmlType::q4_1, q4_1>(src, dst, blocks); }
+void dequantize_q5_0(const uint8_t* src, float* dst, int64_t blocks) { each_block<GgmlType::q5_0, q5_0>(src, dst, blocks); }
+void dequantize_q5_1(const uint8_t* src, float* dst, int64_t blocks) { each_block<GgmlType::q5_1, q5_1>(src, dst, blocks); }
+void dequantize_q4_k(const uint8_t* src, float* dst, int64_t blocks) { each_block<GgmlType::q4_k, q4_k>(src, dst, blocks); }
+void dequantize_q5_k(const uint8_t* src, float* dst, int64_t blocks) { each_block<GgmlType::q5_k, q5_k>(src, dst, blocks); }
+void dequantize_q6_k(const uint8_t* src, float* dst, int64_t blocks) { each_block<GgmlType::q6_k, q6_k>(src, dst, blocks); }
 
 void dequantize_row(GgmlType type, const uint8_t* src, float* dst, int64_t n) {
   detail::check_dequantize(type, src, dst, n);

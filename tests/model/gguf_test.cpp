@@ -204,27 +204,61 @@ Bytes patched(Bytes image, size_t at, uint64_t v, int n) {
 // Small files
 
 TEST(GgufTypes, TableMatchesGgml) {
-  EXPECT_STREQ(type_name(GgmlType::q4_k), "Q4_K");
-  EXPECT_STREQ(type_name(static_cast<GgmlType>(99)), "unknown");
-  EXPECT_EQ(block_elements(GgmlType::f32), 1);
-  EXPECT_EQ(block_elements(GgmlType::q8_0), 32);
-  EXPECT_EQ(block_elements(GgmlType::q6_k), 256);
-  EXPECT_EQ(block_elements(static_cast<GgmlType>(9)), 0);
-  EXPECT_EQ(block_bytes(GgmlType::f16), 2u);
-  EXPECT_EQ(block_bytes(GgmlType::bf16), 2u);
-  EXPECT_EQ(block_bytes(GgmlType::q4_0), 18u);
-  EXPECT_EQ(block_bytes(GgmlType::q4_1), 20u);
-  EXPECT_EQ(block_bytes(GgmlType::q5_0), 22u);
-  EXPECT_EQ(block_bytes(GgmlType::q5_1), 24u);
-  EXPECT_EQ(block_bytes(GgmlType::q8_0), 34u);
-  EXPECT_EQ(block_bytes(GgmlType::q4_k), 144u);
-  EXPECT_EQ(block_bytes(GgmlType::q5_k), 176u);
-  EXPECT_EQ(block_bytes(GgmlType::q6_k), 210u);
-  EXPECT_EQ(block_bytes(static_cast<GgmlType>(9)), 0u);
-  for (const uint32_t id : {0u, 1u, 2u, 3u, 6u, 7u, 8u, 12u, 13u, 14u, 30u}) EXPECT_TRUE(known_type(id)) << id;
-  for (const uint32_t id : {4u, 5u, 9u, 10u, 11u, 15u, 29u, 31u, 1000u}) EXPECT_FALSE(known_type(id)) << id;
+  EXPECT_STREQ(ggml_type_info(GgmlType::q4_k).name, "Q4_K");
+  EXPECT_STREQ(ggml_type_info(static_cast<GgmlType>(99)).name, "unknown");
+  EXPECT_EQ(ggml_type_info(GgmlType::f32).block_elements, 1);
+  EXPECT_EQ(ggml_type_info(GgmlType::q8_0).block_elements, 32);
+  EXPECT_EQ(ggml_type_info(GgmlType::q6_k).block_elements, 256);
+  EXPECT_EQ(ggml_type_info(static_cast<GgmlType>(9)).block_elements, 0);
+  EXPECT_EQ(ggml_type_info(GgmlType::f16).block_bytes, 2u);
+  EXPECT_EQ(ggml_type_info(GgmlType::bf16).block_bytes, 2u);
+  EXPECT_EQ(ggml_type_info(GgmlType::q4_0).block_bytes, 18u);
+  EXPECT_EQ(ggml_type_info(GgmlType::q4_1).block_bytes, 20u);
+  EXPECT_EQ(ggml_type_info(GgmlType::q5_0).block_bytes, 22u);
+  EXPECT_EQ(ggml_type_info(GgmlType::q5_1).block_bytes, 24u);
+  EXPECT_EQ(ggml_type_info(GgmlType::q8_0).block_bytes, 34u);
+  EXPECT_EQ(ggml_type_info(GgmlType::q4_k).block_bytes, 144u);
+  EXPECT_EQ(ggml_type_info(GgmlType::q5_k).block_bytes, 176u);
+  EXPECT_EQ(ggml_type_info(GgmlType::q6_k).block_bytes, 210u);
+  EXPECT_EQ(ggml_type_info(static_cast<GgmlType>(9)).block_bytes, 0u);
+  for (const uint32_t id : {0u, 1u, 2u, 3u, 6u, 7u, 8u, 12u, 13u, 14u, 30u}) {
+    EXPECT_TRUE(supported_type(static_cast<GgmlType>(id))) << id;
+  }
+  for (const uint32_t id : {4u, 5u, 9u, 10u, 11u, 15u, 29u, 31u, 1000u}) {
+    EXPECT_FALSE(supported_type(static_cast<GgmlType>(id))) << id;
+  }
   EXPECT_STREQ(value_type_name(7), "bool");
   EXPECT_STREQ(value_type_name(13), "unknown");
+}
+
+TEST(GgufTypes, TheReaderAcceptsExactlyTheTableTypesAtTheirSizes) {
+  // Every id up to past BF16, plus ids far off: a tensor of two rows of 256 elements (a whole number
+  // of blocks of every type) is accepted exactly when the type is in the table, and its bytes are
+  // then the table's block bytes per block.
+  std::vector<uint32_t> ids;
+  for (uint32_t id = 0; id <= 40; ++id) ids.push_back(id);
+  for (const uint32_t id : {1000u, 0x7FFFFFFFu, 0xFFFFFFFFu}) ids.push_back(id);
+  int accepted = 0;
+  for (const uint32_t id : ids) {
+    const GgmlTypeInfo& info = ggml_type_info(static_cast<GgmlType>(id));
+    if (!supported_type(static_cast<GgmlType>(id))) {
+      Writer w;
+      w.tensor_id("t", {256, 2}, id, ramp(1024));
+      EXPECT_NE(parse_error(w.image()).find("unknown ggml type id " + std::to_string(id)), std::string::npos) << id;
+      continue;
+    }
+    ++accepted;
+    const size_t row_bytes = static_cast<size_t>(256 / info.block_elements) * info.block_bytes;
+    Writer w;
+    w.tensor_id("t", {256, 2}, id, ramp(2 * row_bytes));
+    const GgufFile f = parse(w.image());
+    const GgufTensor& t = f.tensors().at(0);
+    EXPECT_EQ(static_cast<uint32_t>(t.type), id);
+    EXPECT_EQ(&ggml_type_info(t.type), &info) << id;
+    EXPECT_EQ(t.row_bytes(), row_bytes) << info.name;
+    EXPECT_EQ(t.bytes.size(), 2 * row_bytes) << info.name;
+  }
+  EXPECT_EQ(accepted, static_cast<int>(std::size(kGgmlTypes)));
 }
 
 TEST(GgufParse, EveryValueTypeRoundTrips) {
@@ -692,7 +726,7 @@ TEST(GgufMalformed, BadTensors) {
 /// Tensor count per type name.
 std::map<std::string, int> census(const GgufFile& f) {
   std::map<std::string, int> counts;
-  for (const GgufTensor& t : f.tensors()) ++counts[type_name(t.type)];
+  for (const GgufTensor& t : f.tensors()) ++counts[ggml_type_info(t.type).name];
   return counts;
 }
 
@@ -701,8 +735,8 @@ void expect_consistent_sizes(const GgufFile& f, uint64_t file_size) {
   uint64_t total = 0;
   for (const GgufTensor& t : f.tensors()) {
     EXPECT_EQ(t.bytes.size(), static_cast<size_t>(t.rows()) * t.row_bytes()) << t.name;
-    EXPECT_EQ(t.row_bytes(), static_cast<size_t>(t.row_elements() / block_elements(t.type)) * block_bytes(t.type))
-        << t.name;
+    const GgmlTypeInfo& info = ggml_type_info(t.type);
+    EXPECT_EQ(t.row_bytes(), static_cast<size_t>(t.row_elements() / info.block_elements) * info.block_bytes) << t.name;
     EXPECT_EQ(t.offset % f.alignment(), 0u) << t.name;
     total += (t.bytes.size() + f.alignment() - 1) / f.alignment() * f.alignment();
   }

@@ -29,9 +29,9 @@ const std::vector<GgmlType> kQuantTypes = {GgmlType::q4_0, GgmlType::q4_1, GgmlT
                                            GgmlType::q8_0, GgmlType::q4_k, GgmlType::q5_k, GgmlType::q6_k};
 const std::vector<GgmlType> kFloatTypes = {GgmlType::f32, GgmlType::f16, GgmlType::bf16};
 
-std::string name(GgmlType type) { return type_name(type); }
+std::string name(GgmlType type) { return ggml_type_info(type).name; }
 bool k_quant(GgmlType type) { return type == GgmlType::q4_k || type == GgmlType::q5_k || type == GgmlType::q6_k; }
-int64_t block_of(GgmlType type) { return detail::quant_layout(type).elements; }
+int64_t block_of(GgmlType type) { return ggml_type_info(type).block_elements; }
 uint32_t bits_of(float v) { return std::bit_cast<uint32_t>(v); }
 
 uint16_t le16(const uint8_t* p) { return static_cast<uint16_t>(p[0] | (p[1] << 8)); }
@@ -69,13 +69,13 @@ std::vector<float> golden_activations(uint64_t seed, int64_t n) {
 /// Random block bytes with scales set to normal fp16 values of magnitude 2^-8 .. 2^-4 (signed where
 /// the format's scale may be negative).
 std::vector<uint8_t> golden_weights(GgmlType type, uint64_t seed, int64_t rows, int64_t cols) {
-  const auto layout = detail::quant_layout(type);
-  std::vector<uint8_t> w(static_cast<size_t>(rows * cols / layout.elements) * layout.bytes);
+  const GgmlTypeInfo& info = ggml_type_info(type);
+  std::vector<uint8_t> w(static_cast<size_t>(rows * cols / info.block_elements) * info.block_bytes);
   for (auto& b : w) b = static_cast<uint8_t>(next(seed) >> 56);
   const auto half = [&](bool negative) {
     return static_cast<uint16_t>((negative && (next(seed) & 1) ? 0x8000u : 0u) | (0x1C00u + (next(seed) >> 52)));
   };
-  for (size_t at = 0; at < w.size(); at += layout.bytes) {
+  for (size_t at = 0; at < w.size(); at += info.block_bytes) {
     uint16_t a = 0, b = 0;
     size_t pa = 0, pb = SIZE_MAX;
     switch (type) {
@@ -243,7 +243,7 @@ Exact exact_dot(GgmlType type, const uint8_t* w, const uint8_t* xq, int64_t cols
   Exact r;
   const ActivationType at = activation_type(type);
   if (!k_quant(type)) {
-    const size_t wbytes = detail::quant_layout(type).bytes, xbytes = at == ActivationType::q8_1 ? 36 : 34;
+    const size_t wbytes = ggml_type_info(type).block_bytes, xbytes = at == ActivationType::q8_1 ? 36 : 34;
     for (int64_t b = 0; b < cols / 32; ++b, w += wbytes, xq += xbytes) {
       int q[32];
       double dw, mw;
@@ -261,7 +261,7 @@ Exact exact_dot(GgmlType type, const uint8_t* w, const uint8_t* xq, int64_t cols
     }
     return r;
   }
-  const size_t wbytes = detail::quant_layout(type).bytes;
+  const size_t wbytes = ggml_type_info(type).block_bytes;
   for (int64_t b = 0; b < cols / 256; ++b, w += wbytes, xq += 292) {
     int q[256], sc[256], mn[8];
     double dw, dmin;
@@ -669,7 +669,7 @@ TEST(QuantsQ8, FloatWeightsRoundTheActivations) {
   std::mt19937 rng(5);
   for (GgmlType type : kFloatTypes) {
     const int64_t rows = 5, cols = 77, tokens = 3;
-    const size_t row_bytes = static_cast<size_t>(cols) * detail::quant_layout(type).bytes;
+    const size_t row_bytes = static_cast<size_t>(cols) * ggml_type_info(type).block_bytes;
     std::vector<uint8_t> w(row_bytes * rows);
     for (auto& b : w) b = static_cast<uint8_t>(rng() & 0x3F);  // small, finite values in every format
     const std::vector<float> x = activations(1, cols * tokens, rng);
@@ -834,7 +834,7 @@ void check_model(const std::string& path, const std::vector<GgmlType>& expected)
             }
             allowed += 0.6 * dx * wsum;
             if (type == GgmlType::q4_1 || type == GgmlType::q5_1) {
-              allowed += 4.0 * dx * std::fabs(half(wr + static_cast<size_t>(b) * detail::quant_layout(type).bytes + 2));
+              allowed += 4.0 * dx * std::fabs(half(wr + static_cast<size_t>(b) * ggml_type_info(type).block_bytes + 2));
             }
           }
           allowed += gamma(cols + 1) * magnitude + reference_bound(type, cols, e);

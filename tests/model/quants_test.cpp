@@ -1,6 +1,7 @@
-// Quantized weight formats: the scalar reference against hand-computed blocks and an exhaustive
-// fp16 check; the AVX2 path against the reference (dequantization bit for bit, matmul_rows within
-// the stated summation-order bound); both on the real models' tensors; argument errors.
+// Quantized weight formats: the K-quant scale unpacking and the scalar reference against
+// hand-computed blocks, an exhaustive fp16 check; the AVX2 path against the reference
+// (dequantization bit for bit, matmul_rows within the stated summation-order bound); both on the
+// real models' tensors; argument errors.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -10,6 +11,7 @@
 #include <cstring>
 #include <map>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -20,6 +22,7 @@
 #include "common/cpu.hpp"
 #include "gaac/error.hpp"
 #include "model/gguf.hpp"
+#include "model/k_quant_scales.hpp"
 #include "model/quants.hpp"
 #include "support/models.hpp"
 
@@ -30,10 +33,10 @@ const std::vector<GgmlType> kAllTypes = {GgmlType::f32,  GgmlType::f16,  GgmlTyp
                                          GgmlType::q4_0, GgmlType::q4_1, GgmlType::q5_0, GgmlType::q5_1,
                                          GgmlType::q4_k, GgmlType::q5_k, GgmlType::q6_k};
 
-std::string name(GgmlType type) { return type_name(type); }
+std::string name(GgmlType type) { return ggml_type_info(type).name; }
 uint32_t bits_of(float v) { return std::bit_cast<uint32_t>(v); }
-int64_t block_of(GgmlType type) { return detail::quant_layout(type).elements; }
-size_t bytes_of(GgmlType type) { return detail::quant_layout(type).bytes; }
+int64_t block_of(GgmlType type) { return ggml_type_info(type).block_elements; }
+size_t bytes_of(GgmlType type) { return ggml_type_info(type).block_bytes; }
 
 void put16(std::vector<uint8_t>& b, size_t at, uint16_t v) {
   b[at] = static_cast<uint8_t>(v & 0xFF);
@@ -240,6 +243,48 @@ TEST(ReferenceDequant, Q5_1) {
 constexpr uint8_t kScales[12] = {0x41, 0x82, 0xC3, 0x3F, 0x40, 0x84, 0x3F, 0xC1, 0x41, 0x81, 0x20, 0xF5};
 // With d = 0.5 and dmin = 0.25, a zero quant in sub-block s gives −0.25·m[s]:
 constexpr float kKBase[8] = {0.0f, -1.0f, -15.75f, -0.25f, -5.0f, -10.0f, -0.5f, -15.75f};
+
+TEST(KQuantScales, UnpacksTheHandPackedBytes) {
+  const KQuantScales s = unpack_k_quant_scales(kScales);
+  std::vector<int> scales, mins;
+  for (int j = 0; j < 8; ++j) {
+    scales.push_back(s.scale(j));
+    mins.push_back(s.min(j));
+  }
+  EXPECT_EQ(scales, (std::vector<int>{1, 2, 3, 63, 17, 33, 48, 5}));
+  EXPECT_EQ(mins, (std::vector<int>{0, 4, 63, 1, 20, 40, 2, 63}));
+}
+
+TEST(KQuantScales, EveryPackedBitLandsInOneResultBit) {
+  // 12 bytes hold 8 + 8 six-bit values: each of the 96 bits must reach exactly one of the 96 result
+  // bits: no bit dropped, none used twice.
+  std::set<int> reached;
+  for (int bit = 0; bit < 96; ++bit) {
+    uint8_t packed[12] = {};
+    packed[bit / 8] = static_cast<uint8_t>(1u << (bit % 8));
+    const KQuantScales s = unpack_k_quant_scales(packed);
+    std::vector<int> set_bits;
+    for (int v = 0; v < 16; ++v) {
+      const int value = v < 8 ? s.scale(v) : s.min(v - 8);
+      ASSERT_LT(value, 64) << "bit " << bit;
+      for (int b = 0; b < 6; ++b) {
+        if ((value >> b) & 1) set_bits.push_back(6 * v + b);
+      }
+    }
+    ASSERT_EQ(set_bits.size(), 1u) << "bit " << bit;
+    reached.insert(set_bits[0]);
+  }
+  EXPECT_EQ(reached.size(), 96u);
+  // ggml's placement, one example of each rule: byte 0's low six bits are scale 0, its top two the
+  // top of scale 4; byte 8's low nibble is the bottom of scale 4, its high nibble that of min 4.
+  uint8_t packed[12] = {};
+  packed[0] = 0xC5;
+  packed[8] = 0x9A;
+  const KQuantScales s = unpack_k_quant_scales(packed);
+  EXPECT_EQ(s.scale(0), 0x05);
+  EXPECT_EQ(s.scale(4), 0x3A);
+  EXPECT_EQ(s.min(4), 0x09);
+}
 
 std::vector<uint8_t> k_block(size_t size, size_t qs_at) {
   std::vector<uint8_t> b(size, 0);
@@ -582,13 +627,6 @@ TEST(RealModels, Gemma3Tensors) {
 
 // ----------------------------------------------------------------------------------------------
 // Arguments
-
-TEST(QuantArguments, LayoutsAgreeWithGguf) {
-  for (GgmlType type : kAllTypes) {
-    EXPECT_EQ(detail::quant_layout(type).elements, block_elements(type)) << name(type);
-    EXPECT_EQ(detail::quant_layout(type).bytes, block_bytes(type)) << name(type);
-  }
-}
 
 TEST(QuantArguments, SupportedTypes) {
   for (GgmlType type : kAllTypes) EXPECT_TRUE(supported_type(type)) << name(type);

@@ -183,7 +183,7 @@ void print_text(const GgufFile& file, const Report& r) {
     fmt::print("{:<8} {:>6} {:>14} {:>14} {:>11}\n", name, c.count, c.elements, c.bytes,
                human_bytes(static_cast<double>(c.bytes)));
   };
-  for (const auto& [id, census] : r.by_type) line(model::type_name(static_cast<model::GgmlType>(id)), census);
+  for (const auto& [id, census] : r.by_type) line(model::ggml_type_info(static_cast<model::GgmlType>(id)).name, census);
   line("total", r.total);
 }
 
@@ -198,7 +198,9 @@ nlohmann::json to_json(const GgufFile& file, const Report& r) {
   for (const std::string& key : r.hyper_keys) hyper[key.substr(r.architecture.size() + 1)] =
         value_json(*file.find(key), static_cast<uint32_t>(file.value_type(key)));
   nlohmann::json by_type = nlohmann::json::object();
-  for (const auto& [id, census] : r.by_type) by_type[model::type_name(static_cast<model::GgmlType>(id))] = census_json(census);
+  for (const auto& [id, census] : r.by_type) {
+    by_type[model::ggml_type_info(static_cast<model::GgmlType>(id)).name] = census_json(census);
+  }
   nlohmann::json tensors = census_json(r.total);
   tensors["by_type"] = by_type;
   return {

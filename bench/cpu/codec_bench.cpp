@@ -25,10 +25,10 @@
 
 #include "gaac/calibration.hpp"
 #include "gaac/codec.hpp"
-#include "gaac/kv_dump.hpp"
 #include "gaac/synthetic.hpp"
 #include "gaac/codec_plan.hpp"
 #include "gaac/tiling.hpp"
+#include "io/kv_dump_file.hpp"
 
 namespace {
 
@@ -111,7 +111,7 @@ std::unique_ptr<Corpus> real_corpus(const std::string& model, size_t max_bytes) 
   const auto kv = dir / (model + "-gpl3-2048.safetensors"), calib = dir / (model + "-calibration.safetensors");
   if (!std::filesystem::exists(kv) || !std::filesystem::exists(calib)) return nullptr;
   auto c = std::make_unique<Corpus>();
-  c->dump = gaac::load_kv_dump(kv.string());
+  c->dump = gaac::io::load_kv_dump(kv.string());
   c->table = gaac::load_calibration(calib.string());
   size_t bytes = 0, layers = 0;
   while (layers < c->dump.layers.size() && bytes < max_bytes) {

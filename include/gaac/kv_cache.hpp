@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "gaac/calibration.hpp"
-#include "gaac/codec_plan.hpp"
+#include "gaac/tile_codec.hpp"
 #include "gaac/export.h"
 #include "gaac/paged_layout.hpp"
 #include "gaac/tensor_view.hpp"
@@ -171,8 +171,8 @@ class GAAC_API KvCache {
   PagedCacheView view() const;
   /// The CSR table of the given sequences, in that order.
   SequenceTable sequence_table(std::span<const SequenceId> sequences) const;
-  /// The codec plans the cache encodes with (null for a bf16 cache); fused kernels decode with them.
-  const CodecPlans* plans() const;
+  /// The tile codecs the cache encodes with (null for a bf16 cache); fused kernels decode with them.
+  const CalibratedCodecs* codecs() const;
   /// The free units of the pool, in the order they will be taken last to first (so a mirror of the
   /// pool elsewhere, such as the GPU's, can keep taking and giving them the same way).
   std::span<const uint32_t> free_units() const;

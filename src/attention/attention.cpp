@@ -112,14 +112,14 @@ class Runner {
       const uint32_t e = view_.entries[g.entry_index(layer_, row, head, kind, half)];
       const uint8_t* a = view_.units + g.unit_offset(entry_unit(e));
       if (entry_class(e) == TileClass::compressed) {
-        const TilePlan& plan = cache_.plans()->plan(kind, layer_, head, half);
+        const TileCodec& codec = cache_.codecs()->codec(kind, layer_, head, half);
         if (o_.path == AttentionPath::fused && !mixed_halves(row, head, kind)) {
-          src.plan = &plan;
+          src.codec = &codec;
           src.slot = a;
           continue;
         }
         uint16_t* tile = s.tiles.data() + static_cast<size_t>(scratch_slot * 2 + half) * kTileTokens * channels;
-        const BlockDecodeResult r = plan.decode_blocks(a, 0, 1, tile, static_cast<size_t>(channels), 0);
+        const BlockDecodeResult r = codec.decode_blocks(a, 0, 1, tile, static_cast<size_t>(channels), 0);
         if (r.status != DecodeStatus::ok) throw Error(std::string("attention: a compressed tile does not decode: ") + to_string(r.status));
         for (int t = t0; t < t1; ++t) src.rows[t] = tile + static_cast<size_t>(t) * channels;
       } else if (entry_class(e) == TileClass::raw) {
@@ -155,7 +155,7 @@ class Runner {
   void segment(const TileSource* k, const TileSource* v, int t0, int t1, Scratch& s) const {
     const PagedGeometry& g = view_.geometry;
     BlockTask task{k, g.halves(), g.tile_channels(), t0, t1, group_};
-    const bool compressed_k = k[0].plan != nullptr;
+    const bool compressed_k = k[0].codec != nullptr;
     if (compressed_k) {
       const float* q = kernels_.prepare_compressed_query != nullptr ? s.q_compressed.data() : s.q.data();
       kernels_.key_scores_compressed(task, q, o_.scale, s.scores.data());
@@ -195,7 +195,7 @@ class Runner {
       part.max = m;
     }
     task.halves = v;
-    const bool compressed_v = v[0].plan != nullptr;
+    const bool compressed_v = v[0].codec != nullptr;
     (compressed_v ? kernels_.fold_values_compressed : kernels_.fold_values_raw)(task, s.rescale.data(), s.weight.data(), s.acc.data());
   }
 

@@ -13,7 +13,7 @@
 #include <type_traits>
 
 #include "codec/avx2_decode.hpp"
-#include "gaac/codec_plan.hpp"
+#include "gaac/tile_codec.hpp"
 
 namespace gaac::avx2 {
 namespace {
@@ -92,17 +92,17 @@ class TileExponents {
 template <class G>
 class OpenTile {
  public:
-  OpenTile(const TilePlan& plan, const uint8_t* slot) : slot_(slot) {
-    // The AVX2 backend prepared the bases in the decoder's order; another backend's plan gets them
+  OpenTile(const TileCodec& codec, const uint8_t* slot) : slot_(slot) {
+    // The AVX2 backend prepared the bases in the decoder's order; another backend's codec gets them
     // prepared here.
-    if (plan.backend() == Backend::avx2) {
-      bases_ = &std::launder(reinterpret_cast<const PreparedBases<G>*>(plan.prepared()))->decode;
+    if (codec.backend() == Backend::avx2) {
+      bases_ = &std::launder(reinterpret_cast<const PreparedBases<G>*>(codec.prepared()))->decode;
     } else {
-      bases_ = new (own_bases_) DecodeBases<G>(plan.bases());
+      bases_ = new (own_bases_) DecodeBases<G>(codec.bases());
     }
     const uint8_t* tags = slot + G::kShape.tag_offset();
     const uint8_t* escapes = slot + G::kShape.escape_offset();
-    read_tag_rows(tags, plan.escape_capacity(), rows_);
+    read_tag_rows(tags, codec.escape_capacity(), rows_);
     if (rows_.used != 0) find_escape_rows(tags, escapes, rows_, escape_rows_);
     for_each_escaped_group(slot, *bases_, rows_, [&](int at, int, int, uint64_t exponents) { overrides_.add(at, exponents); });
   }

@@ -118,7 +118,7 @@ void key_scores_compressed(const BlockTask& task, const float* q, float scale, f
   const auto lanes = [&](int t, int g) { return lane_sums.data() + (static_cast<size_t>(t) * task.heads + g) * kLanes; };
   for (int half = 0; half < task.halves_count; ++half) {
     const TileSource& src = task.halves[half];
-    const SlotReader reader(shape, src.slot, src.plan->bases());
+    const SlotReader reader(shape, src.slot, src.codec->bases());
     for (int t = task.first; t < task.end; ++t) {
       const int h = t / 8, r = t % 8;
       for (int p = 0; p < chunks; ++p) {
@@ -148,7 +148,7 @@ void fold_values_compressed(const BlockTask& task, const float* rescale, const f
   const TileShape shape{TensorKind::value, channels};
   for (int half = 0; half < task.halves_count; ++half) {
     const TileSource& src = task.halves[half];
-    const SlotReader reader(shape, src.slot, src.plan->bases());
+    const SlotReader reader(shape, src.slot, src.codec->bases());
     // Group `pair` of lanes 4r + t holds channels 16·pair + r and 16·pair + 8 + r at tokens
     // 2t + {0, 8, 1, 9}: the four lanes t together hold all sixteen tokens of the two channels.
     for (int pair = 0; pair < channels / 16; ++pair) {

@@ -14,17 +14,17 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "gaac/codec_plan.hpp"
+#include "gaac/tile_codec.hpp"
 
 namespace gaac::attention {
 
 /// Most query heads one BlockTask may carry (one KV head's share of a grouped-query model).
 inline constexpr int kMaxQueryHeads = 64;
 
-/// The rows of one tile (one half-head of one block): a compressed slot and the plan that decodes it,
+/// The rows of one tile (one half-head of one block): a compressed slot and the codec that decodes it,
 /// or BF16 rows (tile_channels values each) anywhere in memory.
 struct TileSource {
-  const TilePlan* plan = nullptr;  ///< set: `slot` is compressed
+  const TileCodec* codec = nullptr;  ///< set: `slot` is compressed
   const uint8_t* slot = nullptr;
   const uint16_t* rows[kTileTokens] = {};  ///< raw rows, for the tokens that exist
 };

@@ -717,7 +717,7 @@ void for_each_escaped_group(const uint8_t* slot, const DecodeBases<G>& bases, co
 template <class G>
 constexpr EscapeRows<G> kNoEscapes{};
 
-/// The prepared bases of a tile shape (what TilePlan::prepared() holds for the AVX2 backend): the
+/// The prepared bases of a tile shape (what TileCodec::prepared() holds for the AVX2 backend): the
 /// decoder's and the encoder's forms, side by side.
 template <class G>
 struct PreparedBases {

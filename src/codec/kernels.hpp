@@ -1,5 +1,5 @@
-// The backends behind TilePlan. Each offers, per tile shape, a way to prepare the bases in its own
-// order and to encode and decode one tile with them. Arguments are validated by TilePlan; every
+// The backends behind TileCodec. Each offers, per tile shape, a way to prepare the bases in its own
+// order and to encode and decode one tile with them. Arguments are validated by TileCodec; every
 // backend must produce exactly the reference's bytes, values and statuses.
 #pragma once
 
@@ -9,7 +9,7 @@ namespace gaac::detail {
 
 /// One backend's kernels for one tile shape.
 struct ShapeKernels {
-  /// Writes the bases in the backend's order into `prepared` (TilePlan::kPreparedBytes, 64-aligned).
+  /// Writes the bases in the backend's order into `prepared` (TileCodec::kPreparedBytes, 64-aligned).
   void (*prepare)(const TileBases& bases, uint8_t* prepared);
   /// Encodes the tile at `src` (rows `row_stride` apart) into `slot`.
   TileEncoding (*encode)(const uint8_t* prepared, const uint16_t* src, size_t row_stride, size_t capacity,

@@ -18,7 +18,7 @@
 // shuffle controls are derived from those layouts at compile time.
 #include "codec/kernels.hpp"
 #include "codec/shape_dispatch.hpp"
-#include "gaac/codec_plan.hpp"
+#include "gaac/tile_codec.hpp"
 
 #if defined(__AVX2__)
 
@@ -446,7 +446,7 @@ detail::ShapeKernels kernels(TileShape shape) {
   return detail::dispatch_shape(shape, []<TensorKind Kind, int Channels>() {
     using G = Geometry<Kind, Channels>;
     using Prepared = PreparedBases<G>;
-    static_assert(sizeof(Prepared) <= TilePlan::kPreparedBytes && alignof(Prepared) <= 64);
+    static_assert(sizeof(Prepared) <= TileCodec::kPreparedBytes && alignof(Prepared) <= 64);
     static_assert(std::is_trivially_copyable_v<Prepared> && std::is_trivially_destructible_v<Prepared>);
     return detail::ShapeKernels{
         [](const TileBases& bases, uint8_t* prepared) { new (prepared) Prepared(bases); },

@@ -24,7 +24,7 @@ namespace {
 constexpr int kMaxGroup = kMaxQueryHeads;
 
 /// What one (query, KV head) needs to know about its sequence.
-struct QueryPlan {
+struct QuerySequence {
   const uint32_t* rows;  ///< the sequence's block rows
   int length;            ///< tokens in the cache
   int first, last;       ///< positions attended, inclusive
@@ -77,7 +77,7 @@ class Runner {
         throw Error("attention: query " + std::to_string(i) + " at position " + std::to_string(q.position) + " but its sequence has " +
                     std::to_string(length) + " cached and " + std::to_string(extra) + " extra tokens");
       }
-      plans_.push_back({table_.rows.data() + table_.indptr[i], length, first_attended(q.position, window), q.position});
+      sequences_.push_back({table_.rows.data() + table_.indptr[i], length, first_attended(q.position, window), q.position});
     }
   }
 
@@ -101,7 +101,7 @@ class Runner {
 
  private:
   /// Sources of the K or V tiles of one block of one head (null when the position range needs none).
-  void block_sources(const QueryPlan& p, int block, int head, TensorKind kind, int t0, int t1, TileSource* out, Scratch& s,
+  void block_sources(const QuerySequence& p, int block, int head, TensorKind kind, int t0, int t1, TileSource* out, Scratch& s,
                      int scratch_slot) const {
     const PagedGeometry& g = view_.geometry;
     const uint32_t row = p.rows[block];
@@ -206,7 +206,7 @@ class Runner {
     const int head = static_cast<int>(job / static_cast<size_t>(splits) % static_cast<size_t>(heads));
     const int split = static_cast<int>(job % static_cast<size_t>(splits));
     const AttentionQuery& query = queries_[qi];
-    const QueryPlan& p = plans_[qi];
+    const QuerySequence& p = sequences_[qi];
     const size_t gd = static_cast<size_t>(group_) * d;
     s.q.resize(gd);
     s.acc.assign(gd, 0.0f);
@@ -301,7 +301,7 @@ class Runner {
   const Kernels& kernels_;
   int group_ = 1;
   SequenceTable table_;
-  std::vector<QueryPlan> plans_;
+  std::vector<QuerySequence> sequences_;
   std::vector<Partial> partials_;
   std::vector<float> partial_acc_;
 };

@@ -129,7 +129,7 @@ void Calibrator::choose_capacities(CalibrationTable& table) const {
       largest = std::max(largest, table.escape_capacity(kind, l));
     }
   }
-  // What a KvCache, whose units all hold the largest capacity, would keep raw: for planning.
+  // What a KvCache, whose units all hold the largest capacity, would keep raw: for capacity estimates.
   for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
     std::string fractions = "[";
     for (int l = 0; l < layers_; ++l) {

@@ -1,4 +1,4 @@
-// Tile codec throughput (scalar reference and AVX2) against zstd and LZ4 on the same KV. Every
+// Tile codec throughput (the scalar and AVX2 backends) against zstd and LZ4 on the same KV. Every
 // benchmark processes one whole corpus (K and V, every head, every 16-token tile) per iteration and
 // counts its BF16 bytes as processed; `ratio` is BF16 bytes / stored bytes. Corpora, ~4 MiB each:
 //   synthetic_hd128, synthetic_hd64   one synthetic layer of 8 KV heads, calibrated on itself

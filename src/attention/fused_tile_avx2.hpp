@@ -4,7 +4,7 @@
 // exponents come out right where the register is composed. The decoder patches those groups in its
 // output after the vector pass; a fused kernel consumes the values as they are made and cannot.
 //
-// Built from codec/avx2_decode.hpp, the decoder's own parts; include only from files built with
+// Built from codec/decode_avx2.hpp, the decoder's own parts; include only from files built with
 // -mavx2 -mbmi2 (and, for the kernels, -mfma).
 #pragma once
 
@@ -12,7 +12,7 @@
 #include <new>
 #include <type_traits>
 
-#include "codec/avx2_decode.hpp"
+#include "codec/decode_avx2.hpp"
 #include "gaac/tile_codec.hpp"
 
 namespace gaac::avx2 {

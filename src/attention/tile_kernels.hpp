@@ -59,7 +59,7 @@ struct Kernels {
 };
 
 /// Plain C++: the compressed kernels rebuild each group of eight values in locals from the slot.
-const Kernels& portable_kernels();
+const Kernels& scalar_kernels();
 /// AVX2 + FMA (null when this build or CPU has none): raw rows in vector loops, compressed slots
 /// rebuilt in registers by the AVX2 decoder's parts (fused_avx2.hpp).
 const Kernels* avx2_kernels();

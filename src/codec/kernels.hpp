@@ -1,6 +1,6 @@
 // The backends behind TileCodec. Each offers, per tile shape, a way to prepare the bases in its own
 // order and to encode and decode one tile with them. Arguments are validated by TileCodec; every
-// backend must produce exactly the reference's bytes, values and statuses.
+// backend must produce exactly the scalar backend's bytes, values and statuses.
 #pragma once
 
 #include "gaac/codec.hpp"
@@ -21,10 +21,10 @@ struct ShapeKernels {
 
 }  // namespace gaac::detail
 
-namespace gaac::reference {
-/// The scalar reference's kernels: follows docs/format.md element by element.
+namespace gaac::scalar {
+/// The scalar backend's kernels: follows docs/format.md element by element.
 detail::ShapeKernels kernels(TileShape shape);
-}  // namespace gaac::reference
+}  // namespace gaac::scalar
 
 namespace gaac::avx2 {
 /// True when this binary was built with the AVX2 path (x86-64 with a compiler that supports it).

@@ -22,7 +22,7 @@ TileCodec::TileCodec(TileShape shape, const TileBases& bases, size_t escape_capa
   backend_ = backend;
   std::copy_n(bases.b3.begin(), shape.channels, b3_.begin());
   std::copy_n(bases.b4.begin(), shape.channels, b4_.begin());
-  const detail::ShapeKernels kernels = backend == Backend::avx2 ? avx2::kernels(shape) : reference::kernels(shape);
+  const detail::ShapeKernels kernels = backend == Backend::avx2 ? avx2::kernels(shape) : scalar::kernels(shape);
   kernels.prepare(bases, prepared_.data());
   encode_ = kernels.encode;
   decode_ = kernels.decode;

@@ -1,6 +1,6 @@
 // The attention kernels one block at a time: over compressed slots, the AVX2 fused kernels (and the
-// AVX-512 ones where the CPU has them) and the portable ones give the same bits as the raw kernels
-// (AVX2 and portable) over the same tiles decoded first. Tiles of every mode mix, a raw group at every group position (every lane, every place in
+// AVX-512 ones where the CPU has them) and the scalar ones give the same bits as the raw kernels
+// (AVX2 and scalar) over the same tiles decoded first. Tiles of every mode mix, a raw group at every group position (every lane, every place in
 // its row of 16), escape slots filled to the largest capacity with raw groups, BF16 specials (zeros,
 // subnormals, infinities, NaNs), tile codecs of both backends, head widths 64, 128 and 256, every
 // token range [first, end) of a block, one to five query heads.
@@ -150,7 +150,7 @@ class FusedKernels : public ::testing::Test {
     std::vector<std::pair<std::string, std::vector<float>>> results;
     results.emplace_back("avx2 fused", run(*attention::avx2_kernels(), true));
     if (attention::avx512_kernels() != nullptr) results.emplace_back("avx512 fused", run(*attention::avx512_kernels(), true));
-    results.emplace_back("portable fused", run(attention::portable_kernels(), true));
+    results.emplace_back("scalar fused", run(attention::scalar_kernels(), true));
     results.emplace_back("avx2 raw", run(*attention::avx2_kernels(), false));
     return results;
   }
@@ -159,8 +159,8 @@ class FusedKernels : public ::testing::Test {
     if (attention::avx2_kernels() == nullptr) GTEST_SKIP() << "no AVX2 kernels on this machine";
   }
 
-  /// Scores of tokens [first, end) for `heads` query heads: AVX2 fused, portable fused, AVX2 and
-  /// portable raw over the decoded rows, all the same bits; the other tokens' scores untouched.
+  /// Scores of tokens [first, end) for `heads` query heads: AVX2 fused, scalar fused, AVX2 and
+  /// scalar raw over the decoded rows, all the same bits; the other tokens' scores untouched.
   void check_keys(const CodedHead& k, int first, int end, int heads, std::mt19937_64& rng, const std::string& what) {
     const int head_dim = k.halves * k.channels;
     std::vector<float> q = random_floats(static_cast<size_t>(heads) * head_dim, rng);
@@ -180,7 +180,7 @@ class FusedKernels : public ::testing::Test {
       }
       return scores;
     };
-    const std::vector<float> want = run(attention::portable_kernels(), false);
+    const std::vector<float> want = run(attention::scalar_kernels(), false);
     for (int g = 0; g < heads; ++g) {
       for (int t = 0; t < kTileTokens; ++t) {
         if (t < first || t >= end) {
@@ -190,7 +190,7 @@ class FusedKernels : public ::testing::Test {
     }
     for (const auto& [name, got] : candidates(run)) {
       size_t at = 0;
-      ASSERT_TRUE(same_bits(got, want, specials_, &at)) << name << " differs from portable raw at head " << at / kTileTokens << ", token "
+      ASSERT_TRUE(same_bits(got, want, specials_, &at)) << name << " differs from scalar raw at head " << at / kTileTokens << ", token "
                                              << at % kTileTokens << ": " << got[at] << " vs " << want[at] << " (" << what
                                              << ", tokens " << first << ".." << end << ", " << heads << " heads)";
     }
@@ -214,10 +214,10 @@ class FusedKernels : public ::testing::Test {
       (compressed ? kernels.fold_values_compressed : kernels.fold_values_raw)(task, rescale.data(), weight.data(), acc.data());
       return acc;
     };
-    const std::vector<float> want = run(attention::portable_kernels(), false);
+    const std::vector<float> want = run(attention::scalar_kernels(), false);
     for (const auto& [name, got] : candidates(run)) {
       size_t at = 0;
-      ASSERT_TRUE(same_bits(got, want, specials_, &at)) << name << " differs from portable raw at head " << at / head_dim << ", channel "
+      ASSERT_TRUE(same_bits(got, want, specials_, &at)) << name << " differs from scalar raw at head " << at / head_dim << ", channel "
                                              << at % head_dim << ": " << got[at] << " vs " << want[at] << " (" << what
                                              << ", tokens " << first << ".." << end << ", " << heads << " heads)";
     }

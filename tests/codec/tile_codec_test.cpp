@@ -1,5 +1,5 @@
 // TileCodec and CalibratedCodecs: validation at construction, batched coding equal to tile-by-tile coding
-// with the scalar reference, and decode_blocks stopping at the first bad slot.
+// with the scalar backend, and decode_blocks stopping at the first bad slot.
 #include <gtest/gtest.h>
 
 #include <random>
@@ -36,9 +36,9 @@ TEST(TileCodec, RejectsBadArguments) {
 }
 
 /// Several random tiles with per-tile strides and slot strides: encode_blocks gives the bytes and
-/// encodings of one-tile reference calls, decode_blocks gives back every value, junk between tiles
+/// encodings of one-tile calls, decode_blocks gives back every value, junk between tiles
 /// untouched.
-TEST(TileCodec, BatchedCodingEqualsReferenceTileByTile) {
+TEST(TileCodec, BatchedCodingEqualsTileByTile) {
   std::mt19937_64 rng(11);
   for (const TileShape shape : test::all_shapes()) {
     const test::TileCase first = test::random_tile(shape, rng, 0.9, 0.09);

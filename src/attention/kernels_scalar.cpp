@@ -1,4 +1,4 @@
-// Portable attention kernels. Raw rows follow the contract in plain loops; compressed slots are read
+// Scalar attention kernels (plain C++). Raw rows follow the contract in plain loops; compressed slots are read
 // one exponent group (eight values) at a time, each rebuilt in locals and used at once: a token's
 // score from the four lanes' groups of its row, a value channel pair's fold from the four groups that
 // hold its sixteen tokens. Built with -ffp-contract=off: only the written fused multiply-adds fuse.
@@ -178,15 +178,15 @@ void fold_values_compressed(const BlockTask& task, const float* rescale, const f
 
 }  // namespace
 
-const Kernels& portable_kernels() {
-  static const Kernels kernels{key_scores_raw, fold_values_raw, key_scores_compressed, fold_values_compressed, nullptr, "portable"};
+const Kernels& scalar_kernels() {
+  static const Kernels kernels{key_scores_raw, fold_values_raw, key_scores_compressed, fold_values_compressed, nullptr, "scalar"};
   return kernels;
 }
 
 const Kernels& best_kernels() {
   static const Kernels& best = avx512_kernels() != nullptr ? *avx512_kernels()
                                : avx2_kernels() != nullptr ? *avx2_kernels()
-                                                           : portable_kernels();
+                                                           : scalar_kernels();
   return best;
 }
 

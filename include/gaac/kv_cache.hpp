@@ -147,8 +147,6 @@ class GAAC_API KvCache {
   /// every block they complete as raw): the admission check of a scheduler. For one decoding token
   /// it is exact.
   bool can_append(SequenceId sequence, int tokens) const;
-  /// Bytes an append of `tokens` tokens could need at most (the bound can_append checks).
-  uint64_t worst_case_bytes(SequenceId sequence, int tokens) const;
 
   /// Appends the same number of tokens to every layer: `k[l]` and `v[l]` are layer l's new K and V
   /// rows, `[tokens, kv_heads, head_dim]`. Tokens join the open block's BF16 tail; each block they

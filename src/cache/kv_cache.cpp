@@ -251,13 +251,6 @@ int rows_opened(int length, int tokens) {
 
 }  // namespace
 
-uint64_t KvCache::worst_case_bytes(SequenceId sequence, int tokens) const {
-  const State& s = *state_;
-  if (tokens < 0) throw Error("cannot append a negative number of tokens (" + std::to_string(tokens) + ")");
-  const auto rows = static_cast<uint64_t>(rows_opened(s.sequence(sequence).length, tokens));
-  return rows * s.geo.entries_per_row() * (s.raw_units * uint64_t{s.geo.unit_bytes} + 4);
-}
-
 bool KvCache::can_append(SequenceId sequence, int tokens) const {
   const State& s = *state_;
   if (tokens < 0) throw Error("cannot append a negative number of tokens (" + std::to_string(tokens) + ")");

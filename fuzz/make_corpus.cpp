@@ -24,6 +24,7 @@
 #include "gaac/snapshot.hpp"
 #include "gaac/synthetic.hpp"
 #include "gaac/tiling.hpp"
+#include "io/kv_dump_file.hpp"
 
 namespace fs = std::filesystem;
 
@@ -156,7 +157,7 @@ int write_tiles(const fs::path& dir) {
 
 int write_safetensors(const fs::path& dir) {
   const auto dump = dump_of(2, 64, {17, 3}, 6);
-  gaac::save_kv_dump(dump, (dir / "kv_dump.safetensors").string());
+  gaac::io::save_kv_dump(dump, (dir / "kv_dump.safetensors").string());
   gaac::save_calibration(calibrated(dump), (dir / "calibration.safetensors").string());
   return 2;
 }

@@ -9,7 +9,7 @@
 // fuzz/make_corpus.cpp writes seeds in this format.
 //
 // Properties (a violation calls __builtin_trap()):
-//   * the scalar reference and, when this machine has it, the AVX2 path return the same status and,
+//   * the scalar backend and, when this machine has it, the AVX2 path return the same status and,
 //     on success, the same elements;
 //   * no backend writes outside the tile's columns of the destination;
 //   * a successfully decoded tile re-encodes (same bases, same capacity) into a slot that fits, every

@@ -44,8 +44,8 @@
 #include "gaac/attention.hpp"
 #include "gaac/calibration.hpp"
 #include "gaac/kv_cache.hpp"
-#include "gaac/kv_dump.hpp"
 #include "gaac/synthetic.hpp"
+#include "io/kv_dump_file.hpp"
 #include "model/thread_pool.hpp"
 
 namespace {
@@ -102,7 +102,7 @@ Source load_source(const ModelShape& s, bool real) {
   Source src;
   src.key = std::string(s.name) + (real ? "/real" : "/synthetic");
   if (real) {
-    src.dump = gaac::load_kv_dump((kv_dir() / (std::string(s.real) + "-gpl3-2048.safetensors")).string());
+    src.dump = gaac::io::load_kv_dump((kv_dir() / (std::string(s.real) + "-gpl3-2048.safetensors")).string());
     src.table = gaac::load_calibration((kv_dir() / (std::string(s.real) + "-calibration.safetensors")).string());
   } else {
     gaac::SyntheticKvSpec spec;

@@ -14,7 +14,7 @@
 
 #include "attention/tile_kernels.hpp"
 #include "gaac/calibration.hpp"
-#include "gaac/codec_plan.hpp"
+#include "gaac/tile_codec.hpp"
 #include "gaac/synthetic.hpp"
 
 namespace {
@@ -27,7 +27,7 @@ constexpr int kBlocks = 64;
 
 /// 64 blocks of one kind of one KV head: slots and the same tiles as BF16 rows.
 struct Tiles {
-  std::vector<std::unique_ptr<gaac::TilePlan>> plans;
+  std::vector<std::unique_ptr<gaac::TileCodec>> codecs;
   std::vector<uint8_t> slots;
   std::vector<uint16_t> rows;
   std::vector<TileSource> compressed, raw;  // [block][half], two halves per block
@@ -47,9 +47,9 @@ struct Tiles {
     const gaac::CalibrationTable table = gaac::calibrate(dumps);
     const gaac::TileShape shape{kind, channels};
     for (int h = 0; h < halves; ++h) {
-      plans.push_back(std::make_unique<gaac::TilePlan>(shape, table.tile_bases(kind, 0, 0, h), shape.max_slot_capacity()));
+      codecs.push_back(std::make_unique<gaac::TileCodec>(shape, table.tile_bases(kind, 0, 0, h), shape.max_slot_capacity()));
     }
-    const size_t slot_bytes = plans[0]->slot_bytes(), tile = static_cast<size_t>(shape.elements());
+    const size_t slot_bytes = codecs[0]->slot_bytes(), tile = static_cast<size_t>(shape.elements());
     slots.resize(slot_bytes * kBlocks * halves);
     rows.resize(tile * kBlocks * halves);
     compressed.resize(2 * kBlocks);
@@ -63,9 +63,9 @@ struct Tiles {
         for (int t = 0; t < gaac::kTileTokens; ++t) {
           for (int c = 0; c < channels; ++c) r[t * channels + c] = origin[t * head_dim + c];
         }
-        plans[static_cast<size_t>(h)]->encode_blocks(r, static_cast<size_t>(channels), 0, 1, slots.data() + i * slot_bytes, 0, nullptr);
+        codecs[static_cast<size_t>(h)]->encode_blocks(r, static_cast<size_t>(channels), 0, 1, slots.data() + i * slot_bytes, 0, nullptr);
         TileSource& cs = compressed[static_cast<size_t>(2 * b + h)];
-        cs.plan = plans[static_cast<size_t>(h)].get();
+        cs.codec = codecs[static_cast<size_t>(h)].get();
         cs.slot = slots.data() + i * slot_bytes;
         for (int t = 0; t < gaac::kTileTokens; ++t) raw[static_cast<size_t>(2 * b + h)].rows[t] = r + t * channels;
       }

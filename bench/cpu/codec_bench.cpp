@@ -1,4 +1,4 @@
-// Tile codec throughput (scalar reference and AVX2) against zstd and LZ4 on the same KV. Every
+// Tile codec throughput (the scalar and AVX2 backends) against zstd and LZ4 on the same KV. Every
 // benchmark processes one whole corpus (K and V, every head, every 16-token tile) per iteration and
 // counts its BF16 bytes as processed; `ratio` is BF16 bytes / stored bytes. Corpora, ~4 MiB each:
 //   synthetic_hd128, synthetic_hd64   one synthetic layer of 8 KV heads, calibrated on itself
@@ -25,10 +25,10 @@
 
 #include "gaac/calibration.hpp"
 #include "gaac/codec.hpp"
-#include "gaac/kv_dump.hpp"
 #include "gaac/synthetic.hpp"
-#include "gaac/codec_plan.hpp"
+#include "gaac/tile_codec.hpp"
 #include "gaac/tiling.hpp"
+#include "io/kv_dump_file.hpp"
 
 namespace {
 
@@ -40,14 +40,14 @@ using gaac::TileShape;
 constexpr int kHeads = 8;
 constexpr int kLayerBf16Bytes = 4 << 20;  // K and V of one layer: 2 MiB each
 
-/// One tensor (K or V of one layer), with the codec plans of its kind and layer (one set per backend).
+/// One tensor (K or V of one layer), with the tile codecs of its kind and layer (one set per backend).
 struct TiledTensor {
   const KvTensor* tensor;
   TensorKind kind;
   int layer;
   TileShape shape;
   const gaac::CalibrationTable* table;
-  const std::map<Backend, gaac::CodecPlans>* plans;
+  const std::map<Backend, gaac::CalibratedCodecs>* codecs;
 
   size_t capacity() const { return table->escape_capacity(kind, layer); }
   size_t stride() const { return gaac::view_of(*tensor).token_stride; }
@@ -56,9 +56,9 @@ struct TiledTensor {
     const gaac::KvView view = gaac::view_of(*tensor);
     return static_cast<size_t>(gaac::tile_origin(view, gaac::tile_position(view, static_cast<size_t>(i))) - view.data);
   }
-  const gaac::TilePlan& plan(int i, Backend backend) const {
+  const gaac::TileCodec& codec(int i, Backend backend) const {
     const gaac::TilePosition p = gaac::tile_position(gaac::view_of(*tensor), static_cast<size_t>(i));
-    return plans->at(backend).plan(kind, layer, p.head, p.half);
+    return codecs->at(backend).codec(kind, layer, p.head, p.half);
   }
 };
 
@@ -69,17 +69,17 @@ struct Corpus {
   std::vector<TiledTensor> parts;
   size_t bf16_bytes = 0;
   size_t bases_bytes = 0;  ///< the bases of the layers used (counted as stored bytes)
-  std::map<Backend, gaac::CodecPlans> plans;  ///< per available backend
+  std::map<Backend, gaac::CalibratedCodecs> codecs;  ///< per available backend
 
-  /// Lists the K and V of every layer of `dump` as parts, and plans the codec for every backend.
+  /// Lists the K and V of every layer of `dump` as parts, and prepares the tile codecs of every backend.
   void index() {
     for (const Backend b : {Backend::scalar, Backend::avx2}) {
-      if (gaac::backend_available(b)) plans.emplace(b, gaac::CodecPlans(table, std::nullopt, b));
+      if (gaac::backend_available(b)) codecs.emplace(b, gaac::CalibratedCodecs(table, std::nullopt, b));
     }
     bases_bytes = table.bases_bytes() / static_cast<size_t>(table.layers()) * dump.layers.size();
     for (size_t l = 0; l < dump.layers.size(); ++l) {
       for (const auto& [tensor, kind] : {std::pair{&dump.layers[l].k, TensorKind::key}, std::pair{&dump.layers[l].v, TensorKind::value}}) {
-        parts.push_back({tensor, kind, static_cast<int>(l), gaac::tile_shape_for(kind, tensor->head_dim), &table, &plans});
+        parts.push_back({tensor, kind, static_cast<int>(l), gaac::tile_shape_for(kind, tensor->head_dim), &table, &codecs});
         bf16_bytes += tensor->data.size() * sizeof(uint16_t);
       }
     }
@@ -111,7 +111,7 @@ std::unique_ptr<Corpus> real_corpus(const std::string& model, size_t max_bytes) 
   const auto kv = dir / (model + "-gpl3-2048.safetensors"), calib = dir / (model + "-calibration.safetensors");
   if (!std::filesystem::exists(kv) || !std::filesystem::exists(calib)) return nullptr;
   auto c = std::make_unique<Corpus>();
-  c->dump = gaac::load_kv_dump(kv.string());
+  c->dump = gaac::io::load_kv_dump(kv.string());
   c->table = gaac::load_calibration(calib.string());
   size_t bytes = 0, layers = 0;
   while (layers < c->dump.layers.size() && bytes < max_bytes) {
@@ -154,7 +154,7 @@ void encode_layer(const Corpus& c, Backend backend, Encoded& out) {
       const uint16_t* src = part.tensor->data.data() + part.offset(i);
       const auto tile = static_cast<size_t>(i);
       gaac::TileEncoding e;
-      part.plan(i, backend).encode_blocks(src, part.stride(), 0, 1, enc.slots.data() + tile * slot_bytes, 0, &e);
+      part.codec(i, backend).encode_blocks(src, part.stride(), 0, 1, enc.slots.data() + tile * slot_bytes, 0, &e);
       enc.is_raw[tile] = !e.fits;
       if (!e.fits) copy_rows(src, part.stride(), enc.raw.data() + tile * part.shape.elements(), width, part.shape.channels);
       out.stored_bytes += e.fits ? slot_bytes : part.shape.raw_bytes();
@@ -180,7 +180,7 @@ bool decode_layer(const Corpus& c, const Encoded& in, Backend backend, std::vect
                   part.stride(), part.shape.channels);
         continue;
       }
-      ok &= part.plan(i, backend).decode_blocks(enc.slots.data() + tile * slot_bytes, 0, 1, out, part.stride(), 0).status ==
+      ok &= part.codec(i, backend).decode_blocks(enc.slots.data() + tile * slot_bytes, 0, 1, out, part.stride(), 0).status ==
             gaac::DecodeStatus::ok;
     }
   }

@@ -9,6 +9,7 @@
 #include "gaac/error.hpp"
 #include "gaac/synthetic.hpp"
 #include "gaac/tensor_view.hpp"
+#include "io/kv_dump_file.hpp"
 
 namespace gaac::bench {
 namespace {
@@ -44,7 +45,7 @@ void base_values(const std::string& source, int layer, const std::string& calibr
     table = calibrate(std::span<const KvDump* const>(&b, 1));
     return;
   }
-  KvDump all = load_kv_dump(source);
+  KvDump all = io::load_kv_dump(source);
   const bool has_table = !calibration.empty();
   const CalibrationTable file = has_table ? load_calibration(calibration) : CalibrationTable();
   out = KvDump();

@@ -12,7 +12,7 @@
 //
 // Every path gives the same bits for the same values: fused (compressed tiles rebuilt in registers
 // straight from their slots: a register of 32 or 64 elements at a time with AVX2 or AVX-512, a group
-// of eight in portable code), reference (each compressed tile decoded to BF16 first), and a BF16
+// of eight in scalar code), reference (each compressed tile decoded to BF16 first), and a BF16
 // cache holding the same values. NaN results are NaN on every path, with unspecified payloads.
 #pragma once
 

@@ -47,7 +47,7 @@ GAAC_API const char* to_string(DecodeStatus status);
 /// Implementation used for tile encoding and decoding.
 enum class Backend : uint8_t {
   automatic = 0,  ///< the fastest one this CPU supports
-  scalar,         ///< the reference: plain C++, obviously correct, the oracle of every test
+  scalar,         ///< plain C++, obviously correct: the oracle of every test
   avx2,           ///< x86-64 AVX2 fast path
 };
 

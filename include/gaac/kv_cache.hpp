@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "gaac/calibration.hpp"
-#include "gaac/codec_plan.hpp"
+#include "gaac/tile_codec.hpp"
 #include "gaac/export.h"
 #include "gaac/paged_layout.hpp"
 #include "gaac/tensor_view.hpp"
@@ -161,8 +161,6 @@ class GAAC_API KvCache {
   /// every block they complete as raw): the admission check of a scheduler. For one decoding token
   /// it is exact.
   bool can_append(SequenceId sequence, int tokens) const;
-  /// Bytes an append of `tokens` tokens could need at most (the bound can_append checks).
-  uint64_t worst_case_bytes(SequenceId sequence, int tokens) const;
 
   /// Appends the same number of tokens to every layer: `k[l]` and `v[l]` are layer l's new K and V
   /// rows, `[tokens, kv_heads, head_dim]`. Tokens join the open block's BF16 tail; each block they
@@ -185,8 +183,8 @@ class GAAC_API KvCache {
   PagedCacheView view() const;
   /// The CSR table of the given sequences, in that order.
   SequenceTable sequence_table(std::span<const SequenceId> sequences) const;
-  /// The codec plans the cache encodes with (null for a bf16 cache); fused kernels decode with them.
-  const CodecPlans* plans() const;
+  /// The tile codecs the cache encodes with (null for a bf16 cache); fused kernels decode with them.
+  const CalibratedCodecs* codecs() const;
   /// The free units of the pool, in the order they will be taken last to first (so a mirror of the
   /// pool elsewhere, such as the GPU's, can keep taking and giving them the same way).
   std::span<const uint32_t> free_units() const;

@@ -5,7 +5,6 @@
 
 #include <cstddef>
 #include <cstdint>
-#include <span>
 #include <string>
 #include <vector>
 
@@ -38,7 +37,7 @@ struct GAAC_API KvLayer {
   KvTensor& of(TensorKind kind) { return kind == TensorKind::key ? k : v; }
 };
 
-/// A whole KV dump (the `k.<layer>` / `v.<layer>` tensors of a safetensors file, docs/format.md).
+/// A whole KV dump (stored as the `k.<layer>` / `v.<layer>` tensors of a safetensors file, docs/format.md).
 struct GAAC_API KvDump {
   std::vector<KvLayer> layers;
   /// Free-form metadata carried through (the safetensors `__metadata__` map).
@@ -55,15 +54,5 @@ struct GAAC_API KvDump {
 /// Throws gaac::Error unless every tensor has the same kv_heads and head_dim, K and V of a layer have
 /// the same token count, each tensor's data matches its shape, and head_dim is 64, 128 or 256.
 GAAC_API void validate_dump(const KvDump& dump);
-
-/// Reads a KV dump from a safetensors file (`k.<layer>`, `v.<layer>`, BF16, `[tokens, kv_heads,
-/// head_dim]`). Any other dtype, a missing or extra layer, or a malformed file throws gaac::Error
-/// naming the file and tensor.
-GAAC_API KvDump load_kv_dump(const std::string& path);
-
-/// Writes a KV dump as safetensors: atomically when `path` is a regular file (or none yet), in
-/// place when it is a character device or FIFO, and never over any of `inputs` (the files the
-/// caller read, compared by device and inode, through links). Throws gaac::Error naming the file.
-GAAC_API void save_kv_dump(const KvDump& dump, const std::string& path, std::span<const std::string> inputs = {});
 
 }  // namespace gaac

@@ -12,9 +12,6 @@
 
 namespace gaac {
 
-/// Version of the paged layout described here (docs/format.md, section 13).
-inline constexpr uint32_t kPagedLayoutVersion = 1;
-
 /// Storage class of one tile of a block, held in the top two bits of its block-table entry.
 enum class TileClass : uint8_t {
   compressed = 0,  ///< one unit holding a slot (docs/format.md, section 5)

@@ -17,10 +17,10 @@
 #include "gaac/calibration.hpp"
 #include "gaac/error.hpp"
 #include "gaac/format.hpp"
-#include "gaac/kv_dump.hpp"
 #include "gaac/snapshot.hpp"
 #include "gaac/synthetic.hpp"
 #include "io/files.hpp"
+#include "io/kv_dump_file.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -190,12 +190,12 @@ NB_MODULE(_gaac, m) {
       "A seeded synthetic KV cache (what `gaac synth` writes): (k, v), one array per layer.");
 
   m.def(
-      "load_kv_dump", [](const std::string& path) { return layers_of(load_kv_dump(path)); }, "path"_a,
+      "load_kv_dump", [](const std::string& path) { return layers_of(io::load_kv_dump(path)); }, "path"_a,
       "Reads a KV dump (safetensors, k.<layer> / v.<layer>): (k, v), one array per layer.");
   m.def(
       "save_kv_dump",
       [](const std::vector<AnyArray>& k, const std::vector<AnyArray>& v, const std::string& path) {
-        save_kv_dump(dump_from(k, v, "save_kv_dump"), path);
+        io::save_kv_dump(dump_from(k, v, "save_kv_dump"), path);
       },
       "k"_a, "v"_a, "path"_a, "Writes a KV dump (safetensors) that `gaac` commands read.");
 }

@@ -24,7 +24,7 @@ namespace {
 constexpr int kMaxGroup = kMaxQueryHeads;
 
 /// What one (query, KV head) needs to know about its sequence.
-struct QueryPlan {
+struct QuerySequence {
   const uint32_t* rows;  ///< the sequence's block rows
   int length;            ///< tokens in the cache
   int first, last;       ///< positions attended, inclusive
@@ -77,7 +77,7 @@ class Runner {
         throw Error("attention: query " + std::to_string(i) + " at position " + std::to_string(q.position) + " but its sequence has " +
                     std::to_string(length) + " cached and " + std::to_string(extra) + " extra tokens");
       }
-      plans_.push_back({table_.rows.data() + table_.indptr[i], length, first_attended(q.position, window), q.position});
+      sequences_.push_back({table_.rows.data() + table_.indptr[i], length, first_attended(q.position, window), q.position});
     }
   }
 
@@ -101,7 +101,7 @@ class Runner {
 
  private:
   /// Sources of the K or V tiles of one block of one head (null when the position range needs none).
-  void block_sources(const QueryPlan& p, int block, int head, TensorKind kind, int t0, int t1, TileSource* out, Scratch& s,
+  void block_sources(const QuerySequence& p, int block, int head, TensorKind kind, int t0, int t1, TileSource* out, Scratch& s,
                      int scratch_slot) const {
     const PagedGeometry& g = view_.geometry;
     const uint32_t row = p.rows[block];
@@ -112,14 +112,14 @@ class Runner {
       const uint32_t e = view_.entries[g.entry_index(layer_, row, head, kind, half)];
       const uint8_t* a = view_.units + g.unit_offset(entry_unit(e));
       if (entry_class(e) == TileClass::compressed) {
-        const TilePlan& plan = cache_.plans()->plan(kind, layer_, head, half);
+        const TileCodec& codec = cache_.codecs()->codec(kind, layer_, head, half);
         if (o_.path == AttentionPath::fused && !mixed_halves(row, head, kind)) {
-          src.plan = &plan;
+          src.codec = &codec;
           src.slot = a;
           continue;
         }
         uint16_t* tile = s.tiles.data() + static_cast<size_t>(scratch_slot * 2 + half) * kTileTokens * channels;
-        const BlockDecodeResult r = plan.decode_blocks(a, 0, 1, tile, static_cast<size_t>(channels), 0);
+        const BlockDecodeResult r = codec.decode_blocks(a, 0, 1, tile, static_cast<size_t>(channels), 0);
         if (r.status != DecodeStatus::ok) throw Error(std::string("attention: a compressed tile does not decode: ") + to_string(r.status));
         for (int t = t0; t < t1; ++t) src.rows[t] = tile + static_cast<size_t>(t) * channels;
       } else if (entry_class(e) == TileClass::raw) {
@@ -155,7 +155,7 @@ class Runner {
   void segment(const TileSource* k, const TileSource* v, int t0, int t1, Scratch& s) const {
     const PagedGeometry& g = view_.geometry;
     BlockTask task{k, g.halves(), g.tile_channels(), t0, t1, group_};
-    const bool compressed_k = k[0].plan != nullptr;
+    const bool compressed_k = k[0].codec != nullptr;
     if (compressed_k) {
       const float* q = kernels_.prepare_compressed_query != nullptr ? s.q_compressed.data() : s.q.data();
       kernels_.key_scores_compressed(task, q, o_.scale, s.scores.data());
@@ -195,7 +195,7 @@ class Runner {
       part.max = m;
     }
     task.halves = v;
-    const bool compressed_v = v[0].plan != nullptr;
+    const bool compressed_v = v[0].codec != nullptr;
     (compressed_v ? kernels_.fold_values_compressed : kernels_.fold_values_raw)(task, s.rescale.data(), s.weight.data(), s.acc.data());
   }
 
@@ -206,7 +206,7 @@ class Runner {
     const int head = static_cast<int>(job / static_cast<size_t>(splits) % static_cast<size_t>(heads));
     const int split = static_cast<int>(job % static_cast<size_t>(splits));
     const AttentionQuery& query = queries_[qi];
-    const QueryPlan& p = plans_[qi];
+    const QuerySequence& p = sequences_[qi];
     const size_t gd = static_cast<size_t>(group_) * d;
     s.q.resize(gd);
     s.acc.assign(gd, 0.0f);
@@ -301,7 +301,7 @@ class Runner {
   const Kernels& kernels_;
   int group_ = 1;
   SequenceTable table_;
-  std::vector<QueryPlan> plans_;
+  std::vector<QuerySequence> sequences_;
   std::vector<Partial> partials_;
   std::vector<float> partial_acc_;
 };

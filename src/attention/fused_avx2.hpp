@@ -1,4 +1,4 @@
-// The fused AVX2 kernels over compressed slots: the AVX2 decoder's own parts (codec/avx2_decode.hpp)
+// The fused AVX2 kernels over compressed slots: the AVX2 decoder's own parts (codec/decode_avx2.hpp)
 // compose each fragment register's values, and the kernels consume them at once, the contract's
 // arithmetic of tile_kernels.hpp bit for bit. Keys: fused_keys_avx2.cpp; values:
 // fused_values_avx2.cpp. Call only when avx2_kernels() is not null.

@@ -4,7 +4,7 @@
 // exponents come out right where the register is composed. The decoder patches those groups in its
 // output after the vector pass; a fused kernel consumes the values as they are made and cannot.
 //
-// Built from codec/avx2_decode.hpp, the decoder's own parts; include only from files built with
+// Built from codec/decode_avx2.hpp, the decoder's own parts; include only from files built with
 // -mavx2 -mbmi2 (and, for the kernels, -mfma).
 #pragma once
 
@@ -12,8 +12,8 @@
 #include <new>
 #include <type_traits>
 
-#include "codec/avx2_decode.hpp"
-#include "gaac/codec_plan.hpp"
+#include "codec/decode_avx2.hpp"
+#include "gaac/tile_codec.hpp"
 
 namespace gaac::avx2 {
 namespace {
@@ -92,17 +92,17 @@ class TileExponents {
 template <class G>
 class OpenTile {
  public:
-  OpenTile(const TilePlan& plan, const uint8_t* slot) : slot_(slot) {
-    // The AVX2 backend prepared the bases in the decoder's order; another backend's plan gets them
+  OpenTile(const TileCodec& codec, const uint8_t* slot) : slot_(slot) {
+    // The AVX2 backend prepared the bases in the decoder's order; another backend's codec gets them
     // prepared here.
-    if (plan.backend() == Backend::avx2) {
-      bases_ = &std::launder(reinterpret_cast<const PreparedBases<G>*>(plan.prepared()))->decode;
+    if (codec.backend() == Backend::avx2) {
+      bases_ = &std::launder(reinterpret_cast<const PreparedBases<G>*>(codec.prepared()))->decode;
     } else {
-      bases_ = new (own_bases_) DecodeBases<G>(plan.bases());
+      bases_ = new (own_bases_) DecodeBases<G>(codec.bases());
     }
     const uint8_t* tags = slot + G::kShape.tag_offset();
     const uint8_t* escapes = slot + G::kShape.escape_offset();
-    read_tag_rows(tags, plan.escape_capacity(), rows_);
+    read_tag_rows(tags, codec.escape_capacity(), rows_);
     if (rows_.used != 0) find_escape_rows(tags, escapes, rows_, escape_rows_);
     for_each_escaped_group(slot, *bases_, rows_, [&](int at, int, int, uint64_t exponents) { overrides_.add(at, exponents); });
   }

@@ -1,5 +1,5 @@
 // Fused AVX-512 fold of compressed value slots: fused_values_avx2.cpp's scheme, with the AVX2
-// decoder's registers composed by vpternlogd (codec/avx2_decode.hpp built with AVX-512VL), 32
+// decoder's registers composed by vpternlogd (codec/decode_avx2.hpp built with AVX-512VL), 32
 // vector registers so the word network does not spill, and the fold in 64-byte registers: a token's
 // 32 channels of a chunk are two float registers, even channels then odd ones.
 //

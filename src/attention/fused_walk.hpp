@@ -79,12 +79,12 @@ void scores_of_tiles(const avx2::OpenTile<G>* const* tiles, const BlockTask& tas
 template <class Isa, int Channels>
 void scores_of_shape(const BlockTask& task, const float* q, float scale, float* scores) {
   using G = avx2::Geometry<TensorKind::key, Channels>;
-  const avx2::OpenTile<G> first(*task.halves[0].plan, task.halves[0].slot);
+  const avx2::OpenTile<G> first(*task.halves[0].codec, task.halves[0].slot);
   if (task.halves_count == 1) {
     const avx2::OpenTile<G>* tiles[] = {&first};
     scores_of_tiles<Isa, G, 1>(tiles, task, q, scale, scores);
   } else {
-    const avx2::OpenTile<G> second(*task.halves[1].plan, task.halves[1].slot);
+    const avx2::OpenTile<G> second(*task.halves[1].codec, task.halves[1].slot);
     const avx2::OpenTile<G>* tiles[] = {&first, &second};
     scores_of_tiles<Isa, G, 2>(tiles, task, q, scale, scores);
   }
@@ -127,7 +127,7 @@ void fold_of_shape(const BlockTask& task, const float* rescale, const float* wei
   uint32_t rescaled[kMaxQueryHeads];
   for (int g = 0; g < task.heads; ++g) rescaled[g] = Isa::rescaled_tokens(rescale + g * kTileTokens);
   for (int half = 0; half < task.halves_count; ++half) {
-    const avx2::OpenTile<G> tile(*task.halves[half].plan, task.halves[half].slot);
+    const avx2::OpenTile<G> tile(*task.halves[half].codec, task.halves[half].slot);
     if (tile.patched()) {
       fold_half<Isa, G, true>(tile, task, half, rescaled, rescale, weight, acc);
     } else {

@@ -14,17 +14,17 @@
 #include <cstddef>
 #include <cstdint>
 
-#include "gaac/codec_plan.hpp"
+#include "gaac/tile_codec.hpp"
 
 namespace gaac::attention {
 
 /// Most query heads one BlockTask may carry (one KV head's share of a grouped-query model).
 inline constexpr int kMaxQueryHeads = 64;
 
-/// The rows of one tile (one half-head of one block): a compressed slot and the plan that decodes it,
+/// The rows of one tile (one half-head of one block): a compressed slot and the codec that decodes it,
 /// or BF16 rows (tile_channels values each) anywhere in memory.
 struct TileSource {
-  const TilePlan* plan = nullptr;  ///< set: `slot` is compressed
+  const TileCodec* codec = nullptr;  ///< set: `slot` is compressed
   const uint8_t* slot = nullptr;
   const uint16_t* rows[kTileTokens] = {};  ///< raw rows, for the tokens that exist
 };
@@ -59,7 +59,7 @@ struct Kernels {
 };
 
 /// Plain C++: the compressed kernels rebuild each group of eight values in locals from the slot.
-const Kernels& portable_kernels();
+const Kernels& scalar_kernels();
 /// AVX2 + FMA (null when this build or CPU has none): raw rows in vector loops, compressed slots
 /// rebuilt in registers by the AVX2 decoder's parts (fused_avx2.hpp).
 const Kernels* avx2_kernels();

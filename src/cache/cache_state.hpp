@@ -27,7 +27,7 @@ struct KvCache::State {
   int channels = 0;          ///< per tile
   int halves = 1;            ///< tiles per head
   uint32_t raw_units = 1;    ///< units per raw tile: 2 in a compressed cache, 1 in a bf16 cache
-  std::optional<CodecPlans> plans;
+  std::optional<CalibratedCodecs> codecs;
   std::vector<uint8_t> bases;     ///< the kernels' bases array (empty for bf16)
   std::vector<int32_t> windows;   ///< per layer, 0 for full attention
   std::vector<int> class_window;  ///< the distinct sliding windows ("window classes")

@@ -115,7 +115,7 @@ KvCache::KvCache(CacheConfig cache_config) : state_(std::make_unique<State>()) {
   const uint32_t unit_bytes = layout.unit_bytes;
   s.raw_units = layout.raw_units;
   if (config.format == CacheFormat::gaac) {
-    s.plans.emplace(*config.calibration, layout.escape_capacity, config.backend);
+    s.codecs.emplace(*config.calibration, layout.escape_capacity, config.backend);
     s.bases.resize(static_cast<size_t>(g.layers) * 4 * g.kv_heads * g.head_dim);
   }
   s.geo = PagedGeometry{g.layers, g.kv_heads, g.head_dim, unit_bytes, 0};
@@ -251,13 +251,6 @@ int rows_opened(int length, int tokens) {
 
 }  // namespace
 
-uint64_t KvCache::worst_case_bytes(SequenceId sequence, int tokens) const {
-  const State& s = *state_;
-  if (tokens < 0) throw Error("cannot append a negative number of tokens (" + std::to_string(tokens) + ")");
-  const auto rows = static_cast<uint64_t>(rows_opened(s.sequence(sequence).length, tokens));
-  return rows * s.geo.entries_per_row() * (s.raw_units * uint64_t{s.geo.unit_bytes} + 4);
-}
-
 bool KvCache::can_append(SequenceId sequence, int tokens) const {
   const State& s = *state_;
   if (tokens < 0) throw Error("cannot append a negative number of tokens (" + std::to_string(tokens) + ")");
@@ -328,11 +321,11 @@ AppendOutcome KvCache::append(SequenceId sequence, std::span<const KvView> k, st
     std::vector<uint16_t> tile(static_cast<size_t>(kTileTokens) * s.channels);
     for (size_t i = begin; i < end; ++i) {
       const EncodeJob& job = jobs[i];
-      const TilePlan& plan = s.plans->plan(job.kind, job.layer, job.head, job.half);
+      const TileCodec& codec = s.codecs->codec(job.kind, job.layer, job.head, job.half);
       const KvView& view = (job.kind == TensorKind::key ? k : v)[static_cast<size_t>(job.layer)];
       if (job.block >= 0) {
         const uint16_t* src = input_row(view, fill + job.block * kTileTokens, job.head, job.half);
-        plan.encode_blocks(src, view.token_stride, 0, 1, slots.data() + i * unit_bytes, 0, &encodings[i]);
+        codec.encode_blocks(src, view.token_stride, 0, 1, slots.data() + i * unit_bytes, 0, &encodings[i]);
         continue;
       }
       // The open block: its tail rows, then the rows that complete it.
@@ -342,7 +335,7 @@ AppendOutcome KvCache::append(SequenceId sequence, std::span<const KvView> k, st
         const void* from = t < r0 ? static_cast<const void*>(s.raw_row(e, t)) : input_row(view, t - r0, job.head, job.half);
         std::memcpy(tile.data() + static_cast<size_t>(t) * s.channels, from, row_bytes);
       }
-      plan.encode_blocks(tile.data(), static_cast<size_t>(s.channels), 0, 1, slots.data() + i * unit_bytes, 0, &encodings[i]);
+      codec.encode_blocks(tile.data(), static_cast<size_t>(s.channels), 0, 1, slots.data() + i * unit_bytes, 0, &encodings[i]);
     }
   };
   if (s.config.parallel && jobs.size() > 1) {

@@ -33,7 +33,7 @@ uint32_t slot_escape_bytes(TileShape shape, const uint8_t* slot) {
 
 const PagedGeometry& KvCache::geometry() const { return state_->geo; }
 CacheFormat KvCache::format() const { return state_->config.format; }
-const CodecPlans* KvCache::plans() const { return state_->plans ? &*state_->plans : nullptr; }
+const CalibratedCodecs* KvCache::codecs() const { return state_->codecs ? &*state_->codecs : nullptr; }
 
 PagedCacheView KvCache::view() const {
   const State& s = *state_;
@@ -73,7 +73,7 @@ void KvCache::read(SequenceId sequence, int layer, TensorKind kind, int first, c
         const uint32_t e = s.entry(layer, row, h, kind, half);
         switch (entry_class(e)) {
           case TileClass::compressed: {
-            const BlockDecodeResult r = s.plans->plan(kind, layer, h, half)
+            const BlockDecodeResult r = s.codecs->codec(kind, layer, h, half)
                                             .decode_blocks(s.pool.unit(entry_unit(e)), 0, 1, tile.data(), static_cast<size_t>(s.channels), 0);
             if (r.status != DecodeStatus::ok) throw Error("KV cache tile " + where(layer, row, h, kind, half) + ": " + to_string(r.status));
             for (int t = 0; t < count; ++t) {
@@ -211,7 +211,7 @@ void KvCache::check_invariants() const {
         if (!s.compressed() || open_of[row] >= 0) fail(at + " is compressed in a bf16 cache or an open block");
         hold(entry_unit(e), at);
         std::vector<uint16_t> tile(static_cast<size_t>(kTileTokens) * s.channels);
-        const DecodeStatus status = s.plans->plan(kind, l, h, half)
+        const DecodeStatus status = s.codecs->codec(kind, l, h, half)
                                         .decode_blocks(s.pool.unit(entry_unit(e)), 0, 1, tile.data(), static_cast<size_t>(s.channels), 0)
                                         .status;
         if (status != DecodeStatus::ok) fail(at + ": " + to_string(status));

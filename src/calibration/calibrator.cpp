@@ -5,7 +5,7 @@
 
 #include "gaac/calibration.hpp"
 #include "gaac/error.hpp"
-#include "gaac/codec_plan.hpp"
+#include "gaac/tile_codec.hpp"
 
 namespace gaac {
 namespace {
@@ -109,11 +109,11 @@ void Calibrator::add_escape_sizes(const KvDump& dump, const CalibrationTable& ta
   table.check_matches(dump);
   validate_dump(dump);
   // The largest capacity makes every tile's escape size exact.
-  const CodecPlans measuring(table, tile_shape_for(TensorKind::key, head_dim_).max_slot_capacity());
+  const CalibratedCodecs measuring(table, tile_shape_for(TensorKind::key, head_dim_).max_slot_capacity());
   for (int l = 0; l < layers_; ++l) {
     for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
       auto counts = escape_histogram(kind, l);
-      encode_each_tile(view_of(dump.layers[static_cast<size_t>(l)].of(kind)), measuring.tensor_plans(kind, l),
+      encode_each_tile(view_of(dump.layers[static_cast<size_t>(l)].of(kind)), measuring.tensor_codecs(kind, l),
                        [&](size_t, TilePosition, const TileEncoding& enc, auto) { ++counts[enc.escape_bytes]; });
     }
     if (progress) progress(static_cast<size_t>(l) + 1, static_cast<size_t>(layers_));
@@ -129,7 +129,7 @@ void Calibrator::choose_capacities(CalibrationTable& table) const {
       largest = std::max(largest, table.escape_capacity(kind, l));
     }
   }
-  // What a KvCache, whose units all hold the largest capacity, would keep raw: for planning.
+  // What a KvCache, whose units all hold the largest capacity, would keep raw: for capacity estimates.
   for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
     std::string fractions = "[";
     for (int l = 0; l < layers_; ++l) {

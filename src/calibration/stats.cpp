@@ -2,17 +2,17 @@
 
 #include <cmath>
 
-#include "gaac/codec_plan.hpp"
+#include "gaac/tile_codec.hpp"
 
 namespace gaac {
 namespace {
 
 double safe_div(double a, double b) { return b == 0 ? 0.0 : a / b; }
 
-/// `measuring`: plans with the largest capacity, so every escape size is exact; the fit is then
+/// `measuring`: codecs with the largest capacity, so every escape size is exact; the fit is then
 /// judged against the table's capacity.
 TensorStats measure_tensor(const KvTensor& t, TensorKind kind, int layer, const CalibrationTable& table,
-                           const CodecPlans& measuring) {
+                           const CalibratedCodecs& measuring) {
   TensorStats s;
   const TileShape shape = tile_shape_for(kind, t.head_dim);
   const size_t capacity = table.escape_capacity(kind, layer);
@@ -21,7 +21,7 @@ TensorStats measure_tensor(const KvTensor& t, TensorKind kind, int layer, const 
   const KvView view = view_of(t);
   s.tiles = tile_count(view);
   s.tail_elements = s.elements - s.tiles * static_cast<uint64_t>(shape.elements());
-  encode_each_tile(view, measuring.tensor_plans(kind, layer), [&](size_t, TilePosition, const TileEncoding& enc, auto) {
+  encode_each_tile(view, measuring.tensor_codecs(kind, layer), [&](size_t, TilePosition, const TileEncoding& enc, auto) {
     for (size_t m = 0; m < 3; ++m) s.groups[m] += enc.groups_by_mode[m];
     s.escape_bytes += enc.escape_bytes;
     s.codec_bytes += shape.fixed_bytes() + enc.escape_bytes;
@@ -79,7 +79,7 @@ DumpStats measure(const KvDump& dump, const CalibrationTable& table, const Progr
   table.check_matches(dump);
   validate_dump(dump);
   DumpStats stats;
-  const CodecPlans measuring(table, tile_shape_for(TensorKind::key, table.head_dim()).max_slot_capacity());
+  const CalibratedCodecs measuring(table, tile_shape_for(TensorKind::key, table.head_dim()).max_slot_capacity());
   for (size_t l = 0; l < dump.layers.size(); ++l) {
     LayerStats ls;
     ls.k = measure_tensor(dump.layers[l].k, TensorKind::key, static_cast<int>(l), table, measuring);

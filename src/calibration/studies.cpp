@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-#include "gaac/codec_plan.hpp"
+#include "gaac/tile_codec.hpp"
 #include "gaac/error.hpp"
 #include "gaac/format.hpp"
 #include "gaac/tiling.hpp"
@@ -145,11 +145,11 @@ std::vector<SegmentEscapes> escape_bytes_by_segment(const KvDump& dump, const Ca
     }
   }
   // The largest capacity makes every tile's escape size exact, whatever the table's capacity.
-  const CodecPlans measuring(table, tile_shape_for(TensorKind::key, table.head_dim()).max_slot_capacity());
+  const CalibratedCodecs measuring(table, tile_shape_for(TensorKind::key, table.head_dim()).max_slot_capacity());
   for (size_t k = 0; k < 2; ++k) {
     for (size_t l = 0; l < dump.layers.size(); ++l) {
       const auto layer = static_cast<int>(l);
-      encode_each_tile(view_of(dump.layers[l].of(kKinds[k])), measuring.tensor_plans(kKinds[k], layer),
+      encode_each_tile(view_of(dump.layers[l].of(kKinds[k])), measuring.tensor_codecs(kKinds[k], layer),
                        [&](size_t, TilePosition p, const TileEncoding& e, auto) {
                          const auto segment = static_cast<size_t>(p.block / blocks_per_segment);
                          const size_t index = l * static_cast<size_t>(heads) + static_cast<size_t>(p.head);

@@ -1,10 +1,10 @@
-// Backend selection, and the single-tile entry points (a plan of one tile).
+// Backend selection, and the single-tile entry points (a TileCodec made for one tile).
 #include <algorithm>
 #include <string>
 
 #include "codec/kernels.hpp"
 #include "common/cpu.hpp"
-#include "gaac/codec_plan.hpp"
+#include "gaac/tile_codec.hpp"
 #include "gaac/error.hpp"
 
 namespace gaac {
@@ -56,24 +56,24 @@ Backend best_backend() {
 
 TileEncoding encode_tile(TileShape shape, const uint16_t* src, size_t row_stride, const TileBases& bases,
                          size_t escape_capacity, std::span<uint8_t> slot, Backend backend) {
-  const TilePlan plan(shape, bases, escape_capacity, backend);
-  if (slot.size() < plan.slot_bytes()) {
-    throw Error("slot of " + std::to_string(slot.size()) + " bytes is smaller than " + std::to_string(plan.slot_bytes()));
+  const TileCodec codec(shape, bases, escape_capacity, backend);
+  if (slot.size() < codec.slot_bytes()) {
+    throw Error("slot of " + std::to_string(slot.size()) + " bytes is smaller than " + std::to_string(codec.slot_bytes()));
   }
   if (row_stride < static_cast<size_t>(shape.channels)) throw Error("row stride shorter than the tile width");
   TileEncoding result;
-  plan.encode_blocks(src, row_stride, 0, 1, slot.data(), 0, &result);
+  codec.encode_blocks(src, row_stride, 0, 1, slot.data(), 0, &result);
   return result;
 }
 
 DecodeStatus decode_tile(TileShape shape, std::span<const uint8_t> slot, size_t escape_capacity, const TileBases& bases,
                          uint16_t* dst, size_t row_stride, Backend backend) {
-  const TilePlan plan(shape, bases, escape_capacity, backend);
-  if (slot.size() < plan.slot_bytes()) {
-    throw Error("slot of " + std::to_string(slot.size()) + " bytes is smaller than " + std::to_string(plan.slot_bytes()));
+  const TileCodec codec(shape, bases, escape_capacity, backend);
+  if (slot.size() < codec.slot_bytes()) {
+    throw Error("slot of " + std::to_string(slot.size()) + " bytes is smaller than " + std::to_string(codec.slot_bytes()));
   }
   if (row_stride < static_cast<size_t>(shape.channels)) throw Error("row stride shorter than the tile width");
-  return plan.decode_blocks(slot.data(), 0, 1, dst, row_stride, 0).status;
+  return codec.decode_blocks(slot.data(), 0, 1, dst, row_stride, 0).status;
 }
 
 }  // namespace gaac

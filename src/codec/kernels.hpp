@@ -1,6 +1,6 @@
-// The backends behind TilePlan. Each offers, per tile shape, a way to prepare the bases in its own
-// order and to encode and decode one tile with them. Arguments are validated by TilePlan; every
-// backend must produce exactly the reference's bytes, values and statuses.
+// The backends behind TileCodec. Each offers, per tile shape, a way to prepare the bases in its own
+// order and to encode and decode one tile with them. Arguments are validated by TileCodec; every
+// backend must produce exactly the scalar backend's bytes, values and statuses.
 #pragma once
 
 #include "gaac/codec.hpp"
@@ -9,7 +9,7 @@ namespace gaac::detail {
 
 /// One backend's kernels for one tile shape.
 struct ShapeKernels {
-  /// Writes the bases in the backend's order into `prepared` (TilePlan::kPreparedBytes, 64-aligned).
+  /// Writes the bases in the backend's order into `prepared` (TileCodec::kPreparedBytes, 64-aligned).
   void (*prepare)(const TileBases& bases, uint8_t* prepared);
   /// Encodes the tile at `src` (rows `row_stride` apart) into `slot`.
   TileEncoding (*encode)(const uint8_t* prepared, const uint16_t* src, size_t row_stride, size_t capacity,
@@ -21,10 +21,10 @@ struct ShapeKernels {
 
 }  // namespace gaac::detail
 
-namespace gaac::reference {
-/// The scalar reference's kernels: follows docs/format.md element by element.
+namespace gaac::scalar {
+/// The scalar backend's kernels: follows docs/format.md element by element.
 detail::ShapeKernels kernels(TileShape shape);
-}  // namespace gaac::reference
+}  // namespace gaac::scalar
 
 namespace gaac::avx2 {
 /// True when this binary was built with the AVX2 path (x86-64 with a compiler that supports it).

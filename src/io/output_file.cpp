@@ -33,7 +33,9 @@ enum class Way {
   in_place,        ///< an existing character device or FIFO, opened for writing
 };
 
-struct Plan {
+/// Where an output goes: how it is written, the file (resolved through links when replaced), and
+/// what exists there now.
+struct Destination {
   Way way;
   std::string file;
   struct stat existing {};
@@ -72,7 +74,8 @@ const char* kind_of(mode_t mode) {
   return "neither a regular file, a character device nor a FIFO";
 }
 
-Plan plan_output(const std::string& path, std::span<const std::string> inputs) {
+/// Where `path` would be written, or an error saying why it is refused (what check_output checks).
+Destination resolve_output(const std::string& path, std::span<const std::string> inputs) {
   if (path.empty()) refuse("(empty output path)", "give the name of a file to write");
   struct stat link {};
   if (::lstat(path.c_str(), &link) != 0) {
@@ -97,9 +100,9 @@ Plan plan_output(const std::string& path, std::span<const std::string> inputs) {
   // Replace the file itself, so a symbolic link to it stays a link.
   const std::unique_ptr<char, decltype(&std::free)> real(::realpath(path.c_str(), nullptr), &std::free);
   if (!real) fail(path, "cannot resolve its symbolic links", errno);
-  Plan plan{Way::replace, real.get(), st};
-  check_directory(path, plan.file);
-  return plan;
+  Destination destination{Way::replace, real.get(), st};
+  check_directory(path, destination.file);
+  return destination;
 }
 
 /// Writes all of `bytes`, resuming after partial writes and interruptions.
@@ -117,38 +120,38 @@ void write_parts(int fd, std::span<const std::span<const uint8_t>> parts, const 
 }
 
 /// Writes through a temporary file renamed over `file` once complete.
-void write_through_temporary(const Plan& plan, const std::string& path, std::span<const std::span<const uint8_t>> parts,
-                             std::span<const std::string> inputs) {
-  const bool replacing = plan.way == Way::replace;
+void write_through_temporary(const Destination& destination, const std::string& path,
+                             std::span<const std::span<const uint8_t>> parts, std::span<const std::string> inputs) {
+  const bool replacing = destination.way == Way::replace;
   // A replacement starts private and takes the old file's bits; a new file gets 0666 less the umask.
-  TemporaryFile temporary(plan.file, replacing ? 0600 : 0666);
+  TemporaryFile temporary(destination.file, replacing ? 0600 : 0666);
   if (replacing) {
-    if (plan.existing.st_uid != ::geteuid() || plan.existing.st_gid != ::getegid()) {
-      (void)!::fchown(temporary.fd(), plan.existing.st_uid, plan.existing.st_gid);  // allowed only to some users
+    if (destination.existing.st_uid != ::geteuid() || destination.existing.st_gid != ::getegid()) {
+      (void)!::fchown(temporary.fd(), destination.existing.st_uid, destination.existing.st_gid);  // allowed only to some users
     }
-    if (::fchmod(temporary.fd(), plan.existing.st_mode & 07777) != 0) fail(path, "cannot set the permissions", errno);
+    if (::fchmod(temporary.fd(), destination.existing.st_mode & 07777) != 0) fail(path, "cannot set the permissions", errno);
   }
   write_parts(temporary.fd(), parts, path);
   check_output(path, inputs);  // again: the names may have changed while the data was computed
-  temporary.commit(plan.file);
+  temporary.commit(destination.file);
 }
 
 }  // namespace
 
-void check_output(const std::string& path, std::span<const std::string> inputs) { (void)plan_output(path, inputs); }
+void check_output(const std::string& path, std::span<const std::string> inputs) { (void)resolve_output(path, inputs); }
 
 void write_output(const std::string& path, std::span<const std::span<const uint8_t>> parts,
                   std::span<const std::string> inputs) {
-  const Plan plan = plan_output(path, inputs);
-  switch (plan.way) {
+  const Destination destination = resolve_output(path, inputs);
+  switch (destination.way) {
     case Way::create:
     case Way::replace:
-      write_through_temporary(plan, path, parts, inputs);
+      write_through_temporary(destination, path, parts, inputs);
       return;
     case Way::through_stdout:
       if (std::fflush(stdout) != 0) fail(path, "cannot write", errno);
       write_parts(STDOUT_FILENO, parts, path);
-      if (S_ISREG(plan.existing.st_mode) && ::fsync(STDOUT_FILENO) != 0) fail(path, "cannot flush to disk", errno);
+      if (S_ISREG(destination.existing.st_mode) && ::fsync(STDOUT_FILENO) != 0) fail(path, "cannot flush to disk", errno);
       return;
     case Way::in_place: {
       Descriptor fd(::open(path.c_str(), O_WRONLY | O_NOCTTY | O_CLOEXEC));

@@ -386,7 +386,7 @@ std::vector<TensorView> entry_views(const Entries& entries) {
 }
 
 /// Orders the tensors and encodes the header describing them.
-Layout plan_layout(std::vector<TensorView> views, const std::map<std::string, std::string>& metadata) {
+Layout lay_out(std::vector<TensorView> views, const std::map<std::string, std::string>& metadata) {
   Layout layout;
   layout.tensors = data_order(std::move(views));
   layout.header = encode_header(layout.tensors, metadata);
@@ -492,7 +492,7 @@ void SafetensorsWriter::add(const std::string& name, Dtype dtype, std::vector<in
 void SafetensorsWriter::set_metadata(const std::string& key, const std::string& value) { metadata_[key] = value; }
 
 std::vector<uint8_t> SafetensorsWriter::image() const {
-  const Layout layout = plan_layout(entry_views(entries_), metadata_);
+  const Layout layout = lay_out(entry_views(entries_), metadata_);
   std::vector<uint8_t> image = layout.header;
   for (const TensorView& t : layout.tensors) image.insert(image.end(), t.bytes.begin(), t.bytes.end());
   return image;
@@ -500,7 +500,7 @@ std::vector<uint8_t> SafetensorsWriter::image() const {
 
 void SafetensorsWriter::write(const std::string& path, std::span<const std::string> inputs) const {
   // Streamed rather than built with image(), so a large dump is not held twice in memory.
-  const Layout layout = plan_layout(entry_views(entries_), metadata_);
+  const Layout layout = lay_out(entry_views(entries_), metadata_);
   std::vector<std::span<const uint8_t>> parts{layout.header};
   for (const TensorView& t : layout.tensors) parts.push_back(t.bytes);
   write_output(path, parts, inputs);

@@ -13,7 +13,7 @@
 #include <string>
 
 #include "gaac/error.hpp"
-#include "gaac/codec_plan.hpp"
+#include "gaac/tile_codec.hpp"
 #include "io/files.hpp"
 
 namespace gaac {
@@ -100,17 +100,17 @@ std::vector<uint8_t> calibration_section(const CalibrationTable& c) {
   return out;
 }
 
-std::vector<uint8_t> tensor_section(const KvTensor& tensor, std::span<const TilePlan> plans) {
+std::vector<uint8_t> tensor_section(const KvTensor& tensor, std::span<const TileCodec> codecs) {
   const KvView t = view_of(tensor);
   std::vector<uint8_t> out(storage_map_bytes(tile_count(t)), 0);
-  encode_each_tile(t, plans, [&](size_t i, TilePosition p, const TileEncoding& enc, std::span<const uint8_t> slot) {
+  encode_each_tile(t, codecs, [&](size_t i, TilePosition p, const TileEncoding& enc, std::span<const uint8_t> slot) {
     if (enc.fits) {
       out.insert(out.end(), slot.begin(), slot.end());
     } else {
       out[i] = kStoredRaw;
       const uint16_t* origin = tile_origin(t, p);
       for (int row = 0; row < kTileTokens; ++row) {
-        put_bf16(out, origin + static_cast<size_t>(row) * t.token_stride, static_cast<size_t>(plans[0].shape().channels));
+        put_bf16(out, origin + static_cast<size_t>(row) * t.token_stride, static_cast<size_t>(codecs[0].shape().channels));
       }
     }
   });
@@ -317,11 +317,11 @@ CalibrationTable read_calibration(const Reader& r, std::span<const uint8_t> byte
 }
 
 void read_tensor(const Reader& r, std::span<const uint8_t> bytes, KvTensor& t, TensorKind kind, int layer,
-                 const CodecPlans& plans) {
+                 const CalibratedCodecs& codecs) {
   const std::string where = "layer " + std::to_string(layer) + " " + kind_name(kind);
   const TileShape shape = tile_shape_for(kind, t.head_dim);
-  const std::span<const TilePlan> tensor_plans = plans.tensor_plans(kind, layer);
-  const size_t capacity = tensor_plans.front().escape_capacity();
+  const std::span<const TileCodec> tensor_codecs = codecs.tensor_codecs(kind, layer);
+  const size_t capacity = tensor_codecs.front().escape_capacity();
   const size_t tiles = tile_count(view_of(t));
   const size_t map_bytes = storage_map_bytes(tiles);
   if (bytes.size() < map_bytes) r.fail(where + ": section shorter than its storage map");
@@ -348,7 +348,7 @@ void read_tensor(const Reader& r, std::span<const uint8_t> bytes, KvTensor& t, T
     uint16_t* origin = tile_origin(view, p);
     if (bytes[i] == kStoredSlot) {
       const auto slot = bytes.subspan(at, shape.slot_bytes(capacity));
-      const DecodeStatus status = tensor_plans[static_cast<size_t>(p.head * halves + p.half)]
+      const DecodeStatus status = tensor_codecs[static_cast<size_t>(p.head * halves + p.half)]
                                       .decode_blocks(slot.data(), 0, 1, origin, view.token_stride, 0)
                                       .status;
       if (status != DecodeStatus::ok) {
@@ -371,10 +371,10 @@ void read_tensor(const Reader& r, std::span<const uint8_t> bytes, KvTensor& t, T
 }  // namespace
 
 std::vector<uint8_t> snapshot_image(const KvDump& dump, const CalibrationTable& calibration, const Progress& progress) {
-  std::optional<CodecPlans> plans;  // made once the calibration has been checked against the dump
+  std::optional<CalibratedCodecs> codecs;  // made once the calibration has been checked against the dump
   const TensorSectionEncoder encode = [&](int layer, TensorKind kind) {
-    if (!plans) plans.emplace(calibration);
-    return tensor_section(dump.layers[static_cast<size_t>(layer)].of(kind), plans->tensor_plans(kind, layer));
+    if (!codecs) codecs.emplace(calibration);
+    return tensor_section(dump.layers[static_cast<size_t>(layer)].of(kind), codecs->tensor_codecs(kind, layer));
   };
   return snapshot_image(dump, calibration, encode, progress);
 }
@@ -410,13 +410,13 @@ Snapshot parse_snapshot(std::span<const uint8_t> image, const std::string& label
   snapshot.calibration.metadata() = std::move(metadata.calibration_metadata);
   const size_t layers = snapshot.dump.layers.size();
   if (sections.size() != 2 + 2 * layers) reader.fail("expected one section per layer and K/V");
-  const CodecPlans plans(snapshot.calibration);
+  const CalibratedCodecs codecs(snapshot.calibration);
   for (size_t l = 0; l < layers; ++l) {
     for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
       const size_t index = 2 * l + (kind == TensorKind::key ? 0 : 1);
       const SectionRef& s = sections[2 + index];
       if (s.type != kTensorSection || s.index != index) reader.fail("tensor sections out of order");
-      read_tensor(reader, s.bytes, snapshot.dump.layers[l].of(kind), kind, static_cast<int>(l), plans);
+      read_tensor(reader, s.bytes, snapshot.dump.layers[l].of(kind), kind, static_cast<int>(l), codecs);
     }
     if (progress) progress(l + 1, layers);
   }

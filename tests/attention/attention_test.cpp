@@ -1,4 +1,4 @@
-// CPU attention over the paged cache: every path (fused portable, fused AVX2 and AVX-512 where the CPU
+// CPU attention over the paged cache: every path (fused scalar, fused AVX2 and AVX-512 where the CPU
 // has them, reference; a BF16 cache with every kernel set) gives the same bits, and with one range they are llama.cpp's bits
 // (the dense oracle of tests/support); with several ranges they agree with each other and stay within
 // float tolerance of float64. Lengths around block edges, long contexts, GQA shapes of both real
@@ -159,7 +159,7 @@ std::vector<float> run(const attention::Kernels& kernels, const KvCache& cache, 
 std::vector<float> check_every_path(const Filled& f, int position, int splits, uint64_t seed, int window = -1) {
   const std::vector<float> q = random_q(static_cast<size_t>(f.shape.q_heads) * f.shape.head_dim, seed);
   std::vector<std::pair<std::string, std::vector<float>>> results;
-  std::vector<std::pair<std::string, const attention::Kernels*>> kernels{{"portable", &attention::portable_kernels()}};
+  std::vector<std::pair<std::string, const attention::Kernels*>> kernels{{"scalar", &attention::scalar_kernels()}};
   if (attention::avx2_kernels() != nullptr) kernels.emplace_back("avx2", attention::avx2_kernels());
   if (attention::avx512_kernels() != nullptr) kernels.emplace_back("avx512", attention::avx512_kernels());
   for (const auto& [name, k] : kernels) {
@@ -276,12 +276,12 @@ TEST(Attention, SlidingWindow) {
   for (const int position : {270, 285, 299}) check_every_path(g, position, 1, 42 + static_cast<uint64_t>(position), 64);
   // The cache's own window is the default.
   const std::vector<float> q41 = random_q(4 * 256, 41);
-  const std::vector<float> own = run(attention::portable_kernels(), f.gaac, f.gaac_id, f, q41, 299, AttentionPath::fused, 1, -1);
-  const std::vector<float> forty = run(attention::portable_kernels(), f.gaac, f.gaac_id, f, q41, 299, AttentionPath::fused, 1, 40);
+  const std::vector<float> own = run(attention::scalar_kernels(), f.gaac, f.gaac_id, f, q41, 299, AttentionPath::fused, 1, -1);
+  const std::vector<float> forty = run(attention::scalar_kernels(), f.gaac, f.gaac_id, f, q41, 299, AttentionPath::fused, 1, 40);
   EXPECT_EQ(std::memcmp(own.data(), forty.data(), own.size() * sizeof(float)), 0);
   // An explicit window that reaches released blocks is an error.
   const std::vector<float> q = random_q(4 * 256, 1);
-  EXPECT_THROW(run(attention::portable_kernels(), f.gaac, f.gaac_id, f, q, 299, AttentionPath::fused, 1, 0), Error);
+  EXPECT_THROW(run(attention::scalar_kernels(), f.gaac, f.gaac_id, f, q, 299, AttentionPath::fused, 1, 0), Error);
 }
 
 TEST(Attention, RawFallbackTilesAndEveryMode) {

@@ -1,8 +1,8 @@
 // The attention kernels one block at a time: over compressed slots, the AVX2 fused kernels (and the
-// AVX-512 ones where the CPU has them) and the portable ones give the same bits as the raw kernels
-// (AVX2 and portable) over the same tiles decoded first. Tiles of every mode mix, a raw group at every group position (every lane, every place in
+// AVX-512 ones where the CPU has them) and the scalar ones give the same bits as the raw kernels
+// (AVX2 and scalar) over the same tiles decoded first. Tiles of every mode mix, a raw group at every group position (every lane, every place in
 // its row of 16), escape slots filled to the largest capacity with raw groups, BF16 specials (zeros,
-// subnormals, infinities, NaNs), plans of both codec backends, head widths 64, 128 and 256, every
+// subnormals, infinities, NaNs), tile codecs of both backends, head widths 64, 128 and 256, every
 // token range [first, end) of a block, one to five query heads.
 #include <gtest/gtest.h>
 
@@ -18,7 +18,7 @@
 #include "attention/tile_kernels.hpp"
 #include "common/cpu.hpp"
 #include "gaac/bf16.hpp"
-#include "gaac/codec_plan.hpp"
+#include "gaac/tile_codec.hpp"
 #include "support/tile_data.hpp"
 
 namespace gaac {
@@ -83,7 +83,7 @@ std::vector<GroupMode> full_slot_modes(TileShape shape, size_t capacity, std::mt
 
 /// One head's tiles of one kind, coded (every half compressed) and decoded again.
 struct CodedHead {
-  std::vector<std::unique_ptr<TilePlan>> plans;
+  std::vector<std::unique_ptr<TileCodec>> codecs;
   std::vector<std::vector<uint8_t>> slots;      // exactly slot_bytes() each, so overreads show
   std::vector<std::vector<uint16_t>> decoded;   // rows of each half, 16 × channels
   TileSource compressed[2], raw[2];
@@ -96,22 +96,22 @@ struct CodedHead {
     const TileShape shape{kind, channels};
     for (int h = 0; h < halves; ++h) {
       const test::TileCase tile = tile_with_modes(shape, modes[static_cast<size_t>(h)], rng, specials);
-      plans.push_back(std::make_unique<TilePlan>(shape, tile.bases(), capacity, backend));
-      slots.emplace_back(plans.back()->slot_bytes());
+      codecs.push_back(std::make_unique<TileCodec>(shape, tile.bases(), capacity, backend));
+      slots.emplace_back(codecs.back()->slot_bytes());
       TileEncoding e;
-      plans.back()->encode_blocks(tile.elements.data(), static_cast<size_t>(channels), 0, 1, slots.back().data(), 0, &e);
+      codecs.back()->encode_blocks(tile.elements.data(), static_cast<size_t>(channels), 0, 1, slots.back().data(), 0, &e);
       EXPECT_TRUE(e.fits);
       for (int m = 0; m < 3; ++m) {
         const auto want = static_cast<uint32_t>(std::count(modes[static_cast<size_t>(h)].begin(), modes[static_cast<size_t>(h)].end(), static_cast<GroupMode>(m)));
         EXPECT_EQ(e.groups_by_mode[static_cast<size_t>(m)], want) << "mode " << m;
       }
       decoded.emplace_back(static_cast<size_t>(shape.elements()));
-      EXPECT_EQ(plans.back()->decode_blocks(slots.back().data(), 0, 1, decoded.back().data(), static_cast<size_t>(channels), 0).status,
+      EXPECT_EQ(codecs.back()->decode_blocks(slots.back().data(), 0, 1, decoded.back().data(), static_cast<size_t>(channels), 0).status,
                 DecodeStatus::ok);
       EXPECT_EQ(decoded.back(), tile.elements);
     }
     for (int h = 0; h < halves; ++h) {
-      compressed[h].plan = plans[static_cast<size_t>(h)].get();
+      compressed[h].codec = codecs[static_cast<size_t>(h)].get();
       compressed[h].slot = slots[static_cast<size_t>(h)].data();
       for (int t = 0; t < kTileTokens; ++t) raw[h].rows[t] = decoded[static_cast<size_t>(h)].data() + static_cast<size_t>(t) * channels;
     }
@@ -150,7 +150,7 @@ class FusedKernels : public ::testing::Test {
     std::vector<std::pair<std::string, std::vector<float>>> results;
     results.emplace_back("avx2 fused", run(*attention::avx2_kernels(), true));
     if (attention::avx512_kernels() != nullptr) results.emplace_back("avx512 fused", run(*attention::avx512_kernels(), true));
-    results.emplace_back("portable fused", run(attention::portable_kernels(), true));
+    results.emplace_back("scalar fused", run(attention::scalar_kernels(), true));
     results.emplace_back("avx2 raw", run(*attention::avx2_kernels(), false));
     return results;
   }
@@ -159,8 +159,8 @@ class FusedKernels : public ::testing::Test {
     if (attention::avx2_kernels() == nullptr) GTEST_SKIP() << "no AVX2 kernels on this machine";
   }
 
-  /// Scores of tokens [first, end) for `heads` query heads: AVX2 fused, portable fused, AVX2 and
-  /// portable raw over the decoded rows, all the same bits; the other tokens' scores untouched.
+  /// Scores of tokens [first, end) for `heads` query heads: AVX2 fused, scalar fused, AVX2 and
+  /// scalar raw over the decoded rows, all the same bits; the other tokens' scores untouched.
   void check_keys(const CodedHead& k, int first, int end, int heads, std::mt19937_64& rng, const std::string& what) {
     const int head_dim = k.halves * k.channels;
     std::vector<float> q = random_floats(static_cast<size_t>(heads) * head_dim, rng);
@@ -180,7 +180,7 @@ class FusedKernels : public ::testing::Test {
       }
       return scores;
     };
-    const std::vector<float> want = run(attention::portable_kernels(), false);
+    const std::vector<float> want = run(attention::scalar_kernels(), false);
     for (int g = 0; g < heads; ++g) {
       for (int t = 0; t < kTileTokens; ++t) {
         if (t < first || t >= end) {
@@ -190,7 +190,7 @@ class FusedKernels : public ::testing::Test {
     }
     for (const auto& [name, got] : candidates(run)) {
       size_t at = 0;
-      ASSERT_TRUE(same_bits(got, want, specials_, &at)) << name << " differs from portable raw at head " << at / kTileTokens << ", token "
+      ASSERT_TRUE(same_bits(got, want, specials_, &at)) << name << " differs from scalar raw at head " << at / kTileTokens << ", token "
                                              << at % kTileTokens << ": " << got[at] << " vs " << want[at] << " (" << what
                                              << ", tokens " << first << ".." << end << ", " << heads << " heads)";
     }
@@ -214,10 +214,10 @@ class FusedKernels : public ::testing::Test {
       (compressed ? kernels.fold_values_compressed : kernels.fold_values_raw)(task, rescale.data(), weight.data(), acc.data());
       return acc;
     };
-    const std::vector<float> want = run(attention::portable_kernels(), false);
+    const std::vector<float> want = run(attention::scalar_kernels(), false);
     for (const auto& [name, got] : candidates(run)) {
       size_t at = 0;
-      ASSERT_TRUE(same_bits(got, want, specials_, &at)) << name << " differs from portable raw at head " << at / head_dim << ", channel "
+      ASSERT_TRUE(same_bits(got, want, specials_, &at)) << name << " differs from scalar raw at head " << at / head_dim << ", channel "
                                              << at % head_dim << ": " << got[at] << " vs " << want[at] << " (" << what
                                              << ", tokens " << first << ".." << end << ", " << heads << " heads)";
     }
@@ -336,15 +336,15 @@ TEST_F(FusedKernels, ZerosSubnormalsInfinitiesAndNaNs) {
   }
 }
 
-TEST_F(FusedKernels, PlansOfTheScalarBackend) {
-  // A plan whose bases are prepared for another backend: the fused kernels prepare their own.
+TEST_F(FusedKernels, CodecsOfTheScalarBackend) {
+  // A codec whose bases are prepared for another backend: the fused kernels prepare their own.
   std::mt19937_64 rng(5);
   for (const int head_dim : kHeadDims) {
     const TileShape shape{TensorKind::key, head_dim == 64 ? 64 : 128};
     std::vector<std::vector<GroupMode>> modes;
     for (int h = 0; h < head_dim / shape.channels; ++h) modes.push_back(random_modes(shape, rng, 0.1, 0.01));
     check_both(head_dim, modes, Backend::scalar, shape.max_slot_capacity(), {{0, 16}, {2, 11}}, rng,
-               "scalar plans, head_dim " + std::to_string(head_dim));
+               "scalar codecs, head_dim " + std::to_string(head_dim));
   }
 }
 

@@ -667,9 +667,9 @@ def kv_cache(model):
     check("kv --batch-file with --prompt is refused", r.returncode == 1 and "exactly one of" in r.stderr, r.stderr)
     r = run("plan", "-m", model, "--budget", "16M", "--tokens", "512", "--json")
     ok = r.returncode == 0
-    plan = json.loads(r.stdout) if ok else {}
+    held = json.loads(r.stdout) if ok else {}
     check("kv plan: GAAC holds more than BF16 in one budget", ok
-          and plan["gaac"]["max_tokens"] > plan["bf16"]["max_tokens"] > 0, r.stderr)
+          and held["gaac"]["max_tokens"] > held["bf16"]["max_tokens"] > 0, r.stderr)
 
 
 if __name__ == "__main__":

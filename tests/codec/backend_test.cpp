@@ -1,4 +1,4 @@
-// Every fast backend against the scalar reference: identical slot bytes, encodings, decoded values
+// Every fast backend against the scalar backend: identical slot bytes, encodings, decoded values
 // and decode statuses, on exhaustive, random, boundary and malformed inputs.
 #include <gtest/gtest.h>
 
@@ -67,7 +67,7 @@ class Avx2Backend : public ::testing::Test {
     const DecodeStatus want_status = decode_tile(shape, slot, capacity, bases, want.data() + 1, stride, Backend::scalar);
     const DecodeStatus got_status = decode_tile(shape, slot, capacity, bases, got.data() + 1, stride, Backend::avx2);
     ASSERT_EQ(got_status, want_status) << describe(shape) << ": avx2 says " << to_string(got_status)
-                                       << ", reference says " << to_string(want_status);
+                                       << ", scalar says " << to_string(want_status);
     if (want_status == DecodeStatus::ok) {
       ASSERT_EQ(first_difference(got, want), -1) << describe(shape) << ", stride " << stride;
     }
@@ -82,7 +82,7 @@ class Avx2Backend : public ::testing::Test {
 };
 
 TEST_F(Avx2Backend, EveryBf16PatternInEveryShape) {
-  // As Reference.EveryBf16PatternRoundTripsInEveryShape: every pattern (±0, subnormals, ±Inf, NaN
+  // As ScalarBackend.EveryBf16PatternRoundTripsInEveryShape: every pattern (±0, subnormals, ±Inf, NaN
   // payloads) in every other group, the rest inside the 3-bit window, bases at both ends and the middle.
   const int base_pairs[][2] = {{0, 0}, {120, 116}, {kMaxBase3, kMaxBase4}};
   for (const TileShape shape : test::all_shapes()) {

@@ -1,9 +1,9 @@
 // Uses the C and the C++ API of an installed gaac, linked as the shared library (only its exported
-// symbols): exits 0 when a tile round-trips through both APIs and a synthetic dump round-trips
-// through a plan-coded snapshot.
+// symbols): exits 0 when a tile round-trips through both APIs and a TileCodec, and a synthetic dump
+// round-trips through a snapshot.
 #include <gaac/calibration.hpp>
 #include <gaac/codec.hpp>
-#include <gaac/codec_plan.hpp>
+#include <gaac/tile_codec.hpp>
 #include <gaac/gaac.h>
 #include <gaac/snapshot.hpp>
 #include <gaac/synthetic.hpp>
@@ -20,9 +20,9 @@ int main() {
   const auto status = gaac::decode_tile(shape, slot, 64, {b3, b4}, dst.data(), 128);
   bool ok = enc.fits && status == gaac::DecodeStatus::ok && src == dst;
 
-  const gaac::TilePlan plan(shape, {b3, b4}, 64);
+  const gaac::TileCodec codec(shape, {b3, b4}, 64);
   std::vector<uint16_t> again(src.size());
-  ok = ok && plan.decode_blocks(slot.data(), 0, 1, again.data(), 128, 0).status == gaac::DecodeStatus::ok && again == src;
+  ok = ok && codec.decode_blocks(slot.data(), 0, 1, again.data(), 128, 0).status == gaac::DecodeStatus::ok && again == src;
 
   gaac::SyntheticKvSpec spec;
   spec.layers = 2;

@@ -1,5 +1,5 @@
 // KV dumps on disk: bit-exact round trips and clear refusals of anything that is not a KV dump.
-#include "gaac/kv_dump.hpp"
+#include "io/kv_dump_file.hpp"
 
 #include <gtest/gtest.h>
 #include <unistd.h>
@@ -55,7 +55,7 @@ void expect_same_dump(const KvDump& a, const KvDump& b) {
 /// The message of the gaac::Error that loading `path` throws ("" and a test failure if none).
 std::string load_error(const std::string& path) {
   try {
-    load_kv_dump(path);
+    io::load_kv_dump(path);
   } catch (const Error& e) {
     return e.what();
   }
@@ -93,8 +93,8 @@ TEST(KvDump, SyntheticDumpRoundTripsBitExactWithMetadata) {
   TempPath tmp;
   KvDump dump = small_dump();
   dump.metadata = {{"model", "synthetic"}, {"engine", "test"}};
-  save_kv_dump(dump, tmp.path());
-  const KvDump loaded = load_kv_dump(tmp.path());
+  io::save_kv_dump(dump, tmp.path());
+  const KvDump loaded = io::load_kv_dump(tmp.path());
   // Metadata comes back sorted by key (a safetensors header holds it as a map).
   dump.metadata = {{"engine", "test"}, {"model", "synthetic"}};
   expect_same_dump(dump, loaded);
@@ -106,8 +106,8 @@ TEST(KvDump, EverySupportedHeadDimRoundTrips) {
   for (const int head_dim : {64, 128, 256}) {
     TempPath tmp;
     const KvDump dump = small_dump(head_dim);
-    save_kv_dump(dump, tmp.path());
-    expect_same_dump(dump, load_kv_dump(tmp.path()));
+    io::save_kv_dump(dump, tmp.path());
+    expect_same_dump(dump, io::load_kv_dump(tmp.path()));
   }
 }
 
@@ -122,21 +122,21 @@ TEST(KvDump, LayersMayHoldDifferentTokenCountsIncludingZero) {
     t->tokens = 5;
     t->data.resize(t->elements());
   }
-  save_kv_dump(dump, tmp.path());
-  expect_same_dump(dump, load_kv_dump(tmp.path()));
+  io::save_kv_dump(dump, tmp.path());
+  expect_same_dump(dump, io::load_kv_dump(tmp.path()));
 }
 
 TEST(KvDump, ManyLayersAreOrderedNumericallyNotAlphabetically) {
   TempPath tmp;
   const KvDump dump = make_synthetic_kv({.layers = 12, .kv_heads = 1, .head_dim = 64, .tokens = 3, .seed = 3});
-  save_kv_dump(dump, tmp.path());
-  expect_same_dump(dump, load_kv_dump(tmp.path()));
+  io::save_kv_dump(dump, tmp.path());
+  expect_same_dump(dump, io::load_kv_dump(tmp.path()));
 }
 
 TEST(KvDump, EmptyDumpRoundTrips) {
   TempPath tmp;
-  save_kv_dump(KvDump{}, tmp.path());
-  const KvDump loaded = load_kv_dump(tmp.path());
+  io::save_kv_dump(KvDump{}, tmp.path());
+  const KvDump loaded = io::load_kv_dump(tmp.path());
   EXPECT_TRUE(loaded.layers.empty());
   EXPECT_EQ(loaded.kv_heads(), 0);
   EXPECT_EQ(loaded.bf16_bytes(), 0u);
@@ -308,21 +308,21 @@ TEST(KvDump, SaveRefusesAnInvalidDumpAndWritesNothing) {
   TempPath tmp;
   KvDump dump = small_dump();
   dump.layers[0].v.data.clear();
-  EXPECT_THROW(save_kv_dump(dump, tmp.path()), Error);
+  EXPECT_THROW(io::save_kv_dump(dump, tmp.path()), Error);
   EXPECT_FALSE(fs::exists(tmp.path()));
 }
 
 TEST(KvDump, SaveNeverWritesOverAnInput) {
   TempPath tmp;
-  save_kv_dump(small_dump(), tmp.path());
+  io::save_kv_dump(small_dump(), tmp.path());
   const std::vector<std::string> inputs{tmp.path()};
   try {
-    save_kv_dump(small_dump(128), tmp.path(), inputs);
+    io::save_kv_dump(small_dump(128), tmp.path(), inputs);
     FAIL() << "wrote over its input";
   } catch (const Error& e) {
     expect_contains(e.what(), "is also an input");
   }
-  expect_same_dump(load_kv_dump(tmp.path()), small_dump());
+  expect_same_dump(io::load_kv_dump(tmp.path()), small_dump());
 }
 
 TEST(KvDump, ACalibrationTableIsNamedAsSuch) {
@@ -337,7 +337,7 @@ TEST(KvDump, SaveRefusesRepeatedMetadataKeys) {
   TempPath tmp;
   KvDump dump = small_dump();
   dump.metadata = {{"a", "1"}, {"a", "2"}};
-  EXPECT_THROW(save_kv_dump(dump, tmp.path()), Error);
+  EXPECT_THROW(io::save_kv_dump(dump, tmp.path()), Error);
 }
 
 }  // namespace

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "gaac/kv_dump.hpp"
+#include "io/kv_dump_file.hpp"
 #include "io/safetensors.hpp"
 #include "support/temp_dir.hpp"
 
@@ -44,8 +44,8 @@ TEST(Scale, KvDumpOfAHundredThousandLayersRoundTrips) {
     KvTensor t{1, 1, 64, std::vector<uint16_t>(64, static_cast<uint16_t>(l))};
     dump.layers.push_back({t, t});
   }
-  save_kv_dump(dump, dir.file("many.safetensors"));
-  const KvDump loaded = load_kv_dump(dir.file("many.safetensors"));
+  io::save_kv_dump(dump, dir.file("many.safetensors"));
+  const KvDump loaded = io::load_kv_dump(dir.file("many.safetensors"));
   ASSERT_EQ(loaded.layers.size(), dump.layers.size());
   for (const size_t l : {size_t{0}, size_t{777}, size_t{kLayers - 1}}) {
     EXPECT_EQ(loaded.layers[l].v.data, dump.layers[l].v.data) << l;

@@ -8,6 +8,7 @@
 #include "common.hpp"
 #include "engine_support.hpp"
 #include "gaac/error.hpp"
+#include "io/kv_dump_file.hpp"
 #include "io/output_file.hpp"
 #include "model/model.hpp"
 #include "numbers.hpp"
@@ -74,7 +75,7 @@ void add_capture(CLI::App& app) {
     dump.metadata.emplace_back("tokens", std::to_string(tokens.size()));
     {
       const Activity activity("writing " + *output);
-      save_kv_dump(dump, *output, inputs);
+      io::save_kv_dump(dump, *output, inputs);
     }
     fmt::print("{}: {} tokens × {} layers × {} KV heads × head_dim {} ({} of BF16 KV) in {:.1f} s, wrote {}\n", *text_path,
                tokens.size(), dump.layers.size(), dump.kv_heads(), dump.head_dim(),

@@ -6,6 +6,7 @@
 #include "common.hpp"
 #include "gaac/error.hpp"
 #include "gaac/snapshot.hpp"
+#include "io/kv_dump_file.hpp"
 #include "io/output_file.hpp"
 #include "progress.hpp"
 
@@ -82,7 +83,7 @@ void add_decompress(CLI::App& app) {
     }
     {
       const Activity activity("writing " + *output);
-      save_kv_dump(snapshot.dump, *output, inputs);
+      io::save_kv_dump(snapshot.dump, *output, inputs);
     }
     fmt::print("{}: {} layers, {} of BF16 KV, wrote {}\n", *input, snapshot.dump.layers.size(),
                human_bytes(static_cast<double>(snapshot.dump.bf16_bytes())), *output);

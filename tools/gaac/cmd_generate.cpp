@@ -14,6 +14,7 @@
 #include "common.hpp"
 #include "engine_support.hpp"
 #include "gaac/error.hpp"
+#include "io/kv_dump_file.hpp"
 #include "io/output_file.hpp"
 #include "model/model.hpp"
 #include "numbers.hpp"
@@ -174,7 +175,7 @@ void run_generate(const GenerateOptions& o) {
     dump.metadata.emplace_back("prompt", users.front());
     dump.metadata.emplace_back("tokens", std::to_string(answers.front().session->position()));
     const Activity saving("writing " + o.save_kv);
-    save_kv_dump(dump, o.save_kv, inputs);
+    io::save_kv_dump(dump, o.save_kv, inputs);
   }
   const double prompt_rate = static_cast<double>(prompt_tokens) / prefill_s;
   const double decode_rate = generated > 0 ? generated / decode_s : 0.0;

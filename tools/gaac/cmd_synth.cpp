@@ -7,6 +7,7 @@
 #include "common.hpp"
 #include "gaac/error.hpp"
 #include "gaac/synthetic.hpp"
+#include "io/kv_dump_file.hpp"
 #include "io/output_file.hpp"
 #include "numbers.hpp"
 
@@ -59,7 +60,7 @@ void add_synth(CLI::App& app) {
     }
     {
       const Activity activity("writing " + *output);
-      save_kv_dump(dump, *output);
+      io::save_kv_dump(dump, *output);
     }
     fmt::print("wrote {}: {} layers × {} tokens × {} KV heads × head_dim {} ({} of BF16 KV)\n", *output, spec->layers,
                spec->tokens, spec->kv_heads, spec->head_dim, human_bytes(static_cast<double>(dump.bf16_bytes())));

@@ -25,6 +25,7 @@ void add_generate(CLI::App& app);
 void add_capture(CLI::App& app);
 void add_validate(CLI::App& app);
 void add_study(CLI::App& app);
-void add_plan(CLI::App& app);
+/// `gaac plan`: how much a KV-cache budget holds (src/cache/capacity.cpp), with GAAC and with BF16.
+void add_capacity(CLI::App& app);
 
 }  // namespace gaac::cli

@@ -4,6 +4,7 @@
 
 #include "activity.hpp"
 #include "gaac/error.hpp"
+#include "io/kv_dump_file.hpp"
 #include "numbers.hpp"
 #include "progress.hpp"
 
@@ -11,7 +12,7 @@ namespace gaac::cli {
 
 KvDump load_dump(const std::string& path) {
   const Activity activity("reading the KV dump " + path);
-  return load_kv_dump(path);
+  return io::load_kv_dump(path);
 }
 
 std::string geometry_text(size_t layers, int kv_heads, int head_dim) {

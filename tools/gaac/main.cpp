@@ -71,7 +71,7 @@ int main(int argc, char** argv) {
   gaac::cli::add_capture(app);
   gaac::cli::add_validate(app);
   gaac::cli::add_study(app);
-  gaac::cli::add_plan(app);
+  gaac::cli::add_capacity(app);
   if (const auto unknown = unknown_command(app, argc, argv)) {
     fmt::print(stderr, "gaac: {}\n", *unknown);
     return static_cast<int>(CLI::ExitCodes::ExtrasError);

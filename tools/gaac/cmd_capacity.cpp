@@ -18,7 +18,7 @@
 namespace gaac::cli {
 namespace {
 
-struct PlanOptions {
+struct CapacityOptions {
   std::string model, calib, check;
   uint64_t budget = 0;
   int tokens = 0;  ///< 0: the model's context
@@ -26,7 +26,7 @@ struct PlanOptions {
   bool json = false;
 };
 
-void run(const PlanOptions& o) {
+void run(const CapacityOptions& o) {
   const auto model = load_model(o.model);
   const model::ModelConfig& c = model->config();
   const int tokens = o.tokens > 0 ? o.tokens : c.context;
@@ -92,9 +92,9 @@ void run(const PlanOptions& o) {
 
 }  // namespace
 
-void add_plan(CLI::App& app) {
+void add_capacity(CLI::App& app) {
   auto* cmd = app.add_subcommand("plan", "How many tokens and sequences a KV-cache budget holds, with GAAC and with BF16");
-  auto o = std::make_shared<PlanOptions>();
+  auto o = std::make_shared<CapacityOptions>();
   cmd->add_option("-m,--model", o->model, "Model (.gguf)")->required()->check(CLI::ExistingFile);
   cmd->add_option("--budget", o->budget, "KV cache memory in bytes (suffixes K, M, G, T: powers of 1024)")
       ->required()

@@ -1,6 +1,6 @@
 // The AVX2 tile decoder's parts: geometry, the bases in the decoder's order, code words, tags and
 // escapes, the exponents of each fragment register, and the composition of BF16 words. The codec
-// (simd_avx2.cpp) writes them to rows; the fused attention kernels (src/attention/fused_*_avx2.cpp)
+// (codec_avx2.cpp) writes them to rows; the fused attention kernels (src/attention/fused_*_avx2.cpp)
 // consume them in registers. One decoder, two consumers.
 //
 // Everything here has internal linkage (an unnamed namespace), deliberately: the including files are
@@ -10,7 +10,7 @@
 #pragma once
 
 #if !defined(__AVX2__) || !defined(__BMI2__)
-#error "codec/avx2_decode.hpp needs -mavx2 -mbmi2"
+#error "codec/decode_avx2.hpp needs -mavx2 -mbmi2"
 #endif
 
 #include <immintrin.h>
@@ -400,7 +400,7 @@ struct TagRows {
   uint32_t used;      // escape bytes of the whole tile
 };
 
-/// The reference's verdict on tags that hold a 3 or ask for more than `capacity` escape bytes:
+/// The scalar backend's verdict on tags that hold a 3 or ask for more than `capacity` escape bytes:
 /// whichever problem comes first in group order. Only bad slots get here.
 template <class G>
 DecodeStatus first_tag_problem(const uint8_t* tags, size_t capacity) {
@@ -467,7 +467,7 @@ bool read_tag_rows(const uint8_t* tags, size_t capacity, TagRows<G>& rows) {
   return _mm256_testz_si256(invalid, invalid) != 0;
 }
 
-/// Validates the tags (no 3, escapes within `capacity`, zero padding; the reference's statuses in
+/// Validates the tags (no 3, escapes within `capacity`, zero padding; the scalar backend's statuses in
 /// its order) and fills `rows`.
 template <class G>
 DecodeStatus scan_tags(const uint8_t* tags, const uint8_t* escapes, size_t capacity, TagRows<G>& rows) {
@@ -717,7 +717,7 @@ void for_each_escaped_group(const uint8_t* slot, const DecodeBases<G>& bases, co
 template <class G>
 constexpr EscapeRows<G> kNoEscapes{};
 
-/// The prepared bases of a tile shape (what TilePlan::prepared() holds for the AVX2 backend): the
+/// The prepared bases of a tile shape (what TileCodec::prepared() holds for the AVX2 backend): the
 /// decoder's and the encoder's forms, side by side.
 template <class G>
 struct PreparedBases {

@@ -1,6 +1,6 @@
 // KV dumps as safetensors files: `k.<layer>` and `v.<layer>`, BF16, [tokens, kv_heads, head_dim].
 // Loading is strict: an unexpected name, dtype or shape is an error, never a silent conversion.
-#include "gaac/kv_dump.hpp"
+#include "io/kv_dump_file.hpp"
 
 #include <bit>
 #include <climits>
@@ -12,14 +12,11 @@
 #include "gaac/error.hpp"
 #include "io/safetensors.hpp"
 
-namespace gaac {
+namespace gaac::io {
 namespace {
 
 /// Layer numbers above this are refused as names, so a hostile name cannot ask for a huge table.
 constexpr int kMaxLayers = 1 << 20;
-
-/// Head widths the tile format handles (docs/format.md, section 2).
-bool supported_head_dim(int head_dim) { return head_dim == 64 || head_dim == 128 || head_dim == 256; }
 
 /// "k.3", "v.0".
 std::string tensor_name(char kind, size_t layer) { return std::string(1, kind) + "." + std::to_string(layer); }
@@ -44,50 +41,18 @@ std::optional<KvName> parse_kv_name(const std::string& name) {
   return KvName{name[0], layer};
 }
 
-/// Checks the shape fields of one tensor and returns its element count, without overflow.
-size_t checked_elements(const KvTensor& t, const std::string& name) {
-  if (t.tokens < 0 || t.kv_heads <= 0) {
-    throw Error(name + ": needs tokens >= 0 and kv_heads > 0, got tokens " + std::to_string(t.tokens) +
-                ", kv_heads " + std::to_string(t.kv_heads));
-  }
-  if (!supported_head_dim(t.head_dim)) {
-    throw Error(name + ": head_dim is " + std::to_string(t.head_dim) + "; gaac supports head_dim 64, 128 or 256");
-  }
-  size_t elements = 0;
-  if (__builtin_mul_overflow(static_cast<size_t>(t.tokens), static_cast<size_t>(t.kv_heads), &elements) ||
-      __builtin_mul_overflow(elements, static_cast<size_t>(t.head_dim), &elements)) {
-    throw Error(name + ": element count overflows");
-  }
-  return elements;
-}
-
-/// Checks one tensor's shape, data size, and agreement with the dump's first tensor.
-void validate_tensor(const KvTensor& t, const std::string& name, const KvTensor& reference) {
-  const size_t elements = checked_elements(t, name);
-  if (t.data.size() != elements) {
-    throw Error(name + ": holds " + std::to_string(t.data.size()) + " values but its shape [" +
-                std::to_string(t.tokens) + ", " + std::to_string(t.kv_heads) + ", " + std::to_string(t.head_dim) +
-                "] needs " + std::to_string(elements));
-  }
-  if (t.kv_heads != reference.kv_heads || t.head_dim != reference.head_dim) {
-    throw Error(name + ": has kv_heads " + std::to_string(t.kv_heads) + " and head_dim " + std::to_string(t.head_dim) +
-                " but k.0 has " + std::to_string(reference.kv_heads) + " and " + std::to_string(reference.head_dim) +
-                "; every tensor of a dump must share them");
-  }
-}
-
 // ---------------------------------------------------------------------------------------------
 // Loading
 
 /// The K and V views found for one layer (either may be missing until checked).
 struct LayerViews {
-  const io::TensorView* k = nullptr;
-  const io::TensorView* v = nullptr;
+  const TensorView* k = nullptr;
+  const TensorView* v = nullptr;
 };
 
 /// Checks a tensor's dtype and rank and returns its shape as [tokens, kv_heads, head_dim].
-KvTensor kv_shape(const io::TensorView& view) {
-  if (view.dtype != io::Dtype::bf16) {
+KvTensor kv_shape(const TensorView& view) {
+  if (view.dtype != Dtype::bf16) {
     throw Error("tensor '" + view.name + "' has dtype " + view.dtype_spelling +
                 "; a KV dump must be BF16 and gaac never converts silently");
   }
@@ -106,7 +71,7 @@ KvTensor kv_shape(const io::TensorView& view) {
 }
 
 /// Reads a BF16 tensor's little-endian bytes into host-order bit patterns.
-KvTensor read_tensor(const io::TensorView& view) {
+KvTensor read_tensor(const TensorView& view) {
   KvTensor t = kv_shape(view);
   t.data.resize(view.bytes.size() / 2);
   if (!view.bytes.empty()) std::memcpy(t.data.data(), view.bytes.data(), view.bytes.size());
@@ -117,9 +82,9 @@ KvTensor read_tensor(const io::TensorView& view) {
 }
 
 /// Sorts the file's tensors into layers, refusing any name that is not k.<layer> or v.<layer>.
-std::map<int, LayerViews> group_layers(const io::SafetensorsFile& file) {
+std::map<int, LayerViews> group_layers(const SafetensorsFile& file) {
   std::map<int, LayerViews> layers;
-  for (const io::TensorView& view : file.tensors()) {
+  for (const TensorView& view : file.tensors()) {
     const std::optional<KvName> kv = parse_kv_name(view.name);
     if (!kv) {
       throw Error("unexpected tensor '" + view.name + "'; a KV dump holds only k.<layer> and v.<layer> tensors");
@@ -149,7 +114,7 @@ std::vector<LayerViews> complete_layers(const std::map<int, LayerViews>& layers)
 }
 
 /// Converts a validated safetensors file into a dump and checks it as a whole.
-KvDump read_dump(const io::SafetensorsFile& file) {
+KvDump read_dump(const SafetensorsFile& file) {
   if (const auto format = file.metadata().find("format");
       format != file.metadata().end() && format->second == "gaac-calibration") {
     throw Error("this is a calibration table, not a KV dump (give it with --calib)");
@@ -177,40 +142,20 @@ KvDump read_dump(const io::SafetensorsFile& file) {
 }
 
 /// Adds one K or V tensor to the writer as little-endian BF16.
-void add_tensor(io::SafetensorsWriter& writer, const std::string& name, const KvTensor& t) {
+void add_tensor(SafetensorsWriter& writer, const std::string& name, const KvTensor& t) {
   std::vector<int64_t> shape = {t.tokens, t.kv_heads, t.head_dim};
   if constexpr (std::endian::native == std::endian::little) {
-    writer.add(name, io::Dtype::bf16, std::move(shape),
+    writer.add(name, Dtype::bf16, std::move(shape),
                {reinterpret_cast<const uint8_t*>(t.data.data()), t.data.size() * 2});
   } else {
-    writer.add(name, io::Dtype::bf16, std::move(shape), little_endian_bytes(t.data));
+    writer.add(name, Dtype::bf16, std::move(shape), little_endian_bytes(t.data));
   }
 }
 
 }  // namespace
 
-size_t KvDump::bf16_bytes() const {
-  size_t bytes = 0;
-  for (const KvLayer& layer : layers) bytes += (layer.k.elements() + layer.v.elements()) * 2;
-  return bytes;
-}
-
-void validate_dump(const KvDump& dump) {
-  if (dump.layers.empty()) return;
-  const KvTensor& reference = dump.layers.front().k;
-  for (size_t i = 0; i < dump.layers.size(); ++i) {
-    const KvLayer& layer = dump.layers[i];
-    validate_tensor(layer.k, tensor_name('k', i), reference);
-    validate_tensor(layer.v, tensor_name('v', i), reference);
-    if (layer.k.tokens != layer.v.tokens) {
-      throw Error(tensor_name('k', i) + " has " + std::to_string(layer.k.tokens) + " tokens but " + tensor_name('v', i) +
-                  " has " + std::to_string(layer.v.tokens) + "; K and V of a layer must have the same token count");
-    }
-  }
-}
-
 KvDump load_kv_dump(const std::string& path) {
-  const io::SafetensorsFile file = io::SafetensorsFile::open(path);
+  const SafetensorsFile file = SafetensorsFile::open(path);
   try {
     return read_dump(file);
   } catch (const Error& e) {
@@ -219,7 +164,7 @@ KvDump load_kv_dump(const std::string& path) {
 }
 
 void save_kv_dump(const KvDump& dump, const std::string& path, std::span<const std::string> inputs) {
-  io::SafetensorsWriter writer;
+  SafetensorsWriter writer;
   try {
     validate_dump(dump);
     std::set<std::string> keys;
@@ -242,4 +187,4 @@ void save_kv_dump(const KvDump& dump, const std::string& path, std::span<const s
   }
 }
 
-}  // namespace gaac
+}  // namespace gaac::io

@@ -1,4 +1,4 @@
-// Portable attention kernels. Raw rows follow the contract in plain loops; compressed slots are read
+// Scalar attention kernels (plain C++). Raw rows follow the contract in plain loops; compressed slots are read
 // one exponent group (eight values) at a time, each rebuilt in locals and used at once: a token's
 // score from the four lanes' groups of its row, a value channel pair's fold from the four groups that
 // hold its sixteen tokens. Built with -ffp-contract=off: only the written fused multiply-adds fuse.
@@ -118,7 +118,7 @@ void key_scores_compressed(const BlockTask& task, const float* q, float scale, f
   const auto lanes = [&](int t, int g) { return lane_sums.data() + (static_cast<size_t>(t) * task.heads + g) * kLanes; };
   for (int half = 0; half < task.halves_count; ++half) {
     const TileSource& src = task.halves[half];
-    const SlotReader reader(shape, src.slot, src.plan->bases());
+    const SlotReader reader(shape, src.slot, src.codec->bases());
     for (int t = task.first; t < task.end; ++t) {
       const int h = t / 8, r = t % 8;
       for (int p = 0; p < chunks; ++p) {
@@ -148,7 +148,7 @@ void fold_values_compressed(const BlockTask& task, const float* rescale, const f
   const TileShape shape{TensorKind::value, channels};
   for (int half = 0; half < task.halves_count; ++half) {
     const TileSource& src = task.halves[half];
-    const SlotReader reader(shape, src.slot, src.plan->bases());
+    const SlotReader reader(shape, src.slot, src.codec->bases());
     // Group `pair` of lanes 4r + t holds channels 16·pair + r and 16·pair + 8 + r at tokens
     // 2t + {0, 8, 1, 9}: the four lanes t together hold all sixteen tokens of the two channels.
     for (int pair = 0; pair < channels / 16; ++pair) {
@@ -178,15 +178,15 @@ void fold_values_compressed(const BlockTask& task, const float* rescale, const f
 
 }  // namespace
 
-const Kernels& portable_kernels() {
-  static const Kernels kernels{key_scores_raw, fold_values_raw, key_scores_compressed, fold_values_compressed, nullptr, "portable"};
+const Kernels& scalar_kernels() {
+  static const Kernels kernels{key_scores_raw, fold_values_raw, key_scores_compressed, fold_values_compressed, nullptr, "scalar"};
   return kernels;
 }
 
 const Kernels& best_kernels() {
   static const Kernels& best = avx512_kernels() != nullptr ? *avx512_kernels()
                                : avx2_kernels() != nullptr ? *avx2_kernels()
-                                                           : portable_kernels();
+                                                           : scalar_kernels();
   return best;
 }
 

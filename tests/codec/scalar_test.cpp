@@ -1,4 +1,4 @@
-// The scalar reference codec: exhaustive and adversarial round trips, exact sizes, and rejection of
+// The scalar codec backend: exhaustive and adversarial round trips, exact sizes, and rejection of
 // malformed slots.
 #include <gtest/gtest.h>
 
@@ -16,14 +16,14 @@ using test::bf16_bits;
 using test::TileCase;
 using test::uniform_bases_tile;
 
-TEST(Reference, Bf16FieldsSplitAndComposeForEveryPattern) {
+TEST(ScalarBackend, Bf16FieldsSplitAndComposeForEveryPattern) {
   for (uint32_t x = 0; x < 65536; ++x) {
     const auto bits = static_cast<uint16_t>(x);
     ASSERT_EQ(bf16_compose(bf16_sign_mantissa(bits), bf16_exponent(bits)), bits);
   }
 }
 
-TEST(Reference, EveryBf16PatternRoundTripsInEveryShape) {
+TEST(ScalarBackend, EveryBf16PatternRoundTripsInEveryShape) {
   // All 65,536 patterns (±0, subnormals, ±Inf, every NaN payload) pass through tiles, one pattern in
   // every other group (so the escapes of the raw groups they force still fit), the other elements
   // inside the 3-bit window; bases at both ends of their range and in the middle.
@@ -42,7 +42,7 @@ TEST(Reference, EveryBf16PatternRoundTripsInEveryShape) {
   }
 }
 
-TEST(Reference, SeededRandomTilesRoundTrip) {
+TEST(ScalarBackend, SeededRandomTilesRoundTrip) {
   std::mt19937_64 rng(42);
   for (const TileShape shape : test::all_shapes()) {
     for (int i = 0; i < 50; ++i) {
@@ -55,7 +55,7 @@ TEST(Reference, SeededRandomTilesRoundTrip) {
   }
 }
 
-TEST(Reference, ModeChoiceAndExactSizes) {
+TEST(ScalarBackend, ModeChoiceAndExactSizes) {
   for (const TileShape shape : test::all_shapes()) {
     const int groups = shape.groups();
     // All offsets 0..7 from b3: every group 3-bit, no escapes; 11.25 bits per element.
@@ -83,7 +83,7 @@ TEST(Reference, ModeChoiceAndExactSizes) {
   }
 }
 
-TEST(Reference, EscapeSlotExactlyFullAndOneByteOver) {
+TEST(ScalarBackend, EscapeSlotExactlyFullAndOneByteOver) {
   for (const TileShape shape : test::all_shapes()) {
     TileCase tile = uniform_bases_tile(shape, 100, 96);
     for (auto& x : tile.elements) x = bf16_bits(0, 101, 1);
@@ -108,7 +108,7 @@ TEST(Reference, EscapeSlotExactlyFullAndOneByteOver) {
   }
 }
 
-TEST(Reference, PerChannelBasesAreHonoured) {
+TEST(ScalarBackend, PerChannelBasesAreHonoured) {
   for (const TileShape shape : test::all_shapes()) {
     TileCase tile = uniform_bases_tile(shape, 0, 0);
     for (int c = 0; c < shape.channels; ++c) {
@@ -177,7 +177,7 @@ TEST_F(MalformedSlot, NonzeroPaddingIsRejected) {
   }
 }
 
-TEST(Reference, BadArgumentsThrow) {
+TEST(ScalarBackend, BadArgumentsThrow) {
   const TileShape odd{TensorKind::key, 96};
   std::vector<uint16_t> src(16 * 128);
   std::vector<uint8_t> bases(128, 100), slot(4096);

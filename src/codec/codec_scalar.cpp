@@ -1,4 +1,4 @@
-// The scalar reference codec. It walks the tile element by element through the layout functions
+// The scalar codec backend. It walks the tile element by element through the layout functions
 // of gaac/format.hpp and favours plainness over speed: every other executor is tested against it.
 #include <array>
 #include <cstring>
@@ -7,7 +7,7 @@
 #include "codec/kernels.hpp"
 #include "codec/shape_dispatch.hpp"
 
-namespace gaac::reference {
+namespace gaac::scalar {
 namespace {
 
 uint32_t load_le32(const uint8_t* p) {
@@ -152,7 +152,7 @@ DecodeStatus decode_tile(TileShape shape, const uint8_t* slot, size_t escape_cap
   return DecodeStatus::ok;
 }
 
-/// Prepared bases of the reference: b3 of every channel, then b4.
+/// Prepared bases of the scalar backend: b3 of every channel, then b4.
 template <int Channels>
 TileBases unprepare(const uint8_t* prepared) {
   return {{prepared, Channels}, {prepared + Channels, Channels}};
@@ -176,4 +176,4 @@ detail::ShapeKernels kernels(TileShape shape) {
   });
 }
 
-}  // namespace gaac::reference
+}  // namespace gaac::scalar

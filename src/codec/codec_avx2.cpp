@@ -1,5 +1,5 @@
-// AVX2 tile codec: exactly the reference's slot bytes, counts, decoded values and statuses
-// (reference.cpp is the oracle; tests/codec/backend_test.cpp compares the two bit for bit).
+// AVX2 tile codec: exactly the scalar backend's slot bytes, counts, decoded values and statuses
+// (codec_scalar.cpp is the oracle; tests/codec/backend_test.cpp compares the two bit for bit).
 //
 // The slot keeps a tile in fragment order: byte p of the sign+mantissa section is element p, and
 // every 8 consecutive fragment positions are one exponent group. So both directions do their
@@ -18,7 +18,7 @@
 // shuffle controls are derived from those layouts at compile time.
 #include "codec/kernels.hpp"
 #include "codec/shape_dispatch.hpp"
-#include "gaac/codec_plan.hpp"
+#include "gaac/tile_codec.hpp"
 
 #if defined(__AVX2__)
 
@@ -30,7 +30,7 @@
 #include <new>
 #include <type_traits>
 
-#include "codec/avx2_decode.hpp"
+#include "codec/decode_avx2.hpp"
 
 namespace gaac::avx2 {
 namespace {
@@ -169,7 +169,7 @@ inline void value_stream_to_fragment(__m256i x[8]) {
 }
 
 // ----------------------------------------------------------------------------------------------
-// Code words (encode side; codec/avx2_decode.hpp reads them)
+// Code words (encode side; codec/decode_avx2.hpp reads them)
 
 template <class G>
 void write_code_words(const uint8_t* offsets, uint8_t* codes) {
@@ -446,7 +446,7 @@ detail::ShapeKernels kernels(TileShape shape) {
   return detail::dispatch_shape(shape, []<TensorKind Kind, int Channels>() {
     using G = Geometry<Kind, Channels>;
     using Prepared = PreparedBases<G>;
-    static_assert(sizeof(Prepared) <= TilePlan::kPreparedBytes && alignof(Prepared) <= 64);
+    static_assert(sizeof(Prepared) <= TileCodec::kPreparedBytes && alignof(Prepared) <= 64);
     static_assert(std::is_trivially_copyable_v<Prepared> && std::is_trivially_destructible_v<Prepared>);
     return detail::ShapeKernels{
         [](const TileBases& bases, uint8_t* prepared) { new (prepared) Prepared(bases); },
@@ -465,7 +465,7 @@ detail::ShapeKernels kernels(TileShape shape) {
 
 namespace gaac::avx2 {
 bool compiled() { return false; }
-detail::ShapeKernels kernels(TileShape shape) { return reference::kernels(shape); }
+detail::ShapeKernels kernels(TileShape shape) { return scalar::kernels(shape); }
 }  // namespace gaac::avx2
 
 #endif

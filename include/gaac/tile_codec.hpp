@@ -1,10 +1,10 @@
-// Plans: the codec's arguments validated once, then tiles coded in batches with no further checks.
+// Tile codecs: the codec's arguments validated once, then tiles coded in batches with no further checks.
 //
-// A TilePlan holds everything needed to code the tiles of one (K/V, layer, head, half-head): the tile
+// A TileCodec holds everything needed to code the tiles of one (K/V, layer, head, half-head): the tile
 // shape, the escape capacity, the backend, and the calibrated bases already rearranged into the
 // backend's own order. Building one checks every argument (and throws gaac::Error); running it
 // (encode_blocks / decode_blocks) is noexcept and checks nothing, so the cost per tile is the coding
-// itself. CodecPlans holds the plans of a whole calibration table.
+// itself. CalibratedCodecs holds the codecs of a whole calibration table.
 #pragma once
 
 #include "gaac/export.h"
@@ -30,7 +30,7 @@ struct GAAC_API BlockDecodeResult {
 };
 
 /// The coding of one kind of tile, validated once. Copyable; about 3 KB.
-class GAAC_API TilePlan {
+class GAAC_API TileCodec {
  public:
   /// Bytes of the bases in a backend's prepared form (the AVX2 backend's value tiles need the most).
   static constexpr size_t kPreparedBytes = 3072;
@@ -38,13 +38,13 @@ class GAAC_API TilePlan {
   /// Checks the shape (64 or 128 channels), the capacity (a multiple of 16 up to the shape's
   /// maximum), the bases (one per channel, inside their windows) and the backend, then prepares the
   /// bases. Throws gaac::Error on any bad argument.
-  TilePlan(TileShape shape, const TileBases& bases, size_t escape_capacity, Backend backend = Backend::automatic);
+  TileCodec(TileShape shape, const TileBases& bases, size_t escape_capacity, Backend backend = Backend::automatic);
 
   TileShape shape() const noexcept { return shape_; }
   size_t escape_capacity() const noexcept { return capacity_; }
   /// Bytes of one slot: shape().slot_bytes(escape_capacity()).
   size_t slot_bytes() const noexcept { return shape_.slot_bytes(capacity_); }
-  /// The backend this plan runs on (never Backend::automatic).
+  /// The backend this codec runs on (never Backend::automatic).
   Backend backend() const noexcept { return backend_; }
   /// The backend's prepared bases (for kernels of the same backend that decode in place).
   const uint8_t* prepared() const noexcept { return prepared_.data(); }
@@ -81,18 +81,18 @@ class GAAC_API TilePlan {
   alignas(64) std::array<uint8_t, kPreparedBytes> prepared_{};
 };
 
-/// The plans for every tile of one calibration table: (kind, layer, head, half-head).
-class GAAC_API CodecPlans {
+/// The tile codecs of every tile of one calibration table: (kind, layer, head, half-head).
+class GAAC_API CalibratedCodecs {
  public:
-  /// Plans from `table`. Every plan uses `escape_capacity` when given (for example the shape's
+  /// Codecs from `table`. Every codec uses `escape_capacity` when given (for example the shape's
   /// maximum, to learn exact escape sizes), else its (kind, layer)'s calibrated capacity.
-  explicit CodecPlans(const CalibrationTable& table, std::optional<size_t> escape_capacity = std::nullopt,
-                      Backend backend = Backend::automatic);
+  explicit CalibratedCodecs(const CalibrationTable& table, std::optional<size_t> escape_capacity = std::nullopt,
+                            Backend backend = Backend::automatic);
 
-  /// The plan of (kind, layer, head, half).
-  const TilePlan& plan(TensorKind kind, int layer, int head, int half) const;
-  /// The plans of one (kind, layer), indexed head · halves + half: what encode_each_tile takes.
-  std::span<const TilePlan> tensor_plans(TensorKind kind, int layer) const;
+  /// The codec of (kind, layer, head, half).
+  const TileCodec& codec(TensorKind kind, int layer, int head, int half) const;
+  /// The codecs of one (kind, layer), indexed head · halves + half: what encode_each_tile takes.
+  std::span<const TileCodec> tensor_codecs(TensorKind kind, int layer) const;
 
   int layers() const { return layers_; }
   int kv_heads() const { return kv_heads_; }
@@ -101,23 +101,23 @@ class GAAC_API CodecPlans {
  private:
   size_t index(TensorKind kind, int layer) const;
   int layers_ = 0, kv_heads_ = 0, head_dim_ = 0, halves_ = 1;
-  std::vector<TilePlan> plans_;  // [kind][layer][head][half]
+  std::vector<TileCodec> codecs_;  // [kind][layer][head][half]
 };
 
 /// The one tile loop: encodes every complete tile of `tensor` in storage order (block, head, half)
-/// with `plans` (indexed head · halves + half, as CodecPlans::tensor_plans gives them) and calls
-/// `visit(index, position, encoding, slot)` for each, `slot` being valid during the call only.
+/// with `codecs` (indexed head · halves + half, as CalibratedCodecs::tensor_codecs gives them) and
+/// calls `visit(index, position, encoding, slot)` for each, `slot` being valid during the call only.
 template <class Visit>
-void encode_each_tile(const KvView& tensor, std::span<const TilePlan> plans, Visit&& visit) {
+void encode_each_tile(const KvView& tensor, std::span<const TileCodec> codecs, Visit&& visit) {
   const int halves = tiles_per_head(tensor.head_dim);
-  std::vector<uint8_t> slot(plans.empty() ? 0 : plans.front().slot_bytes());
+  std::vector<uint8_t> slot(codecs.empty() ? 0 : codecs.front().slot_bytes());
   const size_t tiles = tile_count(tensor);
   for (size_t i = 0; i < tiles; ++i) {
     const TilePosition p = tile_position(tensor, i);
-    const TilePlan& plan = plans[static_cast<size_t>(p.head * halves + p.half)];
+    const TileCodec& codec = codecs[static_cast<size_t>(p.head * halves + p.half)];
     TileEncoding encoding;
-    plan.encode_blocks(tile_origin(tensor, p), tensor.token_stride, 0, 1, slot.data(), 0, &encoding);
-    visit(i, p, encoding, std::span<const uint8_t>(slot.data(), plan.slot_bytes()));
+    codec.encode_blocks(tile_origin(tensor, p), tensor.token_stride, 0, 1, slot.data(), 0, &encoding);
+    visit(i, p, encoding, std::span<const uint8_t>(slot.data(), codec.slot_bytes()));
   }
 }
 

@@ -1,11 +1,11 @@
-// TilePlan and CodecPlans: validation at construction, batched coding equal to tile-by-tile coding
-// with the scalar reference, and decode_blocks stopping at the first bad slot.
+// TileCodec and CalibratedCodecs: validation at construction, batched coding equal to tile-by-tile coding
+// with the scalar backend, and decode_blocks stopping at the first bad slot.
 #include <gtest/gtest.h>
 
 #include <random>
 #include <vector>
 
-#include "gaac/codec_plan.hpp"
+#include "gaac/tile_codec.hpp"
 #include "gaac/error.hpp"
 #include "gaac/synthetic.hpp"
 #include "support/tile_data.hpp"
@@ -19,26 +19,26 @@ std::vector<Backend> available_backends() {
   return out;
 }
 
-TEST(TilePlan, RejectsBadArguments) {
+TEST(TileCodec, RejectsBadArguments) {
   const test::TileCase ok = test::uniform_bases_tile({TensorKind::key, 128}, 120, 116);
-  EXPECT_THROW(TilePlan({TensorKind::key, 96}, ok.bases(), 0), Error);
-  EXPECT_THROW(TilePlan(ok.shape, ok.bases(), 8), Error);                                      // not a multiple of 16
-  EXPECT_THROW(TilePlan(ok.shape, ok.bases(), ok.shape.max_slot_capacity() + 16), Error);    // too large
+  EXPECT_THROW(TileCodec({TensorKind::key, 96}, ok.bases(), 0), Error);
+  EXPECT_THROW(TileCodec(ok.shape, ok.bases(), 8), Error);                                      // not a multiple of 16
+  EXPECT_THROW(TileCodec(ok.shape, ok.bases(), ok.shape.max_slot_capacity() + 16), Error);    // too large
   test::TileCase bad = ok;
   bad.b3[5] = kMaxBase3 + 1;
-  EXPECT_THROW(TilePlan(bad.shape, bad.bases(), 0), Error);
+  EXPECT_THROW(TileCodec(bad.shape, bad.bases(), 0), Error);
   bad = ok;
   bad.b4.resize(64);  // fewer bases than channels
-  EXPECT_THROW(TilePlan(bad.shape, bad.bases(), 0), Error);
-  const TilePlan plan(ok.shape, ok.bases(), 32);
-  EXPECT_EQ(plan.slot_bytes(), ok.shape.slot_bytes(32));
-  EXPECT_NE(plan.backend(), Backend::automatic);
+  EXPECT_THROW(TileCodec(bad.shape, bad.bases(), 0), Error);
+  const TileCodec codec(ok.shape, ok.bases(), 32);
+  EXPECT_EQ(codec.slot_bytes(), ok.shape.slot_bytes(32));
+  EXPECT_NE(codec.backend(), Backend::automatic);
 }
 
 /// Several random tiles with per-tile strides and slot strides: encode_blocks gives the bytes and
-/// encodings of one-tile reference calls, decode_blocks gives back every value, junk between tiles
+/// encodings of one-tile calls, decode_blocks gives back every value, junk between tiles
 /// untouched.
-TEST(TilePlan, BatchedCodingEqualsReferenceTileByTile) {
+TEST(TileCodec, BatchedCodingEqualsTileByTile) {
   std::mt19937_64 rng(11);
   for (const TileShape shape : test::all_shapes()) {
     const test::TileCase first = test::random_tile(shape, rng, 0.9, 0.09);
@@ -57,13 +57,13 @@ TEST(TilePlan, BatchedCodingEqualsReferenceTileByTile) {
     }
     const size_t capacity = 64;
     for (const Backend backend : available_backends()) {
-      const TilePlan plan(shape, first.bases(), capacity, backend);
-      const size_t slot_stride = plan.slot_bytes() + 48;
+      const TileCodec codec(shape, first.bases(), capacity, backend);
+      const size_t slot_stride = codec.slot_bytes() + 48;
       std::vector<uint8_t> slots(kTiles * slot_stride, 0x77);
       std::vector<TileEncoding> encodings(kTiles);
-      plan.encode_blocks(src.data(), row_stride, tile_stride, kTiles, slots.data(), slot_stride, encodings.data());
+      codec.encode_blocks(src.data(), row_stride, tile_stride, kTiles, slots.data(), slot_stride, encodings.data());
       for (size_t i = 0; i < kTiles; ++i) {
-        std::vector<uint8_t> expected(plan.slot_bytes());
+        std::vector<uint8_t> expected(codec.slot_bytes());
         const TileEncoding want = encode_tile(shape, src.data() + i * tile_stride, row_stride, first.bases(), capacity,
                                               expected, Backend::scalar);
         EXPECT_EQ(encodings[i].escape_bytes, want.escape_bytes);
@@ -71,7 +71,7 @@ TEST(TilePlan, BatchedCodingEqualsReferenceTileByTile) {
         EXPECT_EQ(encodings[i].groups_by_mode, want.groups_by_mode);
         if (!want.fits) continue;
         EXPECT_TRUE(std::equal(expected.begin(), expected.end(), slots.begin() + static_cast<std::ptrdiff_t>(i * slot_stride)));
-        for (size_t j = plan.slot_bytes(); j < slot_stride; ++j) EXPECT_EQ(slots[i * slot_stride + j], 0x77);
+        for (size_t j = codec.slot_bytes(); j < slot_stride; ++j) EXPECT_EQ(slots[i * slot_stride + j], 0x77);
       }
       // Decode only the tiles that fit, packed into a batch of their own.
       std::vector<uint8_t> fitting;
@@ -83,7 +83,7 @@ TEST(TilePlan, BatchedCodingEqualsReferenceTileByTile) {
         which.push_back(i);
       }
       std::vector<uint16_t> out(which.size() * tile_stride, 0xBEEF);
-      const BlockDecodeResult r = plan.decode_blocks(fitting.data(), slot_stride, which.size(), out.data(), row_stride, tile_stride);
+      const BlockDecodeResult r = codec.decode_blocks(fitting.data(), slot_stride, which.size(), out.data(), row_stride, tile_stride);
       ASSERT_EQ(r.status, DecodeStatus::ok);
       ASSERT_EQ(r.index, which.size());
       for (size_t k = 0; k < which.size(); ++k) {
@@ -97,23 +97,23 @@ TEST(TilePlan, BatchedCodingEqualsReferenceTileByTile) {
   }
 }
 
-TEST(TilePlan, DecodeBlocksStopsAtTheFirstBadSlot) {
+TEST(TileCodec, DecodeBlocksStopsAtTheFirstBadSlot) {
   const TileShape shape{TensorKind::value, 64};
   const test::TileCase tile = test::uniform_bases_tile(shape, 0, 0);  // zeros: every group 3-bit
   for (const Backend backend : available_backends()) {
-    const TilePlan plan(shape, tile.bases(), 16, backend);
-    std::vector<uint8_t> slots(3 * plan.slot_bytes());
-    plan.encode_blocks(tile.elements.data(), 64, 0, 3, slots.data(), plan.slot_bytes(), nullptr);
-    slots[2 * plan.slot_bytes() + shape.tag_offset()] = 0x03;  // tag 3 in the third slot
-    slots[plan.slot_bytes() + shape.escape_offset() + 5] = 1;  // nonzero padding in the second
+    const TileCodec codec(shape, tile.bases(), 16, backend);
+    std::vector<uint8_t> slots(3 * codec.slot_bytes());
+    codec.encode_blocks(tile.elements.data(), 64, 0, 3, slots.data(), codec.slot_bytes(), nullptr);
+    slots[2 * codec.slot_bytes() + shape.tag_offset()] = 0x03;  // tag 3 in the third slot
+    slots[codec.slot_bytes() + shape.escape_offset() + 5] = 1;  // nonzero padding in the second
     std::vector<uint16_t> out(3 * tile.elements.size());
-    const BlockDecodeResult r = plan.decode_blocks(slots.data(), plan.slot_bytes(), 3, out.data(), 64, tile.elements.size());
+    const BlockDecodeResult r = codec.decode_blocks(slots.data(), codec.slot_bytes(), 3, out.data(), 64, tile.elements.size());
     EXPECT_EQ(r.index, 1u);
     EXPECT_EQ(r.status, DecodeStatus::nonzero_padding);
   }
 }
 
-TEST(CodecPlans, CoverEveryTileOfACalibration) {
+TEST(CalibratedCodecs, CoverEveryTileOfACalibration) {
   SyntheticKvSpec spec;
   spec.layers = 2;
   spec.kv_heads = 2;
@@ -122,19 +122,19 @@ TEST(CodecPlans, CoverEveryTileOfACalibration) {
   const KvDump dump = make_synthetic_kv(spec);
   const KvDump* dumps[] = {&dump};
   const CalibrationTable table = calibrate(dumps);
-  const CodecPlans calibrated(table);
-  const CodecPlans widest(table, TileShape{TensorKind::key, 128}.max_slot_capacity());
+  const CalibratedCodecs calibrated(table);
+  const CalibratedCodecs widest(table, TileShape{TensorKind::key, 128}.max_slot_capacity());
   for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
     for (int l = 0; l < 2; ++l) {
-      EXPECT_EQ(calibrated.tensor_plans(kind, l).size(), 4u);  // 2 heads × 2 halves
-      EXPECT_EQ(calibrated.plan(kind, l, 1, 1).escape_capacity(), table.escape_capacity(kind, l));
-      EXPECT_EQ(widest.plan(kind, l, 0, 0).escape_capacity(), (TileShape{kind, 128}.max_slot_capacity()));
-      // Plan (head 1, half 1) encodes a tile exactly as the table's bases for it do.
+      EXPECT_EQ(calibrated.tensor_codecs(kind, l).size(), 4u);  // 2 heads × 2 halves
+      EXPECT_EQ(calibrated.codec(kind, l, 1, 1).escape_capacity(), table.escape_capacity(kind, l));
+      EXPECT_EQ(widest.codec(kind, l, 0, 0).escape_capacity(), (TileShape{kind, 128}.max_slot_capacity()));
+      // Codec (head 1, half 1) encodes a tile exactly as the table's bases for it do.
       const KvView v = view_of(dump.layers[static_cast<size_t>(l)].of(kind));
       const TilePosition p{2, 1, 1};
-      std::vector<uint8_t> a(calibrated.plan(kind, l, 1, 1).slot_bytes()), b(a.size());
+      std::vector<uint8_t> a(calibrated.codec(kind, l, 1, 1).slot_bytes()), b(a.size());
       TileEncoding ea;
-      calibrated.plan(kind, l, 1, 1).encode_blocks(tile_origin(v, p), v.token_stride, 0, 1, a.data(), 0, &ea);
+      calibrated.codec(kind, l, 1, 1).encode_blocks(tile_origin(v, p), v.token_stride, 0, 1, a.data(), 0, &ea);
       const TileEncoding eb = encode_tile(tile_shape_for(kind, 256), tile_origin(v, p), v.token_stride,
                                           table.tile_bases(kind, l, 1, 1), table.escape_capacity(kind, l), b, Backend::scalar);
       EXPECT_EQ(ea.escape_bytes, eb.escape_bytes);
@@ -143,7 +143,7 @@ TEST(CodecPlans, CoverEveryTileOfACalibration) {
       }
     }
   }
-  EXPECT_THROW(calibrated.tensor_plans(TensorKind::key, 2), Error);
+  EXPECT_THROW(calibrated.tensor_codecs(TensorKind::key, 2), Error);
 }
 
 }  // namespace

@@ -1,5 +1,5 @@
-// TilePlan and CodecPlans: validation and preparation once, then unchecked batched coding.
-#include "gaac/codec_plan.hpp"
+// TileCodec and CalibratedCodecs: validation and preparation once, then unchecked batched coding.
+#include "gaac/tile_codec.hpp"
 
 #include <algorithm>
 #include <string>
@@ -9,7 +9,7 @@
 
 namespace gaac {
 
-TilePlan::TilePlan(TileShape shape, const TileBases& bases, size_t escape_capacity, Backend backend)
+TileCodec::TileCodec(TileShape shape, const TileBases& bases, size_t escape_capacity, Backend backend)
     : shape_(shape), capacity_(escape_capacity) {
   if (!shape.valid()) throw Error("tile width must be 64 or 128 channels, got " + std::to_string(shape.channels));
   if (escape_capacity % kSlotAlignment != 0 || escape_capacity > shape.max_slot_capacity()) {
@@ -22,22 +22,22 @@ TilePlan::TilePlan(TileShape shape, const TileBases& bases, size_t escape_capaci
   backend_ = backend;
   std::copy_n(bases.b3.begin(), shape.channels, b3_.begin());
   std::copy_n(bases.b4.begin(), shape.channels, b4_.begin());
-  const detail::ShapeKernels kernels = backend == Backend::avx2 ? avx2::kernels(shape) : reference::kernels(shape);
+  const detail::ShapeKernels kernels = backend == Backend::avx2 ? avx2::kernels(shape) : scalar::kernels(shape);
   kernels.prepare(bases, prepared_.data());
   encode_ = kernels.encode;
   decode_ = kernels.decode;
 }
 
-void TilePlan::encode_blocks(const uint16_t* src, size_t row_stride, size_t tile_stride, size_t count, uint8_t* slots,
-                             size_t slot_stride, TileEncoding* results) const noexcept {
+void TileCodec::encode_blocks(const uint16_t* src, size_t row_stride, size_t tile_stride, size_t count, uint8_t* slots,
+                              size_t slot_stride, TileEncoding* results) const noexcept {
   for (size_t i = 0; i < count; ++i) {
     const TileEncoding e = encode_(prepared_.data(), src + i * tile_stride, row_stride, capacity_, slots + i * slot_stride);
     if (results != nullptr) results[i] = e;
   }
 }
 
-BlockDecodeResult TilePlan::decode_blocks(const uint8_t* slots, size_t slot_stride, size_t count, uint16_t* dst,
-                                          size_t row_stride, size_t tile_stride) const noexcept {
+BlockDecodeResult TileCodec::decode_blocks(const uint8_t* slots, size_t slot_stride, size_t count, uint16_t* dst,
+                                           size_t row_stride, size_t tile_stride) const noexcept {
   for (size_t i = 0; i < count; ++i) {
     const DecodeStatus status = decode_(prepared_.data(), slots + i * slot_stride, capacity_, dst + i * tile_stride, row_stride);
     if (status != DecodeStatus::ok) return {i, status};
@@ -45,22 +45,22 @@ BlockDecodeResult TilePlan::decode_blocks(const uint8_t* slots, size_t slot_stri
   return {count, DecodeStatus::ok};
 }
 
-CodecPlans::CodecPlans(const CalibrationTable& table, std::optional<size_t> escape_capacity, Backend backend)
+CalibratedCodecs::CalibratedCodecs(const CalibrationTable& table, std::optional<size_t> escape_capacity, Backend backend)
     : layers_(table.layers()), kv_heads_(table.kv_heads()), head_dim_(table.head_dim()), halves_(tiles_per_head(table.head_dim())) {
   table.validate();
-  plans_.reserve(2 * static_cast<size_t>(layers_) * kv_heads_ * halves_);
+  codecs_.reserve(2 * static_cast<size_t>(layers_) * kv_heads_ * halves_);
   for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
     const TileShape shape = tile_shape_for(kind, head_dim_);
     for (int l = 0; l < layers_; ++l) {
       const size_t capacity = escape_capacity.value_or(table.escape_capacity(kind, l));
       for (int h = 0; h < kv_heads_; ++h) {
-        for (int half = 0; half < halves_; ++half) plans_.emplace_back(shape, table.tile_bases(kind, l, h, half), capacity, backend);
+        for (int half = 0; half < halves_; ++half) codecs_.emplace_back(shape, table.tile_bases(kind, l, h, half), capacity, backend);
       }
     }
   }
 }
 
-size_t CodecPlans::index(TensorKind kind, int layer) const {
+size_t CalibratedCodecs::index(TensorKind kind, int layer) const {
   if (layer < 0 || layer >= layers_) {
     throw Error("layer " + std::to_string(layer) + " outside the calibration's " + std::to_string(layers_) + " layers");
   }
@@ -68,12 +68,12 @@ size_t CodecPlans::index(TensorKind kind, int layer) const {
          static_cast<size_t>(kv_heads_ * halves_);
 }
 
-const TilePlan& CodecPlans::plan(TensorKind kind, int layer, int head, int half) const {
-  return plans_[index(kind, layer) + static_cast<size_t>(head * halves_ + half)];
+const TileCodec& CalibratedCodecs::codec(TensorKind kind, int layer, int head, int half) const {
+  return codecs_[index(kind, layer) + static_cast<size_t>(head * halves_ + half)];
 }
 
-std::span<const TilePlan> CodecPlans::tensor_plans(TensorKind kind, int layer) const {
-  return std::span<const TilePlan>(plans_).subspan(index(kind, layer), static_cast<size_t>(kv_heads_ * halves_));
+std::span<const TileCodec> CalibratedCodecs::tensor_codecs(TensorKind kind, int layer) const {
+  return std::span<const TileCodec>(codecs_).subspan(index(kind, layer), static_cast<size_t>(kv_heads_ * halves_));
 }
 
 }  // namespace gaac

@@ -4,7 +4,8 @@
 # imported, or older. Code built by a newer GCC than the runtime in the process calls into a library
 # that does not match its headers: it may load and then crash far from the cause (seen: a segfault in
 # std::ostringstream's codecvt inside gaac_bench_create, built by a GCC 13.3 that was not the system's).
-# Prefers $CXX, then g++, c++ and /usr/bin/g++*; exits 1 naming the runtime when none qualifies.
+# Tries the distribution's /usr/bin/g++ first, then $CXX, g++, c++ and /usr/bin/g++-N; says on standard
+# error what it found; exits 1 naming the runtime when none qualifies.
 set -euo pipefail
 
 loaded=$(python3 - <<'PY'
@@ -26,10 +27,12 @@ PY
 version() { basename "$1" | sed -n 's/^libstdc++\.so\.\([0-9.]*\)$/\1/p'; }
 want=$(version "$loaded")
 best="" best_version=""
-for c in "${CXX:-}" g++ c++ /usr/bin/g++ /usr/bin/c++ /usr/bin/g++-[0-9]*; do
+echo "cxx_for_python: python3 (with PyTorch) loads $loaded" >&2
+for c in /usr/bin/g++ "${CXX:-}" g++ c++ /usr/bin/c++ /usr/bin/g++-[0-9]*; do
   [ -n "$c" ] && command -v "$c" >/dev/null 2>&1 || continue
   lib=$(realpath "$("$c" -print-file-name=libstdc++.so.6)" 2>/dev/null) || continue
   have=$(version "$lib")
+  echo "cxx_for_python: $(command -v "$c") links $lib" >&2
   [ -n "$have" ] || continue
   if [ "$lib" = "$loaded" ]; then command -v "$c"; exit 0; fi  # the very runtime python3 uses
   # Otherwise the newest runtime that is not newer than the loaded one.

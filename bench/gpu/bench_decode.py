@@ -163,6 +163,8 @@ def run_case(g, shape_name, context, batch, args, flashinfer, results, log):
 
     def measure(name, fn, physical_bytes=None, validate=True, extra=None):
         try:
+            if callable(extra):  # the plan, asked for inside the try: a variant that cannot run is recorded
+                extra = extra()
             out.fill_(float("nan"))
             fn(0)
             torch.cuda.synchronize()
@@ -194,8 +196,8 @@ def run_case(g, shape_name, context, batch, args, flashinfer, results, log):
         return json.loads(buf.value.decode())
 
     gaac_bytes, twin_bytes = info["gaac_bytes"], info["bf16_bytes"]
-    measure("gaac", gaac_fn(0), gaac_bytes, extra={"plan": plan(0)})
-    measure("bf16_twin", gaac_fn(1), twin_bytes, extra={"plan": plan(1)})
+    measure("gaac", gaac_fn(0), gaac_bytes, extra=lambda: {"plan": plan(0)})
+    measure("bf16_twin", gaac_fn(1), twin_bytes, extra=lambda: {"plan": plan(1)})
     # Bit-exactness: the twin with GAAC's split.
     try:
         fg = gaac_fn(0)
@@ -213,12 +215,12 @@ def run_case(g, shape_name, context, batch, args, flashinfer, results, log):
     measure("decompress_only", gaac_fn(3), gaac_bytes + twin_bytes, validate=False)
     if shape_name == "llama" and not args.quick_variants:
         for stages in (2, 3, 4):
-            measure(f"gaac_stages{stages}", gaac_fn(0, stages=stages), gaac_bytes, extra={"plan": plan(0, 0, stages)})
-            measure(f"bf16_twin_stages{stages}", gaac_fn(1, stages=stages), twin_bytes, extra={"plan": plan(1, 0, stages)})
+            measure(f"gaac_stages{stages}", gaac_fn(0, stages=stages), gaac_bytes, extra=lambda stages=stages: {"plan": plan(0, 0, stages)})
+            measure(f"bf16_twin_stages{stages}", gaac_fn(1, stages=stages), twin_bytes, extra=lambda stages=stages: {"plan": plan(1, 0, stages)})
     if shape_name.startswith("llama"):  # CTAs of 8 and 16 warps (fewer, longer CTAs; fewer splits to merge)
         for warps in (8, 16):
-            measure(f"gaac_warps{warps}", gaac_fn(0, warps=warps), gaac_bytes, extra={"plan": plan(0, 0, 0, warps)})
-            measure(f"bf16_twin_warps{warps}", gaac_fn(1, warps=warps), twin_bytes, extra={"plan": plan(1, 0, 0, warps)})
+            measure(f"gaac_warps{warps}", gaac_fn(0, warps=warps), gaac_bytes, extra=lambda warps=warps: {"plan": plan(0, 0, 0, warps)})
+            measure(f"bf16_twin_warps{warps}", gaac_fn(1, warps=warps), twin_bytes, extra=lambda warps=warps: {"plan": plan(1, 0, 0, warps)})
     if shape_name == "llama" and not args.quick_variants:
         for work, wname in ((1, "no_math"), (2, "no_decode"), (3, "load_only")):
             measure(f"gaac_{wname}", gaac_fn(0, work=work), gaac_bytes, validate=False)

@@ -42,11 +42,11 @@ KernelChoice choice(uint32_t unit_bytes) {
 }
 
 /// Default stages per warp (measured, docs/performance.md): the GAAC kernel is bound by instruction
-/// latency, so it takes two stages and more warps per SM; the twin three stages, two CTAs per SM (two
-/// in CTAs of 16 warps, whose three would not fit shared memory); a head_dim-256 stage holds four
-/// tiles, so two.
+/// latency, so it takes two stages and more warps per SM; the twin three stages, two CTAs per SM, and
+/// in CTAs of 16 warps one (two of its padded BF16 tiles per warp would not fit shared memory); a
+/// head_dim-256 stage holds four tiles, so two.
 template <TileSource Src, int P, int NW>
-constexpr int kDefaultStages = P == 2 || Src == TileSource::gaac || NW >= 16 ? 2 : 3;
+constexpr int kDefaultStages = Src == TileSource::bf16 && NW >= 16 ? 1 : P == 2 || Src == TileSource::gaac ? 2 : 3;
 
 /// The instances that exist: every head width, 8 or 16 query heads per KV head, four warps per CTA and
 /// the default stages; for head_dim 128 with 8 query heads also 2, 3 and 4 stages, 8 and 16 warps per

@@ -215,10 +215,13 @@ def run_case(g, shape_name, context, batch, args, flashinfer, results, log):
     measure("decompress_only", gaac_fn(3), gaac_bytes + twin_bytes, validate=False)
     if shape_name == "llama" and not args.quick_variants:
         for stages in (2, 3, 4):
-            measure(f"gaac_stages{stages}", gaac_fn(0, stages=stages), gaac_bytes, extra=lambda stages=stages: {"plan": plan(0, 0, stages)})
-            measure(f"bf16_twin_stages{stages}", gaac_fn(1, stages=stages), twin_bytes, extra=lambda stages=stages: {"plan": plan(1, 0, stages)})
-    if shape_name.startswith("llama"):  # CTAs of 8 and 16 warps (fewer, longer CTAs; fewer splits to merge)
-        for warps in (8, 16):
+            # The stage sweep is of CTAs of 4 warps (the default CTA of 16 has one setting).
+            measure(f"gaac_stages{stages}", gaac_fn(0, stages=stages, warps=4), gaac_bytes,
+                    extra=lambda stages=stages: {"plan": plan(0, 0, stages, 4)})
+            measure(f"bf16_twin_stages{stages}", gaac_fn(1, stages=stages, warps=4), twin_bytes,
+                    extra=lambda stages=stages: {"plan": plan(1, 0, stages, 4)})
+    if shape_name.startswith("llama"):  # CTAs of 4 and 8 warps (the default has 16: fewer, longer CTAs)
+        for warps in (4, 8):
             measure(f"gaac_warps{warps}", gaac_fn(0, warps=warps), gaac_bytes, extra=lambda warps=warps: {"plan": plan(0, 0, 0, warps)})
             measure(f"bf16_twin_warps{warps}", gaac_fn(1, warps=warps), twin_bytes, extra=lambda warps=warps: {"plan": plan(1, 0, 0, warps)})
     if shape_name == "llama" and not args.quick_variants:

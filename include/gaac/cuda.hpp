@@ -171,7 +171,8 @@ struct DecodeConfig {
   /// in a CUDA graph stay right while their sequences grow up to this length on the device.
   int plan_tokens = 0;
   int stages = 0;              ///< pipeline stages per warp; 0: the kernel's default
-  int warps = 0;               ///< warps per CTA; 0: the kernel's default (4; 8 and 16 exist for head_dim 128)
+  int warps = 0;               ///< warps per CTA; 0: the kernel's default (16 for heads of 64 or 128 channels
+                               ///< with up to 8 query heads per KV head, else 4; 4 and 8 exist too)
   Work work = Work::full;
 };
 

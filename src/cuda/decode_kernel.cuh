@@ -298,11 +298,11 @@ inline constexpr float kRescaleSlack = 8.0f;
 
 /// CTAs per SM the compiler is asked to make room for (registers ≤ 65536 / (CTAs · threads)): for the
 /// GAAC kernel at head_dim 128 with two stages, 16 warps per SM (128 registers a thread) as the shared
-/// memory allows, 8 warps with 16 query heads per KV head (their accumulators need more); else no
-/// constraint.
+/// memory allows, 8 warps with 16 query heads per KV head (their accumulators need more); else one
+/// (a CTA of 16 warps has 128 registers a thread in any case).
 constexpr int min_ctas_per_sm(int channels, int halves, int heads, TileSource source, int warps, int stages) {
   const int warps_per_sm = heads == 8 ? 16 : 8;
-  return halves == 1 && stages == 2 && channels == 128 && source == TileSource::gaac && warps <= warps_per_sm
+  return halves == 1 && stages == 2 && channels == 128 && source == TileSource::gaac && warps < warps_per_sm
              ? warps_per_sm / warps
              : 1;
 }

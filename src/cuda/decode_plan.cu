@@ -41,39 +41,52 @@ KernelChoice choice(uint32_t unit_bytes) {
   return k;
 }
 
-/// Default stages per warp (measured, docs/performance.md): the GAAC kernel is bound by instruction
-/// latency, so it takes two stages and more warps per SM; the twin three stages, two CTAs per SM, and
-/// in CTAs of 16 warps one (two of its padded BF16 tiles per warp would not fit shared memory); a
-/// head_dim-256 stage holds four tiles, so two.
-template <TileSource Src, int P, int NW>
-constexpr int kDefaultStages = Src == TileSource::bf16 && NW >= 16 ? 1 : P == 2 || Src == TileSource::gaac ? 2 : 3;
+/// Default warps per CTA (measured, docs/performance.md, kernel v9): one CTA of 16 warps per SM where
+/// 16 warps fit 128 registers each (heads of 64 or 128 channels, up to 8 query heads per KV head) —
+/// fewer, longer CTAs: a quarter of the launches, of the prologues and of the splits to merge, and one
+/// copy of the bases per SM; CTAs of 4 warps elsewhere.
+template <int C, int P, int H>
+constexpr int kDefaultWarps = P == 1 && H == 8 ? 16 : detail::kDecodeWarps;
 
-/// The instances that exist: every head width, 8 or 16 query heads per KV head, four warps per CTA and
-/// the default stages; for head_dim 128 with 8 query heads also 2, 3 and 4 stages, 8 and 16 warps per
-/// CTA, and the breakdown variants.
+/// Default stages per warp (measured, docs/performance.md): the GAAC kernel is bound by instruction
+/// latency, so it takes two stages and more warps per SM; the twin three stages, and in CTAs of 16
+/// warps two for 64-channel tiles, one for 128 (two padded BF16 tiles per warp would not fit shared
+/// memory); a head_dim-256 stage holds four tiles, so two.
+template <int C, int P, TileSource Src, int NW>
+constexpr int kDefaultStages = Src == TileSource::bf16 && NW >= 16 ? (C == 64 ? 2 : 1)
+                               : P == 2 || Src == TileSource::gaac ? 2
+                                                                   : 3;
+
+/// The instances that exist: for every head width and 8 or 16 query heads per KV head the default
+/// warps and stages (kDefaultWarps, kDefaultStages), with the breakdown variants for head_dim 128; for
+/// heads of 64 and 128 channels also CTAs of 4 warps, and for 128, 4 warps with 2, 3 or 4 stages and 8
+/// warps (the measured alternatives).
 template <int C, int P, int H, TileSource Src>
 KernelChoice pick(Work work, int warps, int stages, uint32_t unit_bytes) {
-  constexpr int NW = detail::kDecodeWarps;
-  constexpr int kDef = kDefaultStages<Src, P, NW>;
+  constexpr int NW = kDefaultWarps<C, P, H>;
+  constexpr int kDef = kDefaultStages<C, P, Src, NW>;
+  constexpr int kDef4 = kDefaultStages<C, P, Src, 4>;
   if (warps == 0) warps = NW;
-  if (stages == 0) stages = warps == 16 ? kDefaultStages<Src, P, 16> : kDef;
-  if constexpr (C == 128 && P == 1 && H == 8) {
-    if (work == Work::full && warps == NW) {
-      if (stages == 2) return choice<C, P, H, Src, Work::full, NW, 2>(unit_bytes);
-      if (stages == 3) return choice<C, P, H, Src, Work::full, NW, 3>(unit_bytes);
-      if (stages == 4) return choice<C, P, H, Src, Work::full, NW, 4>(unit_bytes);
-    } else if (work == Work::full) {
-      if (warps == 8 && stages == kDef) return choice<C, P, H, Src, Work::full, 8, kDef>(unit_bytes);
-      constexpr int kDef16 = kDefaultStages<Src, P, 16>;
-      if (warps == 16 && stages == kDef16) return choice<C, P, H, Src, Work::full, 16, kDef16>(unit_bytes);
-    } else if (stages == kDef && warps == NW) {
+  if (stages == 0) stages = warps == NW ? kDef : kDefaultStages<C, P, Src, 4>;  // 4 and 8 warps share theirs
+  if (warps == NW && stages == kDef) {
+    if (work == Work::full) return choice<C, P, H, Src, Work::full, NW, kDef>(unit_bytes);
+    if constexpr (C == 128 && P == 1 && H == 8) {
       if (work == Work::no_math) return choice<C, P, H, Src, Work::no_math, NW, kDef>(unit_bytes);
       if (work == Work::load_only) return choice<C, P, H, Src, Work::load_only, NW, kDef>(unit_bytes);
       if constexpr (Src == TileSource::gaac)
         if (work == Work::no_decode) return choice<C, P, H, Src, Work::no_decode, NW, kDef>(unit_bytes);
     }
-  } else {
-    if (work == Work::full && stages == kDef && warps == NW) return choice<C, P, H, Src, Work::full, NW, kDef>(unit_bytes);
+  }
+  if constexpr (P == 1 && H == 8) {
+    if (work == Work::full && warps == 4 && stages == kDef4) return choice<C, P, H, Src, Work::full, 4, kDef4>(unit_bytes);
+    if constexpr (C == 128) {
+      if (work == Work::full && warps == 4) {
+        if (stages == 2) return choice<C, P, H, Src, Work::full, 4, 2>(unit_bytes);
+        if (stages == 3) return choice<C, P, H, Src, Work::full, 4, 3>(unit_bytes);
+        if (stages == 4) return choice<C, P, H, Src, Work::full, 4, 4>(unit_bytes);
+      }
+      if (work == Work::full && warps == 8 && stages == kDef4) return choice<C, P, H, Src, Work::full, 8, kDef4>(unit_bytes);
+    }
   }
   throw Error("decode attention: no kernel for head width " + std::to_string(C * P) + ", " + std::to_string(H) +
               " query heads per KV head, " + std::to_string(warps) + " warps, " + std::to_string(stages) +
@@ -196,7 +209,7 @@ DecodeSplit split_for(const PagedGeometry& geo, bool compressed, const KernelCho
     const int pairs = sequences * geo.kv_heads;
     const auto blocks_for = [&](int per_sm) {
       const int splits = std::max(1, facts.sms() * per_sm / pairs);
-      return std::max((longest + splits - 1) / splits, 2 * k.warps);
+      return std::max((longest + splits - 1) / splits, k.warps);  // at least a block for every warp
     };
     split.blocks_per_split = std::min(blocks_for(occupancy(128)), detail::kMaxBlocksPerSplit);
     split.blocks_per_split = std::min(blocks_for(occupancy(split.blocks_per_split)), detail::kMaxBlocksPerSplit);

@@ -276,8 +276,8 @@ TEST_F(GpuDecode, MoreThanSixteenQueryHeadsPerKvHeadIsRefused) {
   EXPECT_EQ(plan.split(0).planned_blocks, 4);
 }
 
-TEST_F(GpuDecode, CtasOfEightAndSixteenWarps) {
-  for (const int warps : {8, 16}) {
+TEST_F(GpuDecode, CtasOfFourAndEightWarps) {
+  for (const int warps : {4, 8}) {
     Case c;
     c.kv_heads = 2, c.warps = warps, c.lengths = {1, 33, 1000, 4097};
     SCOPED_TRACE(testing::Message() << warps << " warps per CTA");

@@ -78,6 +78,10 @@ KernelChoice pick(Work work, int warps, int stages, uint32_t unit_bytes) {
     }
   }
   if constexpr (P == 1 && H == 8) {
+    // One stage in CTAs of 16 warps: where two stages of the cache's tiles do not fit shared memory (the
+    // largest escape capacities); the same arithmetic as two.
+    if constexpr (Src == TileSource::gaac && kDef > 1)
+      if (work == Work::full && warps == NW && stages == 1) return choice<C, P, H, Src, Work::full, NW, 1>(unit_bytes);
     if (work == Work::full && warps == 4 && stages == kDef4) return choice<C, P, H, Src, Work::full, 4, kDef4>(unit_bytes);
     if constexpr (C == 128) {
       if (work == Work::full && warps == 4) {
@@ -112,6 +116,17 @@ class KernelFacts {
   static KernelFacts& get() {
     static KernelFacts facts;
     return facts;
+  }
+  /// Most dynamic shared memory a CTA may have on this device.
+  size_t max_shared() {
+    const std::lock_guard<std::mutex> lock(mutex_);
+    if (max_shared_ == 0) {
+      int device = 0, most = 0;
+      check(cudaGetDevice(&device), "cudaGetDevice");
+      check(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "cudaDeviceGetAttribute");
+      max_shared_ = static_cast<size_t>(most);
+    }
+    return max_shared_;
   }
   int sms() {
     const std::lock_guard<std::mutex> lock(mutex_);
@@ -155,6 +170,7 @@ class KernelFacts {
   };
   std::mutex mutex_;
   int sms_ = 0;
+  size_t max_shared_ = 0;
   std::unordered_map<const void*, bool> limit_set_;
   std::unordered_map<std::pair<const void*, size_t>, int, PairHash> occupancy_;
 };
@@ -269,6 +285,13 @@ void DecodePlan::plan(const CacheMemory& cache, const BatchTable& batch, const D
   s.compressed = cache.compressed();
   s.sequences = batch.sequences();
   s.kernel = pick(geo, s.compressed, config.q_heads / geo.kv_heads, config);
+  if (config.stages == 0 && s.kernel.stages > 1 &&
+      shared_bytes(geo, s.compressed, s.kernel, 2 * s.kernel.warps) > KernelFacts::get().max_shared()) {
+    DecodeConfig one = config;  // units too large for two stages of every warp: one, the same arithmetic
+    one.stages = 1;
+    one.warps = s.kernel.warps;
+    s.kernel = pick(geo, s.compressed, config.q_heads / geo.kv_heads, one);
+  }
   s.splits.clear();
   s.layer_split.assign(static_cast<size_t>(geo.layers), 0);
   for (int l = 0; l < geo.layers; ++l) {

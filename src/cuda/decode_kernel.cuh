@@ -335,12 +335,12 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
   const int cta_first = first_block + split * a.blocks_per_split;
   const int cta_blocks = max(0, min(cta_first + a.blocks_per_split, end_block) - cta_first);
 
-  const SmemPlan plan =
-      plan_shared_memory(C, P, H, Src, NW, STAGES, a.tile_stride, a.blocks_per_split);
+  const SharedLayout layout =
+      shared_memory_layout(C, P, H, Src, NW, STAGES, a.tile_stride, a.blocks_per_split);
   const uint32_t stage_bytes = kTiles * a.tile_stride;
-  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + plan.bars);
-  uint32_t* ents = reinterpret_cast<uint32_t*>(smem + plan.entries);
-  const uint8_t* bases = smem + plan.bases;
+  uint64_t* bars = reinterpret_cast<uint64_t*>(smem + layout.bars);
+  uint32_t* ents = reinterpret_cast<uint32_t*>(smem + layout.entries);
+  const uint8_t* bases = smem + layout.bases;
 
   // The CTA's entries and the warps' barriers first, so the first copies start early.
   for (int i = tid; i < cta_blocks; i += NW * 32) {
@@ -385,7 +385,7 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
   }
 
   const int mine = cta_blocks > warp ? (cta_blocks - warp + NW - 1) / NW : 0;
-  uint8_t* my_stages = smem + plan.stages + static_cast<uint32_t>(warp * STAGES) * stage_bytes;
+  uint8_t* my_stages = smem + layout.stages + static_cast<uint32_t>(warp * STAGES) * stage_bytes;
 
   // Starts the copies of the warp's i-th block into stage i % STAGES.
   const auto issue = [&](int i) {
@@ -447,7 +447,7 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
   if constexpr (Src == TileSource::gaac) {
     constexpr uint32_t kVectors = lane_base_words(C, P) / 4;
     const uint4* src = reinterpret_cast<const uint4*>(a.cache.lane_bases + lane_bases_index(a.cache.geometry, a.layer, kvh));
-    uint4* dst = reinterpret_cast<uint4*>(smem + plan.bases);
+    uint4* dst = reinterpret_cast<uint4*>(smem + layout.bases);
     for (uint32_t i = static_cast<uint32_t>(tid); i < kVectors; i += NW * 32) dst[i] = src[i];
   }
   __syncthreads();
@@ -670,7 +670,7 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
       for (int d = 4; d < 32; d <<= 1) l_sum[cb][j] += __shfl_xor_sync(0xFFFFFFFFu, l_sum[cb][j], d);
     }
   __syncthreads();
-  float* wm = reinterpret_cast<float*>(smem + plan.stages);  // [warp][head]
+  float* wm = reinterpret_cast<float*>(smem + layout.stages);  // [warp][head]
   float* wl = wm + NW * H;
   float* wo = wl + NW * H;  // [warp][head][channel]
   if (g == 0) {
@@ -730,21 +730,21 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
   const int group_first = my_group * per_group;
   const int group_count = min(per_group, splits - group_first);
   uint32_t* counters = a.counters + pair * (a.max_groups + 1);
-  int* flag = reinterpret_cast<int*>(smem + plan.flag);
+  int* flag = reinterpret_cast<int*>(smem + layout.flag);
   const size_t part0 = pair * a.max_splits * group;   // partial (split 0, head 0) of this pair
   const size_t group0 = pair * a.max_groups * group;  // merged group 0 of this pair
   if (!last_to_arrive(&counters[my_group], group_count, flag, tid)) return;
   if (groups == 1) {
-    merge_partials<NW, H, kD, true>(a.partial_o, a.partial_ml, part0 + group_first * group, group_count, group, smem + plan.stages,
+    merge_partials<NW, H, kD, true>(a.partial_o, a.partial_ml, part0 + group_first * group, group_count, group, smem + layout.stages,
                                  out, nullptr, nullptr, tid);
     if (tid == 0) counters[my_group] = 0u;
     return;
   }
-  merge_partials<NW, H, kD, false>(a.partial_o, a.partial_ml, part0 + group_first * group, group_count, group, smem + plan.stages,
+  merge_partials<NW, H, kD, false>(a.partial_o, a.partial_ml, part0 + group_first * group, group_count, group, smem + layout.stages,
                                 nullptr, a.group_o + (group0 + my_group * group) * kD, a.group_ml + 2 * (group0 + my_group * group), tid);
   if (tid == 0) counters[my_group] = 0u;
   if (!last_to_arrive(&counters[a.max_groups], groups, flag, tid)) return;
-  merge_partials<NW, H, kD, true>(a.group_o, a.group_ml, group0, groups, group, smem + plan.stages, out, nullptr, nullptr, tid);
+  merge_partials<NW, H, kD, true>(a.group_o, a.group_ml, group0, groups, group, smem + layout.stages, out, nullptr, nullptr, tid);
   if (tid == 0) counters[a.max_groups] = 0u;
 }
 

@@ -57,7 +57,7 @@ inline constexpr int kMaxSplits = 1024;  // merge groups of at most 32, at most 
 GAAC_HOST_DEVICE constexpr uint32_t bf16_row_stride(int channels) { return 2u * static_cast<uint32_t>(channels) + 16u; }
 
 /// Byte offsets of the parts of a decode CTA's dynamic shared memory.
-struct SmemPlan {
+struct SharedLayout {
   uint32_t stages = 0;   ///< NW × STAGES stages of 2·P tiles each (reused by the merges afterwards)
   uint32_t bars = 0;     ///< one mbarrier per stage
   uint32_t entries = 0;  ///< block-table entries of the CTA's blocks
@@ -66,9 +66,9 @@ struct SmemPlan {
   uint32_t total = 0;
 };
 
-/// Shared-memory plan for a CTA of `warps` warps with `stages` stages of tiles of `tile_stride` bytes
+/// The shared-memory layout of a CTA of `warps` warps with `stages` stages of tiles of `tile_stride` bytes
 /// and up to `blocks` blocks, tiles of C channels, P halves, room for `heads` query heads per KV head.
-GAAC_HOST_DEVICE constexpr SmemPlan plan_shared_memory(int channels, int halves, int heads, TileSource source, int warps,
+GAAC_HOST_DEVICE constexpr SharedLayout shared_memory_layout(int channels, int halves, int heads, TileSource source, int warps,
                                                        int stages, uint32_t tile_stride, int blocks) {
   const auto align16 = [](uint32_t x) { return (x + 15u) & ~15u; };
   const uint32_t tiles = 2u * static_cast<uint32_t>(halves);
@@ -77,19 +77,19 @@ GAAC_HOST_DEVICE constexpr SmemPlan plan_shared_memory(int channels, int halves,
   const uint32_t stage_bytes = static_cast<uint32_t>(warps * stages) * tiles * tile_stride;
   const uint32_t warp_merge = static_cast<uint32_t>(warps) * h * (2u + head_dim) * 4u;
   const uint32_t split_merge = h * 64u * 4u + h * 2u * 4u;  // weights of up to 64 partials per head, M and L
-  SmemPlan plan;
-  plan.stages = 0;
+  SharedLayout layout;
+  layout.stages = 0;
   const uint32_t region = align16(stage_bytes > warp_merge ? (stage_bytes > split_merge ? stage_bytes : split_merge)
                                                            : (warp_merge > split_merge ? warp_merge : split_merge));
-  plan.bars = region;
-  plan.entries = plan.bars + static_cast<uint32_t>(warps * stages) * 8u;
-  plan.bases = align16(plan.entries + static_cast<uint32_t>(blocks) * tiles * 4u);
+  layout.bars = region;
+  layout.entries = layout.bars + static_cast<uint32_t>(warps * stages) * 8u;
+  layout.bases = align16(layout.entries + static_cast<uint32_t>(blocks) * tiles * 4u);
   const uint32_t base_words = source == TileSource::gaac
                                   ? static_cast<uint32_t>(halves) * 2u * static_cast<uint32_t>(channels / 16 + channels / 8)
                                   : 0u;
-  plan.flag = plan.bases + base_words * 32u * 4u;
-  plan.total = plan.flag + 16u;
-  return plan;
+  layout.flag = layout.bases + base_words * 32u * 4u;
+  layout.total = layout.flag + 16u;
+  return layout;
 }
 
 }  // namespace gaac::cuda::detail

@@ -100,11 +100,10 @@ KernelChoice pick(Work work, int warps, int stages, uint32_t unit_bytes) {
 /// The kernel instance for a cache and `group` query heads per KV head.
 KernelChoice pick(const PagedGeometry& geo, bool compressed, int group, const DecodeConfig& config) {
   return detail::with_head_shape(geo.head_dim, "decode attention", [&]<int C, int P>() {
-    const auto of = [&]<int H>() {
+    return detail::with_query_heads(group, "decode attention", [&]<int H>() {
       return compressed ? pick<C, P, H, TileSource::gaac>(config.work, config.warps, config.stages, geo.unit_bytes)
                         : pick<C, P, H, TileSource::bf16>(config.work, config.warps, config.stages, geo.unit_bytes);
-    };
-    return group <= 8 ? of.template operator()<8>() : of.template operator()<16>();
+    });
   });
 }
 
@@ -177,7 +176,7 @@ class KernelFacts {
 
 /// Dynamic shared memory of a CTA of `k` taking up to `blocks` blocks.
 size_t shared_bytes(const PagedGeometry& geo, bool compressed, const KernelChoice& k, int blocks) {
-  return detail::plan_shared_memory(geo.tile_channels(), geo.halves(), k.heads,
+  return detail::shared_memory_layout(geo.tile_channels(), geo.halves(), k.heads,
                                     compressed ? TileSource::gaac : TileSource::bf16, k.warps, k.stages, k.tile_stride,
                                     blocks)
       .total;

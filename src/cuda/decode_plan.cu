@@ -206,7 +206,7 @@ int longest_attended(const BatchTable& batch, int window, int plan_tokens) {
 }
 
 /// The split of `longest` blocks of each of `sequences` sequences: one wave of CTAs over the whole GPU,
-/// shared equally among the (sequence, KV head) pairs, at least two blocks for each warp (a config's
+/// shared equally among the (sequence, KV head) pairs, at least one block for each warp (a config's
 /// blocks_per_split, when set, wins).
 DecodeSplit split_for(const PagedGeometry& geo, bool compressed, const KernelChoice& k, const DecodeConfig& config,
                       int sequences, int longest, int window) {

@@ -1,5 +1,5 @@
 // One warp encodes one tile into a GAAC slot (docs/format.md, sections 3-5): the device twin of the
-// reference encoder (codec/reference.cpp), written through the same layout functions of format.hpp,
+// scalar encoder (codec/codec_scalar.cpp), written through the same layout functions of format.hpp,
 // so the bytes are the same by construction and tested to be.
 //
 // Lane L does what the reference does for lane L: its groups' modes, its sign+mantissa chunks, its

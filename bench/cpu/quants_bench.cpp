@@ -59,7 +59,7 @@ void run(benchmark::State& state, GgmlType type, int64_t rows, int64_t cols, int
     return;
   }
   Problem p = make_problem(type, rows, cols, tokens);
-  const auto fn = fast ? gaac::model::avx2::matmul_rows : gaac::model::reference::matmul_rows;
+  const auto fn = fast ? gaac::model::avx2::matmul_rows : gaac::model::scalar::matmul_rows;
   for (auto _ : state) {
     fn(type, p.w.data(), p.row_bytes, cols, 0, rows, p.x.data(), tokens, p.y.data(), rows);
     benchmark::DoNotOptimize(p.y.data());

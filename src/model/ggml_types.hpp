@@ -7,7 +7,7 @@
 #include <cstdint>
 #include <iterator>
 
-#include "model/reference_kernels.hpp"
+#include "model/scalar_kernels.hpp"
 
 namespace gaac::model {
 
@@ -44,17 +44,17 @@ struct GgmlTypeInfo {
 /// Every type gaac reads, dequantizes and multiplies, in id order.
 inline constexpr GgmlTypeInfo kGgmlTypes[] = {
     // type          name    elements bytes vec_dot_type          dequantize_blocks            dot_blocks
-    {GgmlType::f32,  "F32",  1,       4,    ActivationType::f32,  reference::dequantize_f32,  nullptr},
-    {GgmlType::f16,  "F16",  1,       2,    ActivationType::f16,  reference::dequantize_f16,  nullptr},
-    {GgmlType::q4_0, "Q4_0", 32,      18,   ActivationType::q8_0, reference::dequantize_q4_0, reference::dot_q4_0},
-    {GgmlType::q4_1, "Q4_1", 32,      20,   ActivationType::q8_1, reference::dequantize_q4_1, reference::dot_q4_1},
-    {GgmlType::q5_0, "Q5_0", 32,      22,   ActivationType::q8_0, reference::dequantize_q5_0, reference::dot_q5_0},
-    {GgmlType::q5_1, "Q5_1", 32,      24,   ActivationType::q8_1, reference::dequantize_q5_1, reference::dot_q5_1},
-    {GgmlType::q8_0, "Q8_0", 32,      34,   ActivationType::q8_0, reference::dequantize_q8_0, reference::dot_q8_0},
-    {GgmlType::q4_k, "Q4_K", 256,     144,  ActivationType::q8_k, reference::dequantize_q4_k, reference::dot_q4_k},
-    {GgmlType::q5_k, "Q5_K", 256,     176,  ActivationType::q8_k, reference::dequantize_q5_k, reference::dot_q5_k},
-    {GgmlType::q6_k, "Q6_K", 256,     210,  ActivationType::q8_k, reference::dequantize_q6_k, reference::dot_q6_k},
-    {GgmlType::bf16, "BF16", 1,       2,    ActivationType::bf16, reference::dequantize_bf16, nullptr},
+    {GgmlType::f32,  "F32",  1,       4,    ActivationType::f32,  scalar::dequantize_f32,  nullptr},
+    {GgmlType::f16,  "F16",  1,       2,    ActivationType::f16,  scalar::dequantize_f16,  nullptr},
+    {GgmlType::q4_0, "Q4_0", 32,      18,   ActivationType::q8_0, scalar::dequantize_q4_0, scalar::dot_q4_0},
+    {GgmlType::q4_1, "Q4_1", 32,      20,   ActivationType::q8_1, scalar::dequantize_q4_1, scalar::dot_q4_1},
+    {GgmlType::q5_0, "Q5_0", 32,      22,   ActivationType::q8_0, scalar::dequantize_q5_0, scalar::dot_q5_0},
+    {GgmlType::q5_1, "Q5_1", 32,      24,   ActivationType::q8_1, scalar::dequantize_q5_1, scalar::dot_q5_1},
+    {GgmlType::q8_0, "Q8_0", 32,      34,   ActivationType::q8_0, scalar::dequantize_q8_0, scalar::dot_q8_0},
+    {GgmlType::q4_k, "Q4_K", 256,     144,  ActivationType::q8_k, scalar::dequantize_q4_k, scalar::dot_q4_k},
+    {GgmlType::q5_k, "Q5_K", 256,     176,  ActivationType::q8_k, scalar::dequantize_q5_k, scalar::dot_q5_k},
+    {GgmlType::q6_k, "Q6_K", 256,     210,  ActivationType::q8_k, scalar::dequantize_q6_k, scalar::dot_q6_k},
+    {GgmlType::bf16, "BF16", 1,       2,    ActivationType::bf16, scalar::dequantize_bf16, nullptr},
 };
 
 static_assert(

@@ -100,15 +100,15 @@ void geglu(float* gate, const float* up, size_t n) {
 
 void swiglu(float* gate, const float* up, size_t n) {
   if (use_avx2()) return avx2::swiglu(gate, up, n);
-  portable::swiglu(gate, up, n);
+  scalar::swiglu(gate, up, n);
 }
 
 
-namespace portable {
+namespace scalar {
 
 void swiglu(float* gate, const float* up, size_t n) {
   for (size_t i = 0; i < n; ++i) gate[i] = silu(gate[i]) * up[i];
 }
 
-}  // namespace portable
+}  // namespace scalar
 }  // namespace gaac::model::ops

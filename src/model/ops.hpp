@@ -19,7 +19,7 @@
 //              with ggml's flash-attention arithmetic.
 // Validated end to end: the engine's logits equal llama.cpp's bit for bit on 512 positions of both
 // models (docs/results.md).
-// Every function has a portable scalar version and an AVX2+FMA version that returns the same bits;
+// Every function has a scalar version and an AVX2+FMA version that returns the same bits;
 // the fast one is used when the CPU has it.
 #pragma once
 
@@ -46,8 +46,8 @@ void swiglu(float* gate, const float* up, size_t n);
 void geglu(float* gate, const float* up, size_t n);
 
 /// The scalar versions, always available: same results bit for bit (tests compare them).
-namespace portable {
+namespace scalar {
 void swiglu(float* gate, const float* up, size_t n);
-}  // namespace portable
+}  // namespace scalar
 
 }  // namespace gaac::model::ops

@@ -1,4 +1,4 @@
-// AVX2 + FMA forward-pass arithmetic: the same operations as the portable versions in ops.cpp, eight
+// AVX2 + FMA forward-pass arithmetic: the same operations as the scalar versions in ops.cpp, eight
 // lanes at a time. Built with -ffp-contract=off so that only the fused multiply-adds written here fuse.
 #include "model/ops_avx2.hpp"
 
@@ -60,13 +60,13 @@ void swiglu(float* gate, const float* up, size_t n) {
     const __m256 silu = _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), exp_polynomial(_mm256_sub_ps(_mm256_setzero_ps(), x))));
     _mm256_storeu_ps(gate + i, _mm256_mul_ps(silu, _mm256_loadu_ps(up + i)));
   }
-  if (i < n) portable::swiglu(gate + i, up + i, n - i);
+  if (i < n) scalar::swiglu(gate + i, up + i, n - i);
 }
 
 #else  // no AVX2 code in this build
 
 bool available() { return false; }
-void swiglu(float* gate, const float* up, size_t n) { portable::swiglu(gate, up, n); }
+void swiglu(float* gate, const float* up, size_t n) { scalar::swiglu(gate, up, n); }
 
 #endif
 

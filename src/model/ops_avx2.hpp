@@ -1,4 +1,4 @@
-// AVX2 + FMA versions of the heavy forward-pass functions of ops.hpp, bit-identical to the portable ones.
+// AVX2 + FMA versions of the heavy forward-pass functions of ops.hpp, bit-identical to the scalar ones.
 #pragma once
 
 #include "model/ops.hpp"

@@ -69,7 +69,7 @@ void dequantize_row(GgmlType type, const uint8_t* src, float* dst, int64_t n) {
   if (use_avx2()) {
     avx2::dequantize_row(type, src, dst, n);
   } else {
-    reference::dequantize_row(type, src, dst, n);
+    scalar::dequantize_row(type, src, dst, n);
   }
 }
 
@@ -78,7 +78,7 @@ void matmul_rows(GgmlType type, const uint8_t* w, size_t row_bytes, int64_t cols
   if (use_avx2()) {
     avx2::matmul_rows(type, w, row_bytes, cols, row_begin, row_end, x, tokens, y, y_stride);
   } else {
-    reference::matmul_rows(type, w, row_bytes, cols, row_begin, row_end, x, tokens, y, y_stride);
+    scalar::matmul_rows(type, w, row_bytes, cols, row_begin, row_end, x, tokens, y, y_stride);
   }
 }
 

@@ -4,7 +4,7 @@
 //
 // Dequantization follows ggml's dequantize_row_* expression for expression, every operation rounded
 // to float on its own (no fused multiply-add; the sources are built with -ffp-contract=off); the
-// block formats and their formulas are listed with their reference kernels (reference_kernels.hpp).
+// block formats and their formulas are listed with their reference kernels (scalar_kernels.hpp).
 // The types supported are those of the type table (ggml_types.hpp: supported_type).
 #pragma once
 
@@ -37,14 +37,14 @@ const char* active_backend();
 /// come out quiet, as F16C's vcvtph2ps gives them).
 float fp16_to_float(uint16_t bits);
 
-namespace reference {
+namespace scalar {
 /// Scalar dequantization: the oracle for every fast path. Checks its arguments like dequantize_row.
 void dequantize_row(GgmlType type, const uint8_t* src, float* dst, int64_t n);
 /// Scalar matmul_rows (dequantize each row, then plain dot products in index order: float
 /// accumulator, each product rounded to float before it is added). Checks its arguments.
 void matmul_rows(GgmlType type, const uint8_t* w, size_t row_bytes, int64_t cols, int64_t row_begin, int64_t row_end,
                  const float* x, int64_t tokens, float* y, int64_t y_stride);
-}  // namespace reference
+}  // namespace scalar
 
 namespace avx2 {
 /// True when the AVX2 path is compiled in and the CPU has AVX2, FMA and F16C.

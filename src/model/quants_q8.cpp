@@ -206,7 +206,7 @@ float round_for(ActivationType type, float v) {
 }  // namespace
 
 // ----------------------------------------------------------------------------------------------
-// Dots of each format (ggml_vec_dot_*_generic; reference_kernels.hpp)
+// Dots of each format (ggml_vec_dot_*_generic; scalar_kernels.hpp)
 
 namespace {
 
@@ -275,7 +275,7 @@ float dot_q45_k(const uint8_t* w, const uint8_t* x, int64_t blocks) {
 
 }  // namespace
 
-namespace reference {
+namespace scalar {
 
 float dot_q4_0(const uint8_t* w, const uint8_t* x, int64_t blocks) {
   using S = Strides<GgmlType::q4_0>;
@@ -393,7 +393,7 @@ float dot_q6_k(const uint8_t* w, const uint8_t* x, int64_t blocks) {
   return sumf;
 }
 
-}  // namespace reference
+}  // namespace scalar
 
 // ----------------------------------------------------------------------------------------------
 // Checks
@@ -485,7 +485,7 @@ void prepare_activations(GgmlType weight_type, int64_t cols, int64_t tokens, Qua
 // ----------------------------------------------------------------------------------------------
 // Reference
 
-namespace reference {
+namespace scalar {
 
 void quantize_activations(GgmlType weight_type, const float* x, int64_t cols, std::vector<uint8_t>& out,
                           Q8Rounding rounding) {
@@ -531,7 +531,7 @@ void matmul_rows_quantized(GgmlType type, const uint8_t* w, size_t row_bytes, in
                            int64_t row_end, const QuantizedActivations& x, float* y, int64_t y_stride) {
   detail::check_quantized_matmul(type, w, row_bytes, cols, row_begin, row_end, x, y, y_stride);
   if (activation_block_elements(x.type) == 1) {
-    reference::matmul_rows(type, w, row_bytes, cols, row_begin, row_end, x.values.data(), x.tokens, y, y_stride);
+    scalar::matmul_rows(type, w, row_bytes, cols, row_begin, row_end, x.values.data(), x.tokens, y, y_stride);
     return;
   }
   for (int64_t r = row_begin; r < row_end; ++r) {
@@ -543,7 +543,7 @@ void matmul_rows_quantized(GgmlType type, const uint8_t* w, size_t row_bytes, in
   }
 }
 
-}  // namespace reference
+}  // namespace scalar
 
 // ----------------------------------------------------------------------------------------------
 // Dispatch
@@ -560,7 +560,7 @@ void quantize_activations(GgmlType weight_type, const float* x, int64_t cols, st
   if (use_avx2()) {
     avx2::quantize_activations(weight_type, x, cols, out, rounding);
   } else {
-    reference::quantize_activations(weight_type, x, cols, out, rounding);
+    scalar::quantize_activations(weight_type, x, cols, out, rounding);
   }
 }
 
@@ -568,7 +568,7 @@ void quantize_activation_rows(const float* x, int64_t t_begin, int64_t t_end, Qu
   if (use_avx2()) {
     avx2::quantize_activation_rows(x, t_begin, t_end, out);
   } else {
-    reference::quantize_activation_rows(x, t_begin, t_end, out);
+    scalar::quantize_activation_rows(x, t_begin, t_end, out);
   }
 }
 
@@ -583,7 +583,7 @@ void matmul_rows_quantized(GgmlType type, const uint8_t* w, size_t row_bytes, in
   if (use_avx2()) {
     avx2::matmul_rows_quantized(type, w, row_bytes, cols, row_begin, row_end, x, y, y_stride);
   } else {
-    reference::matmul_rows_quantized(type, w, row_bytes, cols, row_begin, row_end, x, y, y_stride);
+    scalar::matmul_rows_quantized(type, w, row_bytes, cols, row_begin, row_end, x, y, y_stride);
   }
 }
 

@@ -89,7 +89,7 @@ uint16_t float_to_fp16(float value);
 /// Quantizes one activation row of `cols` elements (a multiple of the weight type's block size) to
 /// the vec_dot_type of `weight_type`, in ggml's block layout (for the float types: the raw fp32,
 /// fp16 or bf16 values). `out` is resized to the encoded size. Uses the AVX2 path when available
-/// (bit-identical to reference::quantize_activations for finite inputs). Throws gaac::Error for an unsupported type,
+/// (bit-identical to scalar::quantize_activations for finite inputs). Throws gaac::Error for an unsupported type,
 /// a bad column count or a null `x` with cols > 0.
 void quantize_activations(GgmlType weight_type, const float* x, int64_t cols, std::vector<uint8_t>& out,
                           Q8Rounding rounding = Q8Rounding::reference);
@@ -145,7 +145,7 @@ void matmul_rows_quantized(GgmlType type, const uint8_t* w, size_t row_bytes, in
 void matmul_rows_quantized(GgmlType type, const uint8_t* w, size_t row_bytes, int64_t cols, int64_t row_begin,
                            int64_t row_end, const QuantizedActivations& x, float* y, int64_t y_stride);
 
-namespace reference {
+namespace scalar {
 /// Scalar quantizers (the oracle for the AVX2 ones).
 void quantize_activations(GgmlType weight_type, const float* x, int64_t cols, std::vector<uint8_t>& out,
                           Q8Rounding rounding = Q8Rounding::reference);
@@ -154,10 +154,10 @@ void quantize_activation_rows(const float* x, int64_t t_begin, int64_t t_end, Qu
 /// elements (`xq` in the layout quantize_activations writes). Quantized weight types only.
 float dot_row(GgmlType type, const uint8_t* w, const uint8_t* xq, int64_t cols);
 /// Scalar matmul_rows_quantized: dot_row for each row and token (float types: the activations
-/// rounded, then reference::matmul_rows).
+/// rounded, then scalar::matmul_rows).
 void matmul_rows_quantized(GgmlType type, const uint8_t* w, size_t row_bytes, int64_t cols, int64_t row_begin,
                            int64_t row_end, const QuantizedActivations& x, float* y, int64_t y_stride);
-}  // namespace reference
+}  // namespace scalar
 
 namespace avx2 {
 /// AVX2 quantizers, bit-identical to the reference for finite inputs (throw gaac::Error when

@@ -542,7 +542,7 @@ void quantize_activations(GgmlType weight_type, const float* x, int64_t cols, st
   const int64_t block = blocked ? activation_block_elements(activation_type(weight_type)) : 1;
   if (!blocked || cols < 0 || cols % block != 0 || (cols > 0 && x == nullptr)) {
     // Float types are plain conversions; anything invalid gets the reference's error.
-    reference::quantize_activations(weight_type, x, cols, out, rounding);
+    scalar::quantize_activations(weight_type, x, cols, out, rounding);
     return;
   }
   const ActivationType type = activation_type(weight_type);

@@ -50,7 +50,7 @@ TEST(Ops, Avx2SwigluMatchesPortableBitForBit) {
   for (size_t i = 0; i < std::size(specials); ++i) gate[i * 13] = specials[i];
   const std::vector<float> up = random_floats(gate.size(), 1.0f, 2);
   std::vector<float> portable_out = gate, avx2_out = gate;
-  portable::swiglu(portable_out.data(), up.data(), gate.size());
+  scalar::swiglu(portable_out.data(), up.data(), gate.size());
   avx2::swiglu(avx2_out.data(), up.data(), gate.size());
   for (size_t i = 0; i < gate.size(); ++i) {
     ASSERT_TRUE(same_bits(portable_out[i], avx2_out[i]) || (std::isnan(portable_out[i]) && std::isnan(avx2_out[i])))

@@ -371,7 +371,7 @@ TEST(QuantsQ8, Fp16RoundingIsNearestEven) {
 using QuantizeRow = void (*)(GgmlType, const float*, int64_t, std::vector<uint8_t>&, Q8Rounding);
 
 std::vector<std::pair<std::string, QuantizeRow>> quantizers() {
-  std::vector<std::pair<std::string, QuantizeRow>> q = {{"reference", &reference::quantize_activations},
+  std::vector<std::pair<std::string, QuantizeRow>> q = {{"reference", &scalar::quantize_activations},
                                                        {"dispatch", &quantize_activations}};
   if (avx2::available()) q.emplace_back("avx2", &avx2::quantize_activations);
   return q;
@@ -539,13 +539,13 @@ TEST(QuantsQ8, Avx2QuantizersMatchReference) {
         const int64_t cols = 2048, tokens = 5;
         const std::vector<float> x = activations(kind, cols * tokens, rng);
         std::vector<uint8_t> a, b;
-        reference::quantize_activations(type, x.data(), cols, a, rounding);
+        scalar::quantize_activations(type, x.data(), cols, a, rounding);
         avx2::quantize_activations(type, x.data(), cols, b, rounding);
         ASSERT_EQ(a, b);
         QuantizedActivations qa, qb;
         prepare_activations(type, cols, tokens, qa, rounding);
         prepare_activations(type, cols, tokens, qb, rounding);
-        reference::quantize_activation_rows(x.data(), 0, tokens, qa);
+        scalar::quantize_activation_rows(x.data(), 0, tokens, qa);
         avx2::quantize_activation_rows(x.data(), 0, 2, qb);  // in two ranges, as threads would
         avx2::quantize_activation_rows(x.data(), 2, tokens, qb);
         ASSERT_EQ(qa.blocks, qb.blocks);
@@ -594,7 +594,7 @@ TEST(QuantsQ8, ReferenceWithinBoundOfExactFormula) {
             const uint8_t* w = c.w.data() + static_cast<size_t>(r) * c.row_bytes();
             const uint8_t* xq = c.q.blocks.data() + static_cast<size_t>(t) * c.q.row_bytes;
             const Exact e = exact_dot(type, w, xq, cols);
-            const double got = reference::dot_row(type, w, xq, cols);
+            const double got = scalar::dot_row(type, w, xq, cols);
             ASSERT_LE(std::fabs(got - e.value), reference_bound(type, cols, e)) << "row " << r << " token " << t;
           }
         }
@@ -607,7 +607,7 @@ using QuantizedMatmul = void (*)(GgmlType, const uint8_t*, size_t, int64_t, int6
                                  float*, int64_t);
 
 TEST(QuantsQ8, MatmulAgreesWithDotsAndBounds) {
-  std::vector<std::pair<std::string, QuantizedMatmul>> impls = {{"reference", &reference::matmul_rows_quantized},
+  std::vector<std::pair<std::string, QuantizedMatmul>> impls = {{"reference", &scalar::matmul_rows_quantized},
                                                                {"dispatch", &matmul_rows_quantized}};
   if (avx2::available()) impls.emplace_back("avx2", &avx2::matmul_rows_quantized);
   for (GgmlType type : kQuantTypes) {
@@ -628,7 +628,7 @@ TEST(QuantsQ8, MatmulAgreesWithDotsAndBounds) {
             }
             const uint8_t* w = c.w.data() + static_cast<size_t>(r) * c.row_bytes();
             const uint8_t* xq = c.q.blocks.data() + static_cast<size_t>(t) * c.q.row_bytes;
-            const float ref = reference::dot_row(type, w, xq, cols);
+            const float ref = scalar::dot_row(type, w, xq, cols);
             if (label == "reference") {
               ASSERT_EQ(bits_of(got), bits_of(ref)) << "t " << t << " r " << r;
             } else {
@@ -682,8 +682,8 @@ TEST(QuantsQ8, FloatWeightsRoundTheActivations) {
     QuantizedActivations q;
     quantize_activations(type, x.data(), cols, tokens, q);
     std::vector<float> want(static_cast<size_t>(rows * tokens)), got(want.size());
-    reference::matmul_rows(type, w.data(), row_bytes, cols, 0, rows, rounded.data(), tokens, want.data(), rows);
-    reference::matmul_rows_quantized(type, w.data(), row_bytes, cols, 0, rows, q, got.data(), rows);
+    scalar::matmul_rows(type, w.data(), row_bytes, cols, 0, rows, rounded.data(), tokens, want.data(), rows);
+    scalar::matmul_rows_quantized(type, w.data(), row_bytes, cols, 0, rows, q, got.data(), rows);
     for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(bits_of(got[i]), bits_of(want[i])) << name(type) << " " << i;
     if (avx2::available()) {
       avx2::matmul_rows(type, w.data(), row_bytes, cols, 0, rows, rounded.data(), tokens, want.data(), rows);
@@ -751,7 +751,7 @@ TEST(QuantsQ8, MatchesGgml) {
     QuantizedActivations q;
     quantize_activations(g.type, x.data(), cols, 1, q);
     float ref[rows] = {}, fast[rows] = {};
-    reference::matmul_rows_quantized(g.type, w.data(), row_bytes, cols, 0, rows, q, ref, rows);
+    scalar::matmul_rows_quantized(g.type, w.data(), row_bytes, cols, 0, rows, q, ref, rows);
     if (avx2::available()) avx2::matmul_rows_quantized(g.type, w.data(), row_bytes, cols, 0, rows, q, fast, rows);
     for (int64_t r = 0; r < rows; ++r) {
       const Exact e = exact_dot(g.type, w.data() + static_cast<size_t>(r) * row_bytes, q.blocks.data(), cols);
@@ -806,14 +806,14 @@ void check_model(const std::string& path, const std::vector<GgmlType>& expected)
       QuantizedActivations q;
       quantize_activations(type, x.data(), cols, 2, q);
       std::vector<float> ref(static_cast<size_t>(rows * 2)), fast(ref.size()), flt(ref.size());
-      reference::matmul_rows_quantized(type, tensor.bytes.data(), row_bytes, cols, 0, rows, q, ref.data(), rows);
+      scalar::matmul_rows_quantized(type, tensor.bytes.data(), row_bytes, cols, 0, rows, q, ref.data(), rows);
       if (avx2::available()) avx2::matmul_rows_quantized(type, tensor.bytes.data(), row_bytes, cols, 0, rows, q, fast.data(), rows);
-      reference::matmul_rows(type, tensor.bytes.data(), row_bytes, cols, 0, rows, x.data(), 2, flt.data(), rows);
+      scalar::matmul_rows(type, tensor.bytes.data(), row_bytes, cols, 0, rows, x.data(), 2, flt.data(), rows);
       std::vector<float> w(static_cast<size_t>(cols));
       const int64_t xblock = activation_block_elements(q.type);
       for (int64_t r = 0; r < rows; ++r) {
         const uint8_t* wr = tensor.bytes.data() + static_cast<size_t>(r) * row_bytes;
-        reference::dequantize_row(type, wr, w.data(), cols);
+        scalar::dequantize_row(type, wr, w.data(), cols);
         for (int64_t t = 0; t < 2; ++t) {
           const size_t i = static_cast<size_t>(t * rows + r);
           const uint8_t* xq = q.blocks.data() + static_cast<size_t>(t) * q.row_bytes;
@@ -889,11 +889,11 @@ TEST(QuantsQ8Arguments, Quantizers) {
   EXPECT_NO_THROW(quantize_activation_rows(x.data(), 0, 4, q));
   q.blocks.pop_back();
   EXPECT_THROW(quantize_activation_rows(x.data(), 0, 4, q), Error);
-  EXPECT_THROW(reference::quantize_activation_rows(x.data(), 0, 4, q), Error);
+  EXPECT_THROW(scalar::quantize_activation_rows(x.data(), 0, 4, q), Error);
 }
 
 TEST(QuantsQ8Arguments, Products) {
-  std::vector<QuantizedMatmul> impls = {&reference::matmul_rows_quantized, &matmul_rows_quantized};
+  std::vector<QuantizedMatmul> impls = {&scalar::matmul_rows_quantized, &matmul_rows_quantized};
   if (avx2::available()) impls.push_back(&avx2::matmul_rows_quantized);
   std::vector<uint8_t> w(144 * 8, 0);
   std::vector<float> x(1024, 0.5f), y(64);

@@ -45,7 +45,7 @@ void put16(std::vector<uint8_t>& b, size_t at, uint16_t v) {
 
 std::vector<float> ref_dequant(GgmlType type, const std::vector<uint8_t>& bytes, int64_t n) {
   std::vector<float> out(static_cast<size_t>(n));
-  reference::dequantize_row(type, bytes.data(), out.data(), n);
+  scalar::dequantize_row(type, bytes.data(), out.data(), n);
   return out;
 }
 
@@ -496,14 +496,14 @@ void check_matmul(GgmlType type, int64_t cols, int64_t rows, int64_t row_begin, 
   const int64_t y_stride = rows + 3;
   const float sentinel = -12345.0f;
   std::vector<float> y_ref(static_cast<size_t>(tokens * y_stride), sentinel), y_fast = y_ref, y_disp = y_ref;
-  reference::matmul_rows(type, w.data(), row_bytes, cols, row_begin, row_end, x.data(), tokens, y_ref.data(), y_stride);
+  scalar::matmul_rows(type, w.data(), row_bytes, cols, row_begin, row_end, x.data(), tokens, y_ref.data(), y_stride);
   avx2::matmul_rows(type, w.data(), row_bytes, cols, row_begin, row_end, x.data(), tokens, y_fast.data(), y_stride);
   matmul_rows(type, w.data(), row_bytes, cols, row_begin, row_end, x.data(), tokens, y_disp.data(), y_stride);
   ASSERT_TRUE(same_floats(y_disp, y_fast, false));
   std::vector<float> row(static_cast<size_t>(cols));
   for (int64_t r = 0; r < rows; ++r) {
     const bool inside = r >= row_begin && r < row_end;
-    if (inside) reference::dequantize_row(type, w.data() + static_cast<size_t>(r) * row_bytes, row.data(), cols);
+    if (inside) scalar::dequantize_row(type, w.data() + static_cast<size_t>(r) * row_bytes, row.data(), cols);
     for (int64_t t = 0; t < tokens; ++t) {
       const auto at = static_cast<size_t>(t * y_stride + r);
       if (!inside) {
@@ -560,7 +560,7 @@ TEST_F(Avx2, MatmulOfZeroColumnsIsZero) {
   const uint8_t w = 0;
   const float x = 0;
   avx2::matmul_rows(GgmlType::q4_k, &w, 0, 0, 0, 3, &x, 2, y.data(), 3);
-  reference::matmul_rows(GgmlType::q4_k, &w, 0, 0, 0, 3, &x, 2, y.data() + 0, 3);
+  scalar::matmul_rows(GgmlType::q4_k, &w, 0, 0, 0, 3, &x, 2, y.data() + 0, 3);
   for (float v : y) EXPECT_EQ(v, 0.0f);
 }
 
@@ -581,7 +581,7 @@ void check_model_tensors(const std::string& path, const std::vector<GgmlType>& e
     std::vector<float> want(static_cast<size_t>(cols)), got(want.size());
     for (int64_t r = 0; r < rows; ++r) {
       const uint8_t* row = t.bytes.data() + static_cast<size_t>(r) * row_bytes;
-      reference::dequantize_row(t.type, row, want.data(), cols);
+      scalar::dequantize_row(t.type, row, want.data(), cols);
       for (float v : want) ASSERT_TRUE(std::isfinite(v)) << t.name;
       if (!avx2::available()) continue;
       avx2::dequantize_row(t.type, row, got.data(), cols);
@@ -594,12 +594,12 @@ void check_model_tensors(const std::string& path, const std::vector<GgmlType>& e
     std::vector<float> x(static_cast<size_t>(tokens * cols));
     for (auto& v : x) v = normal(rng);
     std::vector<float> y_ref(static_cast<size_t>(tokens * rows)), y_fast(y_ref.size());
-    reference::matmul_rows(t.type, t.bytes.data(), row_bytes, cols, 0, rows, x.data(), tokens, y_ref.data(), rows);
+    scalar::matmul_rows(t.type, t.bytes.data(), row_bytes, cols, 0, rows, x.data(), tokens, y_ref.data(), rows);
     avx2::matmul_rows(t.type, t.bytes.data(), row_bytes, cols, 0, rows, x.data(), tokens, y_fast.data(), rows);
     std::vector<float> y_one(static_cast<size_t>(rows));
     avx2::matmul_rows(t.type, t.bytes.data(), row_bytes, cols, 0, rows, x.data(), 1, y_one.data(), rows);
     for (int64_t r = 0; r < rows; ++r) {
-      reference::dequantize_row(t.type, t.bytes.data() + static_cast<size_t>(r) * row_bytes, want.data(), cols);
+      scalar::dequantize_row(t.type, t.bytes.data() + static_cast<size_t>(r) * row_bytes, want.data(), cols);
       for (int64_t k = 0; k < tokens; ++k) {
         double abs_sum = 0.0;
         for (int64_t c = 0; c < cols; ++c) abs_sum += std::fabs(static_cast<double>(want[static_cast<size_t>(c)]) * x[static_cast<size_t>(k * cols + c)]);
@@ -666,7 +666,7 @@ void expect_argument_errors(Dequantize dq, Matmul mm) {
   EXPECT_NO_THROW(mm(GgmlType::q4_k, nullptr, 144, 256, 0, 2, nullptr, 0, nullptr, 0));  // no tokens
 }
 
-TEST(QuantArguments, ReferenceThrows) { expect_argument_errors(reference::dequantize_row, reference::matmul_rows); }
+TEST(QuantArguments, ReferenceThrows) { expect_argument_errors(scalar::dequantize_row, scalar::matmul_rows); }
 TEST(QuantArguments, DispatchThrows) { expect_argument_errors(dequantize_row, matmul_rows); }
 TEST_F(Avx2, Throws) { expect_argument_errors(avx2::dequantize_row, avx2::matmul_rows); }
 

@@ -2,7 +2,7 @@
 // table (ggml_types.hpp) points to:
 //   dequantize_<type>: `blocks` consecutive blocks at `src` to block_elements floats each at `dst`,
 //     ggml's dequantize_row_* expression for expression, every operation rounded to float on its own
-//     (quants_reference.cpp, built with -ffp-contract=off);
+//     (quants_scalar.cpp, built with -ffp-contract=off);
 //   dot_<type>: weight blocks times blocks of the type's vec_dot_type, as ggml's generic kernels
 //     (ggml_vec_dot_*_generic) compute it (quants_q8.cpp; quants_q8.hpp describes the activation blocks).
 // Blocks are little-endian and packed; "f16" is an IEEE binary16 scale. The kernels check nothing:
@@ -11,7 +11,7 @@
 
 #include <cstdint>
 
-namespace gaac::model::reference {
+namespace gaac::model::scalar {
 
 /// F32 blocks: one float each, as stored.
 void dequantize_f32(const uint8_t* src, float* dst, int64_t blocks);
@@ -59,4 +59,4 @@ float dot_q5_k(const uint8_t* w, const uint8_t* xq, int64_t blocks);
 /// Σ over `blocks` Q6_K weight blocks and Q8_K activation blocks (ggml_vec_dot_q6_K_q8_K).
 float dot_q6_k(const uint8_t* w, const uint8_t* xq, int64_t blocks);
 
-}  // namespace gaac::model::reference
+}  // namespace gaac::model::scalar

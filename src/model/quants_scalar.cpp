@@ -45,7 +45,7 @@ uint32_t le32(const uint8_t* p) {
 float half_at(const uint8_t* p) { return fp16_to_float(le16(p)); }
 float f(int v) { return static_cast<float>(v); }
 
-// One block of each format (reference_kernels.hpp lays them out).
+// One block of each format (scalar_kernels.hpp lays them out).
 
 void f32(const uint8_t* b, float* y) { y[0] = std::bit_cast<float>(le32(b)); }
 
@@ -159,7 +159,7 @@ void dequantize_unchecked(GgmlType type, const uint8_t* src, float* dst, int64_t
 
 }  // namespace
 
-namespace reference {
+namespace scalar {
 
 void dequantize_f32(const uint8_t* src, float* dst, int64_t blocks) { each_block<GgmlType::f32, f32>(src, dst, blocks); }
 void dequantize_f16(const uint8_t* src, float* dst, int64_t blocks) { each_block<GgmlType::f16, f16>(src, dst, blocks); }
@@ -197,5 +197,5 @@ void matmul_rows(GgmlType type, const uint8_t* w, size_t row_bytes, int64_t cols
   }
 }
 
-}  // namespace reference
+}  // namespace scalar
 }  // namespace gaac::model

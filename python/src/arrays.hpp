@@ -42,6 +42,9 @@ BatchRows batch_rows_from(const DeviceArray& array, bool device, const std::stri
 /// The same, written by the library (an output).
 MutableBatchRows mutable_batch_rows_from(const DeviceArray& array, bool device, const std::string& what);
 
+/// A cudaStream_t given as an int (0: the default stream; ignored on the CPU).
+inline CUstream_st* stream_of(uintptr_t stream) { return reinterpret_cast<CUstream_st*>(stream); }
+
 /// A dump from per-layer K and V arrays (`k[l]`, `v[l]`); `what` names the caller in errors.
 KvDump dump_from(const std::vector<AnyArray>& k, const std::vector<AnyArray>& v, const std::string& what);
 

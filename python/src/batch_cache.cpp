@@ -27,9 +27,6 @@ using namespace nb::literals;
 namespace gaac::python {
 namespace {
 
-/// A cudaStream_t given as an int (0: the default stream; ignored on the CPU).
-CUstream_st* stream_of(uintptr_t stream) { return reinterpret_cast<CUstream_st*>(stream); }
-
 /// gaac.BatchKvCache: holds the library's cache of either device.
 struct BatchCache {
   std::unique_ptr<BatchKvCache> cache;
@@ -109,12 +106,9 @@ void bind_batch_cache(nb::module_& m) {
             const bool device = c.cache->in_device_memory();
             const BatchRows qr = batch_rows_from(q, device, "attend: q");
             const MutableBatchRows o = mutable_batch_rows_from(out, device, "attend: out");
-            if (device) {
-              c.cache->attend(layer, qr, o, scale.value_or(0.0f), stream_of(stream));
-            } else {
-              nb::gil_scoped_release release;
-              c.cache->attend(layer, qr, o, scale.value_or(0.0f), stream_of(stream));
-            }
+            std::optional<nb::gil_scoped_release> release;  // the CPU computes: other threads may run
+            if (!device) release.emplace();
+            c.cache->attend(layer, qr, o, scale.value_or(0.0f), stream_of(stream));
           },
           "layer"_a, "q"_a, "out"_a, "scale"_a = nb::none(), "stream"_a = 0,
           "Attention of the forward's queries of `layer` (after its write): q and out bfloat16 [batch, q_heads, "

@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "arrays.hpp"
 #include "cache.hpp"
 #include "gaac/error.hpp"
 #include "gaac/kv_cache.hpp"
@@ -46,8 +47,6 @@ uint16_t* bf16_pointer(const CudaArray& a, size_t elements, const std::string& w
   if (n != elements) throw Error(what + ": expected " + std::to_string(elements) + " elements, got " + std::to_string(n));
   return static_cast<uint16_t*>(a.data());
 }
-
-cuda::Stream stream_of(uintptr_t stream) { return reinterpret_cast<cuda::Stream>(stream); }
 #endif
 
 }  // namespace

@@ -39,7 +39,7 @@ class HostBatchKvCache final : public BatchKvCache {
   }
 
   void begin(int tokens, CUstream_st*) override {
-    if (broken_) check_layer(0, "begin");
+    check_in_step("begin");
     if (tokens < 1) throw Error("begin: a forward adds at least one token, got " + std::to_string(tokens));
     if (tokens_ > 0 && !complete()) throw Error("begin: the previous forward did not write every layer");
     if (pending()) commit();
@@ -122,10 +122,15 @@ class HostBatchKvCache final : public BatchKvCache {
   bool in_device_memory() const override { return false; }
 
  private:
-  void check_layer(int layer, const char* what) const {
+  /// Throws once a forward reached some sequences and not others.
+  void check_in_step(const char* what) const {
     if (broken_)
       throw Error(std::string(what) + ": an earlier forward ran out of room after some sequences took its tokens; "
                                       "the batch is no longer in step (make a cache with a larger budget)");
+  }
+
+  void check_layer(int layer, const char* what) const {
+    check_in_step(what);
     if (layer < 0 || layer >= layers())
       throw Error(std::string(what) + ": layer " + std::to_string(layer) + " out of range for " +
                   std::to_string(layers()) + " layers");

@@ -67,7 +67,7 @@ KernelChoice pick(Work work, int warps, int stages, uint32_t unit_bytes) {
   constexpr int kDef = kDefaultStages<C, P, Src, NW>;
   constexpr int kDef4 = kDefaultStages<C, P, Src, 4>;
   if (warps == 0) warps = NW;
-  if (stages == 0) stages = warps == NW ? kDef : kDefaultStages<C, P, Src, 4>;  // 4 and 8 warps share theirs
+  if (stages == 0) stages = warps == NW ? kDef : kDef4;  // 4 and 8 warps share theirs
   if (warps == NW && stages == kDef) {
     if (work == Work::full) return choice<C, P, H, Src, Work::full, NW, kDef>(unit_bytes);
     if constexpr (C == 128 && P == 1 && H == 8) {
@@ -139,12 +139,10 @@ class KernelFacts {
   /// Resident CTAs per SM of `kernel` with `shared` bytes of dynamic shared memory (the first time,
   /// the instance is allowed the device's largest).
   int ctas_per_sm(void (*kernel)(DecodeArgs), int warps, size_t shared) {
+    const auto most = static_cast<int>(max_shared());  // before the lock: it takes it too
     const std::lock_guard<std::mutex> lock(mutex_);
     const void* key = reinterpret_cast<const void*>(kernel);
     if (!limit_set_.count(key)) {
-      int device = 0, most = 0;
-      check(cudaGetDevice(&device), "cudaGetDevice");
-      check(cudaDeviceGetAttribute(&most, cudaDevAttrMaxSharedMemoryPerBlockOptin, device), "cudaDeviceGetAttribute");
       check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, most), "cudaFuncSetAttribute");
       limit_set_[key] = true;
     }

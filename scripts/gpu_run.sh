@@ -3,11 +3,15 @@
 # compiler whose C++ runtime python3 loads: scripts/cxx_for_python.sh), run
 # the GPU tests, the decode-attention benchmark against PyTorch SDPA and FlashInfer, the codec
 # benchmark against the peer codecs (--codecs), the comparisons with earlier kernel versions,
-# compute-sanitizer memcheck and racecheck on small cases, and Nsight Compute on one case. $OUT
-# (default ./gpu-out) receives bench.json, bench.log, codecs.json and logs.tar.gz (every other log).
-#   scripts/gpu_run.sh [--prebuilt DIR] [--data DIR] [--bench-args "..."] [--skip-tests] [--skip-sanitizer]
-#                      [--skip-bench] [--codecs PEERS_DIR] [--codec-args "..."] [--profile SHAPE:CTX:BS]
+# compute-sanitizer memcheck and racecheck on small cases, and Nsight Compute on chosen cases. $OUT
+# (default ./gpu-out) receives bench.json and bench.log (bench-2.json ... for each further --bench-args),
+# codecs.json, flashinfer-jit.tar.xz (FlashInfer's kernels compiled in this call) and logs.tar.gz (every
+# other log).
+#   scripts/gpu_run.sh [--prebuilt DIR] [--data DIR] [--bench-args "..."]... [--skip-tests] [--skip-sanitizer]
+#                      [--skip-bench] [--codecs PEERS_DIR] [--codec-args "..."] [--profile SHAPE:CTX:BS]...
 #                      [--compare NAME=LIB]... [--limit SECONDS]
+# Each --bench-args is one run of the benchmark (its own shapes and cases), one after the other; each
+# --profile one case under Nsight Compute.
 # --compare times an earlier build of the benchmark library (another kernel version) on 64K batch 1
 # of `llama` against this one, in the same call, after the main benchmark; --limit is the time the
 # call may take (default 570 s), from which the benchmark's budget is derived.
@@ -16,19 +20,19 @@
 # libxxhash is missing).
 set -uo pipefail
 cd "$(dirname "$0")/.."
-prebuilt="" data="" bench_args="" skip_tests=0 skip_sanitizer=0 profile="" skip_bench=0 limit=570 compare=()
+prebuilt="" data="" bench_args=() skip_tests=0 skip_sanitizer=0 profiles=() skip_bench=0 limit=570 compare=()
 codecs="" codec_args=""
 while [ $# -gt 0 ]; do
   case $1 in
     --prebuilt) prebuilt=$2; shift 2 ;;
     --data) data=$2; shift 2 ;;
-    --bench-args) bench_args=$2; shift 2 ;;
+    --bench-args) bench_args+=("$2"); shift 2 ;;
     --skip-tests) skip_tests=1; shift ;;
     --skip-sanitizer) skip_sanitizer=1; shift ;;
     --skip-bench) skip_bench=1; shift ;;
     --codecs) codecs=$2; shift 2 ;;  # PEERS_DIR: scripts/prepare_codec_peers.sh output
     --codec-args) codec_args=$2; shift 2 ;;
-    --profile) profile=$2; shift 2 ;;  # SHAPE:CTX:BS: Nsight Compute on one GAAC and one twin launch
+    --profile) profiles+=("$2"); shift 2 ;;  # SHAPE:CTX:BS: Nsight Compute on one GAAC and one twin launch
     --compare) compare+=("$2"); shift 2 ;;
     --limit) limit=$2; shift 2 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
@@ -91,24 +95,25 @@ sanitize() {
 }
 
 profile_kernels() {
+  local profile=$1 name=${1//:/-}
   stage "nsight compute $profile"
   timeout 120 ncu --clock-control none --kernel-name regex:decode_attention_kernel --launch-skip 2 --launch-count 2 \
     --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section InstructionStats \
     --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis --section SchedulerStats \
     --metrics sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_fmaheavy.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
-    python3 bench/gpu/bench_decode.py --lib "$bin/libgaac_gpu_bench.so" --out "$out/profile.json" --profile "$profile" \
-    ${kv_dir:+--kv-dir "$kv_dir"} >"$out/ncu.txt" 2>&1
+    python3 bench/gpu/bench_decode.py --lib "$bin/libgaac_gpu_bench.so" --out "$out/profile-$name.json" --profile "$profile" \
+    ${kv_dir:+--kv-dir "$kv_dir"} >"$out/ncu-$name.txt" 2>&1
   echo "ncu: exit $?"
-  grep -E "decode_attention_kernel|Duration|DRAM Throughput|Issue Slots Busy|Achieved Occupancy|Registers Per|No Eligible|pipe_alu|inst_executed.sum|Warp Cycles Per Issued" "$out/ncu.txt" | head -30
+  grep -E "decode_attention_kernel|Duration|DRAM Throughput|Issue Slots Busy|Achieved Occupancy|Registers Per|No Eligible|pipe_alu|inst_executed.sum|Warp Cycles Per Issued" "$out/ncu-$name.txt" | head -30
 }
 
 # Logs go into one archive at the end (a call returns few files): bench.json, bench.log, logs.tar.gz.
 finish() {
   stage "done"
-  (cd "$out" && tar -czf logs.tar.gz --exclude=bench.json --exclude=bench.log --exclude=codecs.json --exclude=codecs.log \
-    --exclude=logs.tar.gz -- * 2>/dev/null &&
-    find . -maxdepth 1 -type f ! -name bench.json ! -name bench.log ! -name codecs.json ! -name codecs.log \
-      ! -name logs.tar.gz -delete)
+  (cd "$out" && tar -czf logs.tar.gz --exclude='bench*.json' --exclude='bench*.log' --exclude=codecs.json \
+    --exclude=codecs.log --exclude=flashinfer-jit.tar.xz --exclude=logs.tar.gz -- * 2>/dev/null &&
+    find . -maxdepth 1 -type f ! -name 'bench*.json' ! -name 'bench*.log' ! -name codecs.json ! -name codecs.log \
+      ! -name flashinfer-jit.tar.xz ! -name logs.tar.gz -delete)
   exit $status
 }
 
@@ -121,14 +126,24 @@ fi
 kv_dir=${data:+$data/kv}
 
 if [ $skip_bench -eq 0 ]; then
-  stage "benchmark"
-  # What runs after the benchmark: the comparisons (~8 s each), the sanitizers (~45 s), ncu (~20 s).
-  reserve=$((8 * ${#compare[@]} + (skip_sanitizer ? 0 : 45) + (${#profile} ? 20 : 0) + 10))
-  left=$((limit - SECONDS - reserve))
-  # shellcheck disable=SC2086
-  PYTHONUNBUFFERED=1 timeout $((left + 30)) python3 bench/gpu/bench_decode.py --lib "$bin/libgaac_gpu_bench.so" \
-    --out "$out/bench.json" ${kv_dir:+--kv-dir "$kv_dir"} --budget-s $((left - 20)) $bench_args 2>&1 |
-    grep -v "^  \(gaac\|bf16\)_.*stages\|^$" | tail -70
+  [ ${#bench_args[@]} -eq 0 ] && bench_args=("")
+  for i in "${!bench_args[@]}"; do
+    name=bench$([ "$i" -gt 0 ] && echo "-$((i + 1))")
+    stage "benchmark $((i + 1)) of ${#bench_args[@]}: ${bench_args[$i]}"
+    # What runs after the benchmark: the comparisons (~8 s each), the sanitizers (~45 s), ncu (~20 s each);
+    # the time left is shared by the benchmark runs still to come.
+    reserve=$((8 * ${#compare[@]} + (skip_sanitizer ? 0 : 45) + 20 * ${#profiles[@]} + 10))
+    left=$(((limit - SECONDS - reserve) / (${#bench_args[@]} - i)))
+    # shellcheck disable=SC2086
+    PYTHONUNBUFFERED=1 timeout $((left + 30)) python3 bench/gpu/bench_decode.py --lib "$bin/libgaac_gpu_bench.so" \
+      --out "$out/$name.json" ${kv_dir:+--kv-dir "$kv_dir"} --budget-s $((left - 20)) ${bench_args[$i]} 2>&1 |
+      grep -v "^  \(gaac\|bf16\)_.*stages\|^$" | tail -70
+  done
+  # FlashInfer's kernels compiled here, for a later call's --data (it compiles each on first use, 10-20 s).
+  if [ -d ~/.cache/flashinfer ] && [ ! -f "$data/flashinfer-jit.tar.xz" ]; then
+    tar -cJf "$out/flashinfer-jit.tar.xz" -C ~/.cache flashinfer 2>/dev/null &&
+      [ "$(stat -c %s "$out/flashinfer-jit.tar.xz")" -le $((16 << 20)) ] || rm -f "$out/flashinfer-jit.tar.xz"
+  fi
 fi
 if [ -n "$codecs" ]; then
   stage "codec benchmark (peers from $codecs)"
@@ -144,5 +159,5 @@ for c in "${compare[@]}"; do
     --shapes llama --cases 65536:1 --quick-variants --no-flashinfer 2>&1 | grep -E "^  (gaac|bf16_twin) "
 done
 [ $skip_sanitizer -eq 0 ] && sanitize
-[ -n "$profile" ] && profile_kernels
+for p in "${profiles[@]}"; do profile_kernels "$p"; done
 finish

@@ -170,7 +170,8 @@ int gaac_bench_plan(void* handle, int path, int work, int stages, int warps, int
     const DecodeSplit& p = plan_for(c, path, work, stages, warps, 0, q_heads).split(0);
     const std::string js = "{\"blocks_per_split\": " + std::to_string(p.blocks_per_split) +
                            ", \"max_splits\": " + std::to_string(p.max_splits) + ", \"ctas_per_sm\": " +
-                           std::to_string(p.ctas_per_sm) + ", \"shared_bytes\": " + std::to_string(p.shared_bytes) + "}";
+                           std::to_string(p.ctas_per_sm) + ", \"shared_bytes\": " + std::to_string(p.shared_bytes) +
+                           ", \"warps\": " + std::to_string(p.warps) + ", \"stages\": " + std::to_string(p.stages) + "}";
     std::snprintf(buffer, static_cast<size_t>(size), "%s", js.c_str());
   });
 }

@@ -220,9 +220,12 @@ def run_case(g, shape_name, context, batch, args, flashinfer, results, log):
                     extra=lambda stages=stages: {"plan": plan(0, 0, stages, 4)})
             measure(f"bf16_twin_stages{stages}", gaac_fn(1, stages=stages, warps=4), twin_bytes,
                     extra=lambda stages=stages: {"plan": plan(1, 0, stages, 4)})
-    if shape_name.startswith("llama"):  # CTAs of 4 and 8 warps (the default has 16: fewer, longer CTAs)
-        for warps in (4, 8):
+    # CTAs of 4, 8 and 16 warps beside the plan's own choice (the twin's best counts as a BF16 peer; a size
+    # the shape cannot take is recorded as an error).
+    for warps in (4, 8, 16):
+        if plan(0)["warps"] != warps:
             measure(f"gaac_warps{warps}", gaac_fn(0, warps=warps), gaac_bytes, extra=lambda warps=warps: {"plan": plan(0, 0, 0, warps)})
+        if plan(1)["warps"] != warps:
             measure(f"bf16_twin_warps{warps}", gaac_fn(1, warps=warps), twin_bytes, extra=lambda warps=warps: {"plan": plan(1, 0, 0, warps)})
     if shape_name == "llama" and not args.quick_variants:
         for work, wname in ((1, "no_math"), (2, "no_decode"), (3, "load_only")):

@@ -186,6 +186,8 @@ struct DecodeSplit {
   int max_groups = 0;        ///< merge groups of the longest sequence
   int ctas_per_sm = 0;       ///< resident CTAs per SM the split was sized for
   size_t shared_bytes = 0;   ///< dynamic shared memory per CTA
+  int warps = 0;             ///< warps per CTA of the kernel instance launched
+  int stages = 0;            ///< pipeline stages per warp of that instance
 };
 
 /// Decode attention planned once per batch geometry and run per layer (as FlashInfer's plan/run):

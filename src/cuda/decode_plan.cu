@@ -241,6 +241,8 @@ DecodeSplit split_for(const PagedGeometry& geo, bool compressed, const KernelCho
   split.max_groups = (split.max_splits + split.merge_group - 1) / split.merge_group;
   split.shared_bytes = shared_bytes(geo, compressed, k, split.blocks_per_split);
   split.ctas_per_sm = occupancy(split.blocks_per_split);
+  split.warps = k.warps;
+  split.stages = k.stages;
   return split;
 }
 

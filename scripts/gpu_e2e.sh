@@ -5,9 +5,11 @@
 # GaacCache(device="cuda") on random-weight models and, when given, SmolLM2 and Gemma 3) and
 # bench/gpu/bench_e2e.py. $OUT (default
 # ./gpu-out) receives e2e.json and the logs.
-#   scripts/gpu_e2e.sh --data DIR [--models DIR] [--prebuilt DIR] [--skip-tests] [--skip-bench]
+#   scripts/gpu_e2e.sh --data DIR [--models DIR] [--prebuilt DIR] [--wheel FILE] [--skip-tests] [--skip-bench]
 #                      [--bench-args "..."] [--build-only]
-# (without --models: the tests that need no model files, random-weight models among them; no benchmark)
+# (--wheel: the package built elsewhere for this machine's Python, used when it imports and sees the GPU)
+# (without --models: the tests that need no model files, random-weight models among them; the benchmark
+# only when --bench-args names models that need no files, e.g. "--only llama8b,gemma3_geometry")
 # (--build-only: the package alone, e.g. in the background while the models are still on their way).
 # MODELS holds the two GGUF files; DATA holds xxhash/ (xxhash.h: the build machine may lack it) and the
 # gguf wheel (gguf-*.whl), which transformers needs to read GGUF files. The package is built once per
@@ -15,12 +17,13 @@
 # so that every later load takes seconds.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-models="" data="" prebuilt="" skip_tests=0 skip_bench=0 bench_args="" build_only=0
+models="" data="" prebuilt="" wheel="" skip_tests=0 skip_bench=0 bench_args="" build_only=0
 while [ $# -gt 0 ]; do
   case $1 in
     --models) models=$2; shift 2 ;;
     --data) data=$2; shift 2 ;;
     --prebuilt) prebuilt=$2; shift 2 ;;
+    --wheel) wheel=$2; shift 2 ;;
     --skip-tests) skip_tests=1; shift ;;
     --skip-bench) skip_bench=1; shift ;;
     --build-only) build_only=1; shift ;;
@@ -29,7 +32,7 @@ while [ $# -gt 0 ]; do
   esac
 done
 [ -n "$data" ] || { echo "usage: $0 --data DIR [--models DIR] [...]" >&2; exit 2; }
-[ -n "$models" ] || skip_bench=1
+[ -n "$models" ] || [ -n "$bench_args" ] || skip_bench=1  # the GGUF models, or models of their own (--only llama8b)
 out=${OUT:-$PWD/gpu-out}
 mkdir -p "$out"
 stage() { printf '\n=== %s (t=%ds)\n' "$*" "$SECONDS"; }
@@ -42,6 +45,16 @@ stage "python package"
 site=/tmp/gaac-site
 # The copy of the tree there may not be a git repository: the sources' own hash says whether to rebuild.
 sources=$(find CMakeLists.txt pyproject.toml cmake include src python -type f -print0 | sort -z | xargs -0 cat | sha1sum | cut -c1-16)
+if [ -n "$wheel" ] && [ ! -f "$site/.built-$sources" ]; then
+  rm -rf "$site" && mkdir -p "$site"
+  for w in "$wheel" "$data"/gguf-*.whl; do [ -f "$w" ] && { python3 -m pip install -q --no-index --no-deps --target "$site" "$w" || exit 1; }; done
+  if PYTHONPATH=$site python3 -c "import gaac, sys; sys.exit(0 if gaac.cuda_available() else 1)"; then
+    touch "$site/.built-$sources"
+    echo "using the wheel $wheel"
+  else
+    echo "the wheel $wheel does not run here (or sees no GPU): building the package"
+  fi
+fi
 if [ ! -f "$site/.built-$sources" ]; then
   rm -rf "$site" && mkdir -p "$site"
   # transformers reads GGUF files with it (the real-model tests); the other tests need no wheel.
@@ -104,7 +117,7 @@ fi
 if [ $skip_bench = 0 ]; then
   stage "end-to-end benchmark"
   # shellcheck disable=SC2086
-  python3 bench/gpu/bench_e2e.py --models "$models" --hf-models "$hf" --out "$out/e2e.json" $bench_args \
+  python3 bench/gpu/bench_e2e.py ${models:+--models "$models"} --hf-models "$hf" --out "$out/e2e.json" $bench_args \
     2>&1 | tee "$out/e2e.log" | grep -v Warning
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """End-to-end decoding on a GPU with transformers: whole decode steps of real models (SmolLM2-135M and Gemma 3
-270M from our GGUF files) and of a model with Llama-3.1-8B's geometry (random bf16 weights: timing only), over
-three caches in one process:
+270M from our GGUF files), of models with Llama-3.1-8B's and Gemma 3 270M's geometry (random bf16 weights:
+timing only) and of any transformers model directory you give, over three caches in one process:
 
   gaac     GaacCache(device="cuda"): compressed tiles on the device, GPU finalize, the fused kernel
   twin     GaacCache(cache_format="bf16"): the same structure and kernel over BF16 tiles
@@ -15,15 +15,20 @@ step, the same graph of the attention calls alone (all layers, same cache) gives
 reads KV, and one eager step is timed for the overhead that graphs remove.
 
 Experiments:
-  equal-batch   step latency at batch 1 and 8 from 4K to each model's limit (8B: batch 1, 32K-128K)
-  equal-memory  for a fixed KV budget, the most sequences each cache holds at the context and their tokens/s
+  equal-batch   step latency at batch 1 and 8 at each model's contexts (CONTEXTS, BATCHES)
+  serving       same GPU, same KV memory: for each KV budget and context, each cache holds as many sequences
+                as fit (counted by filling real caches) and one step decodes them all; sequences held, step
+                time, tokens/s, the attention's share of the step and the raw-tile share of the gaac cache
 
-The prompt of each model (SmolLM2: a text; Gemma 3 and the 8B geometry: seeded random token ids) is filled once
-by a batch-1 prefill (SDPA, every layer kept whole) and copied into
-every sequence of a batch; the gaac caches are filled from it on the device (begin, write, finalize).
+The prompt of each model (SmolLM2: a text; the others: seeded random token ids) is filled once by a batch-1
+prefill (SDPA, every layer kept whole) and copied into every sequence of a batch; the gaac caches are filled
+from it on the device (begin, write, finalize); exponent windows are learnt on 4096 positions spread over it.
+Every cache is released (and the garbage collected, PyTorch's cache emptied) before the next is made.
 
-  python3 bench/gpu/bench_e2e.py --models DIR [--hf-models DIR] --out results.json [--only smollm2,gemma3,llama8b]
-      [--quick] [--skip-equal-memory]
+  python3 bench/gpu/bench_e2e.py --out results.json [--models DIR] [--hf-models DIR] [--only smollm2,gemma3,llama8b]
+      [--experiments equal-batch,serving] [--quick] [--contexts 8192,...] [--batches 1,8] [--budgets 40G,100G]
+  # your own model and budget (the serving table for your GPU):
+  python3 bench/gpu/bench_e2e.py --out mine.json --model-path /path/to/model --experiments serving --budgets 40G
 """
 import argparse
 import gc
@@ -42,10 +47,14 @@ import gaac.transformers as gt
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 GGUF = {"smollm2": "SmolLM2-135M-Instruct.Q4_1.gguf", "gemma3": "gemma-3-270m-q4_k_m.gguf"}
-CONTEXTS = {"smollm2": [4096, 8192], "gemma3": [4096, 8192, 16384, 32768], "llama8b": [32768, 65536, 131072]}
-BATCHES = {"smollm2": [1, 8], "gemma3": [1, 8], "llama8b": [1]}
-# (model, context, KV budget in bytes): the paper's Llama-3.1-8B row (64K, 18 GB) and Gemma 3 at its limit.
-EQUAL_MEMORY = [("llama8b", 65536, 18 * 10**9), ("gemma3", 32768, 2 * 10**9)]
+# Equal batch: contexts and batch sizes per model (gemma3_geometry: Gemma 3 270M's geometry, random weights).
+CONTEXTS = {"smollm2": [4096, 8192], "gemma3": [4096, 8192, 16384, 32768], "gemma3_geometry": [8192, 32768],
+            "llama8b": [32768, 65536, 131072]}
+BATCHES = {"smollm2": [1, 8], "gemma3": [1, 8], "gemma3_geometry": [1, 8], "llama8b": [1, 8]}
+# Serving at equal memory: KV budgets per model and the contexts of every budget.
+SERVING_BUDGETS = {"llama8b": [40 * 10**9, 100 * 10**9], "gemma3": [2 * 10**9, 8 * 10**9],
+                   "gemma3_geometry": [2 * 10**9, 8 * 10**9], "smollm2": [2 * 10**9, 8 * 10**9]}
+SERVING_CONTEXTS = [8192, 16384, 32768]
 REPLAYS = 30
 FILL_CHUNK = 4096  # tokens written into a gaac cache per begin when filling it from a prefill
 GROWTH = 64  # tokens a cache may grow by while being timed (warm-up, capture, replays)
@@ -65,6 +74,16 @@ def load_model(name, models_dir, hf_dir=None):
                              max_position_embeddings=131072 + 1024, rms_norm_eps=1e-5, tie_word_embeddings=False)
         with torch.device("cuda"):
             model = LlamaForCausalLM._from_config(config, dtype=torch.bfloat16)
+    elif name == "gemma3_geometry":  # Gemma 3 270M's configuration, random weights: timing only
+        from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+        config = Gemma3TextConfig(vocab_size=262144, hidden_size=640, intermediate_size=2048, num_hidden_layers=18,
+                                  num_attention_heads=4, num_key_value_heads=1, head_dim=256, sliding_window=512,
+                                  max_position_embeddings=32768 + 1024, query_pre_attn_scalar=256)
+        with torch.device("cuda"):
+            model = Gemma3ForCausalLM._from_config(config, dtype=torch.bfloat16)
+    elif name not in GGUF:  # a transformers model directory
+        model = AutoModelForCausalLM.from_pretrained(name, dtype=torch.bfloat16).cuda()
     else:
         converted = pathlib.Path(hf_dir or "/nonexistent") / GGUF[name]  # saved by save_pretrained: loads in seconds
         if converted.is_dir():
@@ -80,7 +99,7 @@ def prompt_ids(name, model, models_dir, tokens):
     """A prompt of `tokens` ids: SmolLM2's tokens of the calibration text, repeated; seeded random ids for Gemma 3
     (transformers' GGUF tokenizer for it is not the model's) and for the random-weight model."""
     if name != "smollm2":
-        top = 20000 if name == "gemma3" else 100000
+        top = min(20000 if name.startswith("gemma3") else 100000, model.config.get_text_config().vocab_size)
         return torch.randint(100, top, (1, tokens), generator=torch.Generator().manual_seed(0)).cuda()
     from transformers import AutoTokenizer
 
@@ -181,8 +200,10 @@ def eager_time(fn, steps=3):
 
 
 @torch.no_grad()
-def measure(model, name, kind, cache, batch, context):
-    """Step, attention-only and eager step times (ms) of one cache."""
+def measure(model, name, kind, cache, batch, context, graph=True):
+    """Step, attention-only and eager step times (ms) of one cache. `graph=False` takes the eager step as the
+    step (for a DynamicCache of many gigabytes: every layer's concatenation captured in one graph would keep
+    a second copy of the whole cache in the graph's memory pool)."""
     text = model.config.get_text_config()
     q_heads, head_dim = text.num_attention_heads, cache_head_dim(text)
     ids = torch.full((batch, 1), 1000, dtype=torch.long, device="cuda")
@@ -198,7 +219,7 @@ def measure(model, name, kind, cache, batch, context):
     # The capture counted one begin on the host; every replay after the first adds a token on the device.
     on_replay = None if kind == "sdpa" else (lambda i: cache.note_replayed(1) if i > 0 else None)
     eager = eager_time(step)
-    step_ms = graph_time(step, on_replay=on_replay)
+    step_ms = graph_time(step, on_replay=on_replay) if graph else eager
     q = torch.randn((batch, q_heads, 1, head_dim), device="cuda").bfloat16()
     out = torch.empty_like(q)
     scale = getattr(text, "query_pre_attn_scalar", None)
@@ -217,102 +238,180 @@ def measure(model, name, kind, cache, batch, context):
     if kind != "sdpa":
         cache.kv.check()
     return {"step_ms": step_ms, "attention_ms": attention_ms, "eager_step_ms": eager,
-            "attention_share": attention_ms / step_ms}
+            "attention_share": attention_ms / step_ms, "step_timing": "graph" if graph else "eager"}
 
 
 def cache_head_dim(text):
     return getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
 
 
-def run_config(model, name, kv, table, batch, context, budget=None, kinds=("gaac", "twin", "sdpa")):
+def run_config(model, name, kv, table, batch, context, kinds=("gaac", "twin", "sdpa")):
     row = {"model": name, "batch": batch, "context": context}
     for kind in kinds:
-        torch.cuda.empty_cache()
-        if kind == "sdpa":
-            cache = dynamic_cache(model, kv, batch, context)
-        else:
-            cache = gaac_cache(model, kv, table, "gaac" if kind == "gaac" else "bf16", batch, context, budget)
-        row[kind + "_bytes"] = cache_bytes(kind, cache)
+        cache = None
         try:
-            row[kind] = measure(model, name, kind, cache, batch, context)
-        except Exception as e:  # recorded, and the run goes on
-            row[kind] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0]}", "step_ms": math.nan}
+            if kind == "sdpa":
+                cache = dynamic_cache(model, kv, batch, context)
+            else:
+                cache = gaac_cache(model, kv, table, "gaac" if kind == "gaac" else "bf16", batch, context,
+                                   device_budget(model, table, kind, batch, context))
+            row[kind + "_bytes"] = cache_bytes(kind, cache)
+            # A DynamicCache's step in a graph holds a second copy of the cache (see measure).
+            graph = kind != "sdpa" or row[kind + "_bytes"] + 4 * 10**9 < torch.cuda.mem_get_info()[0]
+            row[kind] = measure(model, name, kind, cache, batch, context, graph)
+            if kind == "gaac":
+                u = cache.usage()
+                row["gaac_tiles"] = {"compressed": u["compressed_tiles"], "raw": u["raw_tiles"]}
+        except Exception as e:  # recorded (a cache the device cannot hold, say), and the run goes on
+            row[kind] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}", "step_ms": math.nan}
             log(f"[{name}] {kind} batch {batch} context {context}: {row[kind]['error']}")
-        if kind == "gaac":
-            u = cache.usage()
-            row["gaac_tiles"] = {"compressed": u["compressed_tiles"], "raw": u["raw_tiles"]}
-        del cache
+        cache = None
+        release()
     row["gaac_vs_twin"] = row["twin"]["step_ms"] / row["gaac"]["step_ms"] if "twin" in row else None
     row["gaac_vs_sdpa"] = row["sdpa"]["step_ms"] / row["gaac"]["step_ms"] if "sdpa" in row else None
     log(json.dumps(row))
     return row
 
 
-def most_sequences(model, kv, table, fmt, context, budget, start):
-    """The most sequences of context + GROWTH tokens a `fmt` cache of `budget` bytes holds, from `start` up."""
-    n, best = start, 0
-    while True:
-        try:
-            torch.cuda.empty_cache()
-            cache = gaac_cache(model, kv, table, fmt, n, context + GROWTH, budget)
-            del cache
-            best, n = n, n + 1
-        except gaac.GaacError:  # CacheFullError, or a table without rows for them
-            if n == start and start > 1:
-                n, start = n - 1, n - 1
-                continue
-            return best
-
-
-def equal_memory(model, name, kv, table, context, budget):
+def device_budget(model, table, kind, batch, context):
+    """None (the cache's worst case for its tokens) where the device has room for that; else what the device
+    has free but 4 GB, so a cache that holds the sequences in less than its worst case still runs."""
     layers, kv_heads, head_dim, windows = gt._geometry(model.config)
-    # BF16: the exact count (its tiles never change size); GAAC: measured by filling.
-    per_seq = gaac.KvCache.worst_case_budget(layers, kv_heads, head_dim, context + GROWTH, 1, None, "bf16", windows)
-    twin_n = most_sequences(model, kv, table, "bf16", context, budget, max(1, budget // per_seq))
-    gaac_n = most_sequences(model, kv, table, "gaac", context, budget, max(1, twin_n))
-    one = dynamic_cache(model, kv, 1, context)  # its sliding layers keep their window only
-    bf16_n = budget // cache_bytes("sdpa", one)
+    worst = gaac.KvCache.worst_case_budget(layers, kv_heads, head_dim, context + GROWTH, batch,
+                                           table if kind == "gaac" else None, "gaac" if kind == "gaac" else "bf16",
+                                           windows)
+    free = torch.cuda.mem_get_info()[0]
+    return None if worst < free - 4 * 10**9 else max(1, free - 4 * 10**9)
+
+
+def release():
+    """Frees the device memory of what the caller has just dropped (`del`): a GaacCache and its layers refer
+    to each other, so only the garbage collector frees the cache (and its device budget); graphs' private
+    pools go back with torch's cache."""
+    gc.collect()
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+
+
+def gaac_fits(model, kv, table, fmt, n, context, budget):
+    """True when a `fmt` cache of `budget` bytes holds `n` sequences of `context` tokens (plus the growth
+    of a measurement)."""
+    fits = True
+    try:
+        cache = gaac_cache(model, kv, table, fmt, n, context, budget)
+        del cache
+    except gaac.CacheFullError:
+        fits = False
+    release()  # after the except block: its traceback held the half-filled cache
+    return fits
+
+
+def most_sequences(model, kv, table, fmt, context, budget, estimate):
+    """The most sequences a `fmt` cache of `budget` bytes holds, searched from `estimate` by filling caches."""
+    n = max(1, estimate)
+    if gaac_fits(model, kv, table, fmt, n, context, budget):
+        while gaac_fits(model, kv, table, fmt, n + 1, context, budget):
+            n += 1
+        return n
+    while n > 1:
+        n -= 1
+        if gaac_fits(model, kv, table, fmt, n, context, budget):
+            return n
+    return 0
+
+
+def serving(model, name, kv, table, context, budget):
+    """Same GPU, same KV memory: each cache holds as many sequences of `context` tokens as `budget` bytes
+    take, and one decode step serves them all (the weights are read once for every sequence)."""
+    layers, kv_heads, head_dim, windows = gt._geometry(model.config)
+    tokens = context + GROWTH
+    per_bf16 = gaac.KvCache.worst_case_budget(layers, kv_heads, head_dim, tokens, 1, None, "bf16", windows)
+    twin_n = most_sequences(model, kv, table, "bf16", context, budget, budget // per_bf16)
+    # GAAC: a sequence's resident bytes, measured on one, give the first guess; filling decides.
+    one = gaac_cache(model, kv, table, "gaac", 1, context)
+    u = one.usage()
+    per_gaac = u["resident_bytes"] * tokens / context
+    raw_share = u["raw_tiles"] / max(1, u["raw_tiles"] + u["compressed_tiles"])
     del one
-    row = {"model": name, "context": context, "budget_bytes": budget, "twin_sequences": twin_n,
-           "gaac_sequences": gaac_n, "sdpa_sequences_by_bytes": bf16_n}
-    for kind, n in (("gaac", gaac_n), ("twin", twin_n)):
-        cache = gaac_cache(model, kv, table, "gaac" if kind == "gaac" else "bf16", n, context, budget)
-        t = measure(model, name, kind, cache, n, context)
-        row[kind] = dict(t, tokens_per_s=n / (t["step_ms"] / 1e3), resident_bytes=cache_bytes(kind, cache))
-        del cache
-    if bf16_n >= 1:
-        cache = dynamic_cache(model, kv, bf16_n, context)
-        t = measure(model, name, "sdpa", cache, bf16_n, context)
-        row["sdpa"] = dict(t, tokens_per_s=bf16_n / (t["step_ms"] / 1e3))
-        del cache
-    row["gain_vs_twin"] = row["gaac"]["tokens_per_s"] / row["twin"]["tokens_per_s"]
+    release()
+    gaac_n = most_sequences(model, kv, table, "gaac", context, budget, int(budget // per_gaac))
+    probe = dynamic_cache(model, kv, 1, context)  # its sliding layers keep their window only
+    sdpa_n = int(budget // cache_bytes("sdpa", probe))
+    del probe
+    release()
+    row = {"model": name, "context": context, "budget_bytes": budget, "raw_tile_share": raw_share,
+           "sequences": {"gaac": gaac_n, "twin": twin_n, "sdpa": sdpa_n}}
+    for kind, n in (("gaac", gaac_n), ("twin", twin_n), ("sdpa", sdpa_n)):
+        if n < 1:
+            row[kind] = {"error": "no sequence fits the budget"}
+            continue
+        try:
+            if kind == "sdpa":
+                cache = dynamic_cache(model, kv, n, context)
+            else:
+                cache = gaac_cache(model, kv, table, "gaac" if kind == "gaac" else "bf16", n, context, budget)
+            t = measure(model, name, kind, cache, n, context, graph=kind != "sdpa")
+            row[kind] = dict(t, tokens_per_s=n / (t["step_ms"] / 1e3), kv_bytes=cache_bytes(kind, cache))
+        except Exception as e:  # recorded (an out-of-memory DynamicCache, say), and the run goes on
+            row[kind] = {"error": f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"}
+        cache = None
+        release()
+        log(f"[{name}] {budget / 1e9:.0f} GB, {context} tokens, {kind}: {n} sequences, {row[kind]}")
+    best_bf16 = max((row[k].get("tokens_per_s", 0.0) for k in ("twin", "sdpa")), default=0.0)
+    row["gaac_vs_best_bf16_tokens_per_s"] = row["gaac"].get("tokens_per_s", math.nan) / best_bf16 if best_bf16 else None
+    row["gaac_vs_twin_sequences"] = gaac_n / twin_n if twin_n else None
     log(json.dumps(row))
     return row
 
 
+def parse_size(text):
+    """Bytes of '40G', '2.5G', '800M' or a plain number (decimal units, as GPU memory is quoted)."""
+    units = {"K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
+    text = text.strip().upper().removesuffix("B")
+    return int(float(text[:-1]) * units[text[-1]]) if text and text[-1] in units else int(text)
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--models", required=True, help="directory of the GGUF files")
+    ap.add_argument("--models", help="directory of the GGUF files (smollm2, gemma3)")
     ap.add_argument("--hf-models", help="directory of the same models saved by save_pretrained (one folder per GGUF "
                     "file name), used when present")
+    ap.add_argument("--model-path", action="append", default=[],
+                    help="a transformers model directory of your own (repeatable); its name is the folder's")
     ap.add_argument("--out", required=True)
-    ap.add_argument("--only", default="smollm2,gemma3,llama8b")
-    ap.add_argument("--quick", action="store_true", help="the shortest and longest context of each model only")
-    ap.add_argument("--skip-equal-memory", action="store_true")
-    ap.add_argument("--skip-equal-batch", action="store_true")
+    ap.add_argument("--only", default="smollm2,gemma3,llama8b",
+                    help=f"models, of: {', '.join(CONTEXTS)} (with --model-path: those only, unless given)")
+    ap.add_argument("--experiments", default="equal-batch,serving", help="equal-batch, serving, or both")
+    ap.add_argument("--quick", action="store_true", help="equal batch: the shortest and longest context only")
+    ap.add_argument("--budgets", help="serving: KV budgets, e.g. 40G,100G (default: the model's in SERVING_BUDGETS)")
+    ap.add_argument("--contexts", help="serving: contexts in tokens (default: " +
+                    ",".join(map(str, SERVING_CONTEXTS)) + "); equal batch: instead of the model's own")
+    ap.add_argument("--batches", help="equal batch: batch sizes instead of the model's own")
     args = ap.parse_args()
-    unknown = [m for m in args.only.split(",") if m not in CONTEXTS]
+    experiments = set(args.experiments.split(","))
+    if experiments - {"equal-batch", "serving"}:
+        ap.error(f"--experiments: unknown {', '.join(experiments - {'equal-batch', 'serving'})}")
+    names = args.only.split(",") if args.only and (not args.model_path or "--only" in sys.argv) else []
+    unknown = [m for m in names if m not in CONTEXTS]
     if unknown:
         ap.error(f"--only: unknown model(s) {', '.join(unknown)} (known: {', '.join(CONTEXTS)})")
+    if any(m in GGUF for m in names) and not args.models:
+        ap.error("--models DIR is needed for " + ", ".join(m for m in names if m in GGUF))
     torch.backends.cuda.matmul.allow_tf32 = False
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-               "transformers": __import__("transformers").__version__, "equal_batch": [], "equal_memory": []}
-    for name in args.only.split(","):
+               "transformers": __import__("transformers").__version__, "equal_batch": [], "serving": []}
+    for name in names + args.model_path:
         model = load_model(name, args.models, args.hf_models)
-        contexts = CONTEXTS[name][::len(CONTEXTS[name]) - 1] if args.quick else CONTEXTS[name]
-        longest = max(contexts)
-        if not args.skip_equal_memory:
-            longest = max([longest] + [c for m, c, _ in EQUAL_MEMORY if m == name])
+        if name in args.model_path:
+            name = pathlib.Path(name).name
+        contexts = [int(c) for c in args.contexts.split(",")] if args.contexts else CONTEXTS.get(name, SERVING_CONTEXTS)
+        batch_sizes = [int(b) for b in args.batches.split(",")] if args.batches else BATCHES.get(name, [1, 8])
+        batch_contexts = contexts[::max(1, len(contexts) - 1)] if args.quick else contexts
+        serving_contexts = [int(c) for c in args.contexts.split(",")] if args.contexts else SERVING_CONTEXTS
+        budgets = ([parse_size(b) for b in args.budgets.split(",")] if args.budgets
+                   else SERVING_BUDGETS.get(name, [20 * 10**9]))
+        longest = max((batch_contexts if "equal-batch" in experiments else []) +
+                      (serving_contexts if "serving" in experiments else []))
         ids = prompt_ids(name, model, args.models, longest + 2 * GROWTH)
         t0 = time.time()
         kv = prefill(model, ids)
@@ -321,17 +420,39 @@ def main():
         # Windows learnt on 4096 positions spread over the whole prompt (the first positions alone leave
         # far more raw tiles at long context; docs/performance.md, "Where calibration looks").
         table = gt.calibrate_kv([k for k, _ in kv], [v for _, v in kv], sample_tokens=4096)
-        for context in [] if args.skip_equal_batch else contexts:
-            for batch in BATCHES[name]:
-                results["equal_batch"].append(run_config(model, name, kv, table, batch, context))
-        if not args.skip_equal_memory:
-            for m, context, budget in EQUAL_MEMORY:
-                if m == name:
-                    results["equal_memory"].append(equal_memory(model, name, kv, table, context, budget))
-        pathlib.Path(args.out).write_text(json.dumps(results, indent=1))
-        del model, kv
-        torch.cuda.empty_cache()
+        if "equal-batch" in experiments:
+            for context in batch_contexts:
+                for batch in batch_sizes:
+                    results["equal_batch"].append(run_config(model, name, kv, table, batch, context))
+                    pathlib.Path(args.out).write_text(json.dumps(results, indent=1))
+        if "serving" in experiments:
+            for budget in budgets:
+                for context in serving_contexts:
+                    results["serving"].append(serving(model, name, kv, table, context, budget))
+                    pathlib.Path(args.out).write_text(json.dumps(results, indent=1))
+        del model, kv, table
+        release()
     pathlib.Path(args.out).write_text(json.dumps(results, indent=1))
+    print_serving_table(results["serving"])
+
+
+def print_serving_table(rows):
+    """The serving rows as a Markdown table."""
+    if not rows:
+        return
+    log("\n| model | KV budget | context | sequences gaac / twin / sdpa | step ms gaac / twin / sdpa | "
+        "tokens/s gaac / twin / sdpa | attention share gaac / twin / sdpa | gaac / best BF16 tokens/s | raw tiles |")
+    log("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        kinds = ("gaac", "twin", "sdpa")
+        num = lambda k, f, fmt: format(r[k][f], fmt) if f in r[k] else "–"
+        log(f"| {r['model']} | {r['budget_bytes'] / 1e9:g} GB | {r['context']} | "
+            + " / ".join(str(r["sequences"][k]) for k in kinds) + " | "
+            + " / ".join(num(k, "step_ms", ".2f") for k in kinds) + " | "
+            + " / ".join(num(k, "tokens_per_s", ".0f") for k in kinds) + " | "
+            + " / ".join(num(k, "attention_share", ".0%") for k in kinds) + " | "
+            + (f"{r['gaac_vs_best_bf16_tokens_per_s']:.2f}×" if r["gaac_vs_best_bf16_tokens_per_s"] else "–")
+            + f" | {r['raw_tile_share']:.2%} |")
 
 
 if __name__ == "__main__":

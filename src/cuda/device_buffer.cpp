@@ -1,6 +1,7 @@
 // The device itself and plain device allocations: cudaMalloc, cudaFree and synchronous copies.
 #include <cuda_runtime_api.h>
 
+#include <cstdio>
 #include <string>
 
 #include "cuda/check.hpp"
@@ -26,8 +27,28 @@ std::string device_description() {
          std::to_string(prop.major) + "." + std::to_string(prop.minor);
 }
 
+namespace {
+
+std::string gib(size_t bytes) {
+  char text[32];
+  std::snprintf(text, sizeof text, "%.2f GiB", static_cast<double>(bytes) / (1ull << 30));
+  return text;
+}
+
+}  // namespace
+
 DeviceBuffer::DeviceBuffer(size_t bytes) : bytes_(bytes) {
-  if (bytes > 0) check(cudaMalloc(&data_, bytes), "cudaMalloc of " + std::to_string(bytes) + " bytes");
+  if (bytes == 0) return;
+  const cudaError_t status = cudaMalloc(&data_, bytes);
+  if (status == cudaErrorMemoryAllocation) {
+    cudaGetLastError();  // not sticky: clear it
+    size_t free = 0, total = 0;
+    cudaMemGetInfo(&free, &total);
+    throw Error("device memory: " + std::to_string(bytes) + " bytes (" + gib(bytes) + ") asked for, " + gib(free) +
+                " of " + gib(total) + " free on the device (memory other caches, tensors or PyTorch's caching "
+                "allocator hold is not free: release them, or call torch.cuda.empty_cache(), or give a smaller budget)");
+  }
+  check(status, "cudaMalloc of " + std::to_string(bytes) + " bytes");
 }
 
 DeviceBuffer::~DeviceBuffer() {

@@ -448,6 +448,18 @@ TEST_F(GpuCodec, SnapshotExtremeBasesEqualHost) {
   }
 }
 
+TEST_F(GpuCodec, AnAllocationTooLargeSaysWhatTheDeviceHasFree) {
+  try {
+    DeviceBuffer too_large(size_t{1} << 52);  // 4 PiB
+    FAIL() << "a 4 PiB allocation succeeded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("4503599627370496 bytes"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("free on the device"), std::string::npos) << e.what();
+  }
+  DeviceBuffer fine(1 << 20);  // the failure left no sticky error behind
+  EXPECT_EQ(fine.bytes(), size_t{1} << 20);
+}
+
 TEST_F(GpuCodec, SmallCaseForTheSanitizers) {
   std::vector<KvDump> seqs = {adversarial(2, 128, 48, 1), adversarial(2, 128, 32, 2)};
   check_finalize(seqs, uniform_table(1, 2, 128, kCapacity));

@@ -109,7 +109,7 @@ TEST_P(BatchCacheOnDevice, HoldsAndAttendsWhatTheHostCacheDoes) {
   int first = 0;
   for (int step = 0; step <= kSteps; ++step) {
     const int n = step == 0 ? kPrompt : 1;
-    for (BatchKvCache* c : {host.get(), gpu.get(), twin.get()}) c->begin(n, nullptr);
+    for (BatchKvCache* c : {host.get(), gpu.get(), twin.get()}) c->begin(n, {}, nullptr);
     for (int layer = 0; layer < 2; ++layer) {
       const Rows k = kv_rows(all, layer, TensorKind::key, first, n), v = kv_rows(all, layer, TensorKind::value, first, n);
       host->write(layer, k.on_host(), v.on_host(), nullptr);
@@ -144,10 +144,10 @@ TEST_P(BatchCacheOnDevice, HoldsAndAttendsWhatTheHostCacheDoes) {
     first += n;
   }
   EXPECT_LT(worst, 1e-2) << "GPU against CPU, worst (sequence, head) relative L2 error";
-  EXPECT_EQ(gpu->length(), kPrompt + kSteps);
+  EXPECT_EQ(gpu->length(0), kPrompt + kSteps);
 
   // The same tokens, the same tiles: the host cache has appended the last step once the next begins.
-  host->begin(1, nullptr);
+  host->begin(1, {}, nullptr);
   const CacheUsage h = host->usage(), g = gpu->usage();
   EXPECT_EQ(g.compressed_tiles, h.compressed_tiles);
   EXPECT_EQ(g.raw_tiles, h.raw_tiles);
@@ -174,25 +174,25 @@ TEST(BatchCacheOnDeviceErrors, MisuseIsReportedBeforeAnythingRuns) {
   DeviceBuffer rows(2 * 2 * 16 * 64 * 2);
   const BatchRows r{static_cast<const uint16_t*>(rows.data()), 1, 2, 16, 64, 2 * 16 * 64, 16 * 64, 64};
   EXPECT_THROW(cache->write(0, r, r, nullptr), Error);  // no forward
-  cache->begin(16, nullptr);
+  cache->begin(16, {}, nullptr);
   EXPECT_THROW(cache->write(2, r, r, nullptr), Error);  // no such layer
   BatchRows wrong = r;
   wrong.tokens = 15;
   EXPECT_THROW(cache->write(0, wrong, wrong, nullptr), Error);
   cache->write(0, r, r, nullptr);
   EXPECT_THROW(cache->write(0, r, r, nullptr), Error);  // twice
-  EXPECT_THROW(cache->begin(1, nullptr), Error);        // layer 1 not written
+  EXPECT_THROW(cache->begin(1, {}, nullptr), Error);        // layer 1 not written
   cache->write(1, r, r, nullptr);
   const MutableBatchRows out{static_cast<uint16_t*>(rows.data()), 1, 4, 16, 64, 4 * 16 * 64, 16 * 64, 64};
   EXPECT_THROW(cache->attend(0, BatchRows{out.data, 1, 4, 16, 64, 4 * 16 * 64, 16 * 64, 64}, out, 0.0f, nullptr),
                Error);  // 16 new tokens on the GPU
   try {
-    cache->begin(64, nullptr);  // past max_tokens
+    cache->begin(64, {}, nullptr);  // past max_tokens
     FAIL() << "64 more tokens should not fit a table of 64";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::out_of_space);
   }
-  EXPECT_EQ(cache->length(), 16);
+  EXPECT_EQ(cache->length(0), 16);
 }
 
 }  // namespace

@@ -195,5 +195,37 @@ TEST(BatchCacheOnDeviceErrors, MisuseIsReportedBeforeAnythingRuns) {
   EXPECT_EQ(cache->length(0), 16);
 }
 
+TEST(BatchCacheOnDeviceEdits, ResetAndAnEmptyBatchResizeWhatItCannotDoRaises) {
+  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+  BatchCacheConfig c;
+  c.cache.geometry = {2, 2, 64, {}};
+  c.cache.format = CacheFormat::bf16;
+  c.cache.budget_bytes = worst_case_budget(c.cache.geometry, CacheFormat::bf16, nullptr, 64, 3);
+  c.batch = 1;
+  c.max_tokens = 64;
+  const auto cache = make_device_batch_kv_cache(c);
+  cache->select(std::vector<int>{0, 0, 0});  // empty: a batch of three
+  EXPECT_EQ(cache->batch(), 3);
+  DeviceBuffer rows(3 * 2 * 16 * 64 * 2);
+  const BatchRows r{static_cast<const uint16_t*>(rows.data()), 3, 2, 16, 64, 2 * 16 * 64, 16 * 64, 64};
+  EXPECT_THROW(cache->begin(16, std::vector<uint8_t>(47, 1), nullptr), Error);  // 47 flags for 3 × 16 tokens
+  cache->begin(16, {}, nullptr);
+  cache->write(0, r, r, nullptr);
+  cache->write(1, r, r, nullptr);
+  EXPECT_EQ(cache->length(2), 16);
+  cache->select(std::vector<int>{0, 1, 2});           // the same rows: nothing to do
+  EXPECT_THROW(cache->select(std::vector<int>{1, 0, 2}), Error);  // a reorder: not on the GPU yet
+  EXPECT_THROW(cache->truncate(std::vector<int>{8, 16, 16}), Error);
+  EXPECT_THROW(cache->clone(), Error);
+  std::vector<uint8_t> pads(3 * 1, 1);
+  pads[0] = 0;
+  EXPECT_THROW(cache->begin(1, pads, nullptr), Error);  // pads: not on the GPU yet
+  const uint64_t free_before = cache->usage().units_free;
+  cache->reset();
+  for (int b = 0; b < 3; ++b) EXPECT_EQ(cache->length(b), 0);
+  EXPECT_GT(cache->usage().units_free, free_before);
+  EXPECT_EQ(cache->usage().units_free, cache->usage().units);
+}
+
 }  // namespace
 }  // namespace gaac::cuda

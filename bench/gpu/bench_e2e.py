@@ -130,11 +130,12 @@ def gaac_cache(model, kv, table, fmt, batch, context, budget=None):
     # tile) until finalized, so one begin of the whole prompt would need room for all of it raw.
     for first in range(0, context, FILL_CHUNK):
         n = min(FILL_CHUNK, context - first)
-        cache.kv.begin(n, stream)
+        cache.kv.begin(n, stream=stream)
         for layer, (k, v) in enumerate(kv):
             cache.kv.write(layer, k[:, :, first:first + n].expand(batch, -1, -1, -1),
                            v[:, :, first:first + n].expand(batch, -1, -1, -1), stream)
     cache.kv.check()
+    cache.note_written(context)  # the columns the cache's positions and masks count
     return cache
 
 

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <span>
 
 #include "gaac/attention.hpp"
 #include "gaac/export.h"
@@ -45,7 +46,7 @@ using MutableBatchRows = BasicBatchRows<uint16_t>;
 /// What a batch cache is made of.
 struct BatchCacheConfig {
   CacheConfig cache;         ///< geometry, format, budget, calibration
-  int batch = 1;             ///< sequences, growing in lockstep
+  int batch = 1;             ///< sequences (select() may change it)
   int max_tokens = 4096;     ///< tokens per sequence the cache makes room for in its tables
   AttentionPath path = AttentionPath::fused;  ///< CPU: how compressed tiles are read
   /// CUDA: 16-token blocks per CTA of decode attention (0: planned for the GPU). A GAAC and a BF16 cache
@@ -57,32 +58,53 @@ struct BatchCacheConfig {
 };
 
 /// The KV cache of one batch of sequences, grown by forward passes. A forward is begin(n), then for
-/// every layer write() and (after it) attend(); length() counts the forward's tokens from begin() on.
-/// (Where they are held meanwhile is the implementation's affair: the CPU one appends them to its
-/// KvCache when the next forward begins, the CUDA one writes them into the device tails at once and
-/// finalizes the blocks they complete after the last layer's write().) Errors are gaac::Error
+/// every layer write() and (after it) attend(). A forward's n tokens per sequence may include pad tokens
+/// (a left-padded batch, or sequences given prompts of different lengths): they are never stored nor
+/// attended, so each sequence holds its own real tokens only and grows at its own pace; length(b) counts
+/// them. (Where a forward's rows are held meanwhile is the implementation's affair: the CPU one appends
+/// them to its KvCache when the next forward begins or the batch is edited, the CUDA one writes them into
+/// the device tails at once and finalizes the blocks they complete after the last layer's write().)
+/// Between forwards the batch can be edited: select() (beam search, a batch's rows picked or repeated,
+/// by forks), truncate() (speculative tokens taken back), reset(), clone(). Errors are gaac::Error
 /// (ErrorCode::out_of_space when the budget runs out). Not thread-safe.
 class GAAC_API BatchKvCache {
  public:
   virtual ~BatchKvCache();
 
   /// Starts a forward of `tokens` new tokens per sequence; the previous forward must have written
-  /// every layer. Throws gaac::Error (ErrorCode::out_of_space) when the cache cannot hold the tokens:
-  /// on a GPU the new ones (unless `stream` is capturing a CUDA graph: see check()), on the CPU the
-  /// previous forward's, which it appends now (nothing changes when the first sequence's do not fit).
-  virtual void begin(int tokens, CUstream_st* stream) = 0;
-  /// The forward's K and V rows of `layer`, `[batch, kv_heads, tokens, head_dim]`.
+  /// every layer. `valid` is empty (every token real) or batch() × `tokens` flags, sequence after
+  /// sequence: 0 marks a pad token, whose rows write() ignores and whose attention output is zero; a
+  /// sequence's real tokens take its next positions, in order. Throws gaac::Error (ErrorCode::out_of_space)
+  /// when the cache cannot hold the tokens: on a GPU the new ones (unless `stream` is capturing a CUDA
+  /// graph: see check()), on the CPU the previous forward's, which it appends now (nothing changes when
+  /// the first sequence's do not fit).
+  virtual void begin(int tokens, std::span<const uint8_t> valid, CUstream_st* stream) = 0;
+  /// The forward's K and V rows of `layer`, `[batch, kv_heads, tokens, head_dim]` (pad tokens' rows ignored).
   virtual void write(int layer, const BatchRows& k, const BatchRows& v, CUstream_st* stream) = 0;
   /// Attention of the forward's queries of `layer` (after its write()), `q` `[batch, q_heads, tokens,
-  /// head_dim]`, into `out` `[batch, q_heads, tokens, head_dim]` (any strides): query i of a sequence
-  /// attends to its positions up to length() − tokens + i, within the layer's sliding window. `scale`
-  /// multiplies every score (0: 1/sqrt(head_dim)).
+  /// head_dim]`, into `out` `[batch, q_heads, tokens, head_dim]` (any strides): the i-th real query of
+  /// sequence b attends to its positions up to length(b) − (its real tokens in the forward) + i, within
+  /// the layer's sliding window; a pad query's output is zero. `scale` multiplies every score (0:
+  /// 1/sqrt(head_dim)).
   virtual void attend(int layer, const BatchRows& q, const MutableBatchRows& out, float scale,
                       CUstream_st* stream) = 0;
-  /// Tokens each sequence holds, the running forward's included.
-  virtual int length() const = 0;
-  /// Tokens of the running (or last) forward.
+  /// Tokens sequence `sequence` holds, the running forward's real ones included.
+  virtual int length(int sequence) const = 0;
+  /// Tokens per sequence of the running (or last) forward, pads included (0 once the batch was edited).
   virtual int forward_tokens() const = 0;
+  /// Makes the batch `sources.size()` sequences, sequence i holding what sequence sources[i] held: a
+  /// sequence's first use keeps it, each further use is a fork (its complete blocks shared, not copied),
+  /// and the sequences no one names are freed. Between forwards only (the last one wrote every layer).
+  /// Throws out_of_space, changing nothing, when the forks' open blocks do not fit.
+  virtual void select(std::span<const int> sources) = 0;
+  /// Cuts every sequence b back to its first `lengths[b]` tokens (KvCache::truncate: a block cut inside
+  /// becomes a BF16 tail again, bit for bit). Between forwards only. Throws gaac::Error for a length past
+  /// a sequence's, or one whose newest token would attend what a sliding window released.
+  virtual void truncate(std::span<const int> lengths) = 0;
+  /// Empties every sequence (the batch keeps its size): the whole budget is free again.
+  virtual void reset() = 0;
+  /// A deep copy: the same sequences and contents in memory of its own (on the same device).
+  virtual std::unique_ptr<BatchKvCache> clone() const = 0;
   /// Memory and contents (synchronises a device).
   virtual CacheUsage usage() const = 0;
   /// Throws gaac::Error (ErrorCode::out_of_space) when the budget ran out since the cache was made
@@ -100,6 +122,9 @@ class GAAC_API BatchKvCache {
 
  protected:
   BatchKvCache(int batch, int layers) : batch_(batch), layers_(layers) {}
+  BatchKvCache(const BatchKvCache&) = default;
+  /// A batch of `batch` sequences from now on (select()).
+  void set_batch(int batch) { batch_ = batch; }
 
  private:
   int batch_ = 0, layers_ = 0;

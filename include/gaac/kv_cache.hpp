@@ -152,6 +152,15 @@ class GAAC_API KvCache {
   CacheStatus fork(SequenceId parent, SequenceId& child);
   /// Frees a sequence and every block no other sequence shares.
   void free_sequence(SequenceId sequence);
+  /// Cuts `sequence` back to its first `tokens` tokens, leaving it as appending only them would have:
+  /// blocks past them are released (what a fork shares stays with the fork), and a finalized block cut
+  /// inside becomes the open block again, its tiles decoded back into a BF16 tail, bit for bit (copied
+  /// first when a fork shares it). out_of_space (nothing changed) when that needs more units or rows
+  /// than are free. Throws gaac::Error for a count outside 0 .. length, or when a sliding window has
+  /// already released positions the new newest token attends (cutting to 0 always works).
+  CacheStatus truncate(SequenceId sequence, int tokens);
+  /// A deep copy: the same sequences (the same ids), blocks, units and free lists, in memory of its own.
+  KvCache clone() const;
   /// True while `sequence` names a sequence of this cache.
   bool contains(SequenceId sequence) const;
   /// Tokens held for a sequence.
@@ -198,6 +207,7 @@ class GAAC_API KvCache {
 
  private:
   struct State;
+  explicit KvCache(std::unique_ptr<State> state);
   std::unique_ptr<State> state_;
 };
 

@@ -8,6 +8,7 @@
 #include <nanobind/stl/vector.h>
 
 #include <memory>
+#include <span>
 #include <optional>
 #include <string>
 #include <vector>
@@ -53,7 +54,8 @@ void bind_batch_cache(nb::module_& m) {
       "KvCache attended by gaac.attend; 'cuda': a paged cache made and grown on the GPU, attended by the fused "
       "kernel). A forward is begin(tokens), then for every layer write(layer, k, v) and attend(layer, q, out). On "
       "a GPU every call is asynchronous on `stream` and graph-safe once warm, so a decoding step can be captured "
-      "in a CUDA graph. Format 'gaac' holds compressed slots; 'bf16' is the twin (same structure and kernels, "
+      "in a CUDA graph. Between forwards the batch can be edited: select, truncate, reset, clone. Format 'gaac' "
+      "holds compressed slots; 'bf16' is the twin (same structure and kernels, "
       "uncompressed). Not thread-safe.")
       .def(
           "__init__",
@@ -83,11 +85,17 @@ void bind_batch_cache(nb::module_& m) {
           "same bits with the same value), `plan_tokens` plans every launch for sequences that long (for a step "
           "captured in a CUDA graph and replayed while they grow).")
       .def(
-          "begin", [](BatchCache& c, int tokens, uintptr_t stream) { c.cache->begin(tokens, stream_of(stream)); },
-          "tokens"_a, "stream"_a = 0,
-          "Starts a forward of `tokens` new tokens per sequence (after the previous one wrote every layer). Raises "
-          "CacheFullError when they do not fit (on a GPU not while `stream` captures a graph: see check(); on the CPU "
-          "the previous forward's rows are appended here, and it is their room that is checked).")
+          "begin",
+          [](BatchCache& c, int tokens, const std::optional<std::vector<uint8_t>>& valid, uintptr_t stream) {
+            c.cache->begin(tokens, valid ? std::span<const uint8_t>(*valid) : std::span<const uint8_t>(),
+                           stream_of(stream));
+          },
+          "tokens"_a, "valid"_a = nb::none(), "stream"_a = 0,
+          "Starts a forward of `tokens` new tokens per sequence (after the previous one wrote every layer). `valid`: "
+          "None (every token real) or batch × tokens flags, sequence after sequence, 0 for a pad token (never stored "
+          "nor attended; its attention output is zero). Raises CacheFullError when they do not fit (on a GPU not while "
+          "`stream` captures a graph: see check(); on the CPU the previous forward's rows are appended here, and it is "
+          "their room that is checked).")
       .def(
           "write",
           [](BatchCache& c, int layer, const DeviceArray& k, const DeviceArray& v, uintptr_t stream) {
@@ -116,10 +124,30 @@ void bind_batch_cache(nb::module_& m) {
           "q_heads, head_dim] tensor). Query i of a sequence attends to its positions up to length - tokens + i, "
           "within the layer's sliding window. `scale` defaults to 1/sqrt(head_dim). On a GPU, a forward of one token "
           "per sequence (decoding) with q and out contiguous.")
-      .def_prop_ro("length", [](const BatchCache& c) { return c.cache->length(); },
-                   "Tokens each sequence holds, the running forward's included.")
+      .def_prop_ro(
+          "lengths",
+          [](const BatchCache& c) {
+            std::vector<int> out;
+            for (int b = 0; b < c.cache->batch(); ++b) out.push_back(c.cache->length(b));
+            return out;
+          },
+          "Tokens each sequence holds (its real ones; the running forward's included).")
+      .def(
+          "select", [](BatchCache& c, const std::vector<int>& sources) { c.cache->select(sources); }, "sources"_a,
+          "Between forwards: the batch becomes len(sources) sequences, sequence i holding what sequence sources[i] "
+          "held (a further use of a sequence is a fork: complete blocks shared); unnamed sequences are freed. Raises "
+          "CacheFullError, changing nothing, when the forks' open blocks do not fit.")
+      .def(
+          "truncate", [](BatchCache& c, const std::vector<int>& lengths) { c.cache->truncate(lengths); }, "lengths"_a,
+          "Between forwards: cuts sequence b back to its first lengths[b] tokens (bit for bit as if only they had been "
+          "appended). Raises GaacError for a length past a sequence's or one a sliding window can no longer serve.")
+      .def(
+          "reset", [](BatchCache& c) { c.cache->reset(); }, "Empties every sequence; the whole budget is free again.")
+      .def(
+          "clone", [](const BatchCache& c) { return BatchCache{c.cache->clone()}; },
+          "A deep copy: the same sequences and contents, in memory of its own.")
       .def_prop_ro("forward_tokens", [](const BatchCache& c) { return c.cache->forward_tokens(); },
-                   "Tokens of the running (or last) forward.")
+                   "Tokens per sequence of the running (or last) forward, pads included (0 after an edit).")
       .def_prop_ro("batch", [](const BatchCache& c) { return c.cache->batch(); }, "Sequences in the batch.")
       .def_prop_ro("layers", [](const BatchCache& c) { return c.cache->layers(); }, "Layers of the model.")
       .def_prop_ro("device", [](const BatchCache& c) { return c.cache->in_device_memory() ? "cuda" : "cpu"; },

@@ -1,8 +1,9 @@
 // The CPU batch cache: a gaac::KvCache holding the batch's sequences, attended by gaac::attend. A
-// forward's rows are copied as its layers write them and appended, every layer at once, when the next
-// forward begins: until then attention reads them beside the cache (positions after the cached ones,
-// the same bits as reading them from it), so that every query of a long forward still sees the
-// positions its sliding window needs, which appending would release.
+// forward's real rows (pads dropped) are copied as its layers write them and appended, every layer at
+// once, when the next forward begins or the batch is edited: until then attention reads them beside the
+// cache (positions after the cached ones, the same bits as reading them from it), so that every query of
+// a long forward still sees the positions its sliding window needs, which appending would release.
+// Edits are KvCache's: select() forks, truncate() truncates, clone() clones.
 #include <algorithm>
 #include <cmath>
 #include <string>
@@ -36,14 +37,26 @@ class HostBatchKvCache final : public BatchKvCache {
     for (int b = 0; b < config.batch; ++b) ids_.push_back(cache_.add_sequence());
     pending_.resize(static_cast<size_t>(layers()));
     written_.assign(static_cast<size_t>(layers()), false);
+    end_forward();
   }
 
-  void begin(int tokens, CUstream_st*) override {
+  void begin(int tokens, std::span<const uint8_t> valid, CUstream_st*) override {
     check_in_step("begin");
     if (tokens < 1) throw Error("begin: a forward adds at least one token, got " + std::to_string(tokens));
-    if (tokens_ > 0 && !complete()) throw Error("begin: the previous forward did not write every layer");
+    if (!valid.empty() && valid.size() != static_cast<size_t>(batch()) * tokens)
+      throw Error("begin: " + std::to_string(valid.size()) + " token flags for a batch of " + std::to_string(batch()) +
+                  " sequences of " + std::to_string(tokens) + " tokens");
+    check_between("begin");
     if (pending()) commit();
     tokens_ = tokens;
+    valid_.assign(valid.begin(), valid.end());
+    offsets_.assign(static_cast<size_t>(batch()) + 1, 0);
+    for (int b = 0; b < batch(); ++b) {
+      int count = tokens;
+      if (!valid_.empty()) count = static_cast<int>(std::count_if(valid_.begin() + b * tokens, valid_.begin() + (b + 1) * tokens,
+                                                                  [](uint8_t f) { return f != 0; }));
+      offsets_[static_cast<size_t>(b) + 1] = offsets_[static_cast<size_t>(b)] + count;
+    }
     committed_ = false;
     written_.assign(written_.size(), false);
   }
@@ -54,18 +67,21 @@ class HostBatchKvCache final : public BatchKvCache {
     const PagedGeometry& g = cache_.geometry();
     check_rows(k, batch(), g.kv_heads, tokens_, g.head_dim, "write: k");
     check_rows(v, batch(), g.kv_heads, tokens_, g.head_dim, "write: v");
-    // Copied as [K, V][batch][tokens][kv_heads][head_dim]: the caller's tensors need not outlive the call.
+    // The real tokens' rows, copied as [K, V][sequence][its real tokens][kv_heads][head_dim]: the caller's
+    // tensors need not outlive the call.
     std::vector<uint16_t>& rows = pending_[static_cast<size_t>(layer)];
-    const size_t per_kind = static_cast<size_t>(batch()) * tokens_ * g.kv_heads * g.head_dim;
+    const size_t per_kind = static_cast<size_t>(offsets_.back()) * g.kv_heads * g.head_dim;
     rows.resize(2 * per_kind);
     size_t at = 0;
     for (const BatchRows* src : {&k, &v}) {
       for (int b = 0; b < batch(); ++b)
-        for (int t = 0; t < tokens_; ++t)
+        for (int t = 0; t < tokens_; ++t) {
+          if (!real(b, t)) continue;
           for (int h = 0; h < g.kv_heads; ++h, at += static_cast<size_t>(g.head_dim)) {
             const uint16_t* from = src->at(b, h, t);
             std::copy(from, from + g.head_dim, rows.begin() + static_cast<std::ptrdiff_t>(at));
           }
+        }
     }
     written_[static_cast<size_t>(layer)] = true;
   }
@@ -80,17 +96,18 @@ class HostBatchKvCache final : public BatchKvCache {
                "attend: out");
     const size_t per_query = static_cast<size_t>(q.heads) * d;
     std::vector<float> q_float(static_cast<size_t>(batch()) * tokens_ * per_query);
-    std::vector<float> out_float(q_float.size());
+    std::vector<float> out_float(q_float.size(), 0.0f);
     std::vector<AttentionQuery> queries;
-    const int start = length() - tokens_;
     for (int b = 0; b < batch(); ++b) {
+      int position = cache_.length(ids_[static_cast<size_t>(b)]);
       for (int t = 0; t < tokens_; ++t) {
+        if (!real(b, t)) continue;  // a pad: no query, its output stays zero
         float* qf = q_float.data() + (static_cast<size_t>(b) * tokens_ + t) * per_query;
         for (int h = 0; h < q.heads; ++h) {
           const uint16_t* row = q.at(b, h, t);
           for (int c = 0; c < d; ++c) qf[static_cast<size_t>(h) * d + c] = bf16_to_float(row[c]);
         }
-        AttentionQuery query{ids_[static_cast<size_t>(b)], start + t, qf,
+        AttentionQuery query{ids_[static_cast<size_t>(b)], position++, qf,
                              out_float.data() + (static_cast<size_t>(b) * tokens_ + t) * per_query, {}, {}};
         query.extra_k = pending_view(layer, 0, b);  // the forward's rows, beside the cache
         query.extra_v = pending_view(layer, 1, b);
@@ -112,8 +129,76 @@ class HostBatchKvCache final : public BatchKvCache {
         }
   }
 
-  int length() const override { return cache_.length(ids_.front()) + (committed_ ? 0 : tokens_); }
+  int length(int sequence) const override {
+    check_sequence(sequence, "length");
+    return cache_.length(ids_[static_cast<size_t>(sequence)]) + (committed_ ? 0 : forward_count(sequence));
+  }
   int forward_tokens() const override { return tokens_; }
+
+  void select(std::span<const int> sources) override {
+    check_in_step("select");
+    check_between("select");
+    if (sources.empty()) throw Error("select: a batch keeps at least one sequence");
+    for (const int s : sources) check_sequence(s, "select");
+    if (pending()) commit();
+    std::vector<SequenceId> chosen;
+    std::vector<bool> used(ids_.size(), false);
+    for (const int s : sources) {
+      const SequenceId id = ids_[static_cast<size_t>(s)];
+      if (!used[static_cast<size_t>(s)]) {
+        used[static_cast<size_t>(s)] = true;
+        chosen.push_back(id);
+        continue;
+      }
+      SequenceId child = 0;
+      if (cache_.fork(id, child) != CacheStatus::ok) {
+        for (size_t i = 0; i < chosen.size(); ++i)  // the forks made so far go; the batch is as it was
+          if (std::find(ids_.begin(), ids_.end(), chosen[i]) == ids_.end()) cache_.free_sequence(chosen[i]);
+        throw Error(ErrorCode::out_of_space, "the KV cache's budget is full: forking sequence " + std::to_string(s) +
+                                                 " needs room for a copy of its open block; the cache is unchanged");
+      }
+      chosen.push_back(child);
+    }
+    for (size_t s = 0; s < ids_.size(); ++s)
+      if (!used[s]) cache_.free_sequence(ids_[s]);
+    ids_ = std::move(chosen);
+    set_batch(static_cast<int>(ids_.size()));
+    end_forward();
+  }
+
+  void truncate(std::span<const int> lengths) override {
+    check_in_step("truncate");
+    check_between("truncate");
+    if (lengths.size() != ids_.size())
+      throw Error("truncate: " + std::to_string(lengths.size()) + " lengths for " + std::to_string(ids_.size()) +
+                  " sequences");
+    for (int b = 0; b < batch(); ++b)
+      if (lengths[static_cast<size_t>(b)] < 0 || lengths[static_cast<size_t>(b)] > length(b))
+        throw Error("truncate: sequence " + std::to_string(b) + " holds " + std::to_string(length(b)) +
+                    " tokens, cannot be cut back to " + std::to_string(lengths[static_cast<size_t>(b)]));
+    if (pending()) commit();
+    end_forward();
+    for (int b = 0; b < batch(); ++b) {
+      try {
+        if (cache_.truncate(ids_[static_cast<size_t>(b)], lengths[static_cast<size_t>(b)]) != CacheStatus::ok)
+          throw Error(ErrorCode::out_of_space, "the KV cache's budget is full: cutting sequence " + std::to_string(b) +
+                                                   " back needs a free unit per compressed tile of its cut block");
+      } catch (const Error&) {
+        broken_ = b > 0;  // sequences before b were cut; with b = 0 nothing changed
+        throw;
+      }
+    }
+  }
+
+  void reset() override {
+    for (const SequenceId id : ids_) cache_.free_sequence(id);
+    for (SequenceId& id : ids_) id = cache_.add_sequence();
+    broken_ = false;
+    end_forward();
+  }
+
+  std::unique_ptr<BatchKvCache> clone() const override { return std::unique_ptr<BatchKvCache>(new HostBatchKvCache(*this)); }
+
   CacheUsage usage() const override { return cache_.usage(); }
   void check() const override {}
   void note_replayed(int) override {
@@ -122,11 +207,36 @@ class HostBatchKvCache final : public BatchKvCache {
   bool in_device_memory() const override { return false; }
 
  private:
-  /// Throws once a forward reached some sequences and not others.
+  /// A deep copy (clone()).
+  HostBatchKvCache(const HostBatchKvCache& other)
+      : BatchKvCache(other),
+        cache_(other.cache_.clone()),
+        path_(other.path_),
+        ids_(other.ids_),
+        pending_(other.pending_),
+        written_(other.written_),
+        valid_(other.valid_),
+        offsets_(other.offsets_),
+        tokens_(other.tokens_),
+        committed_(other.committed_),
+        broken_(other.broken_) {}
+
+  /// Throws once an operation reached some sequences and not others.
   void check_in_step(const char* what) const {
     if (broken_)
-      throw Error(std::string(what) + ": an earlier forward ran out of room after some sequences took its tokens; "
-                                      "the batch is no longer in step (make a cache with a larger budget)");
+      throw Error(std::string(what) + ": an earlier forward or edit ran out of room after changing some sequences "
+                                      "and not others; the batch is inconsistent (make a cache with a larger budget)");
+  }
+
+  /// Throws while a forward has begun and not every layer has written.
+  void check_between(const char* what) const {
+    if (tokens_ > 0 && !complete()) throw Error(std::string(what) + ": the running forward did not write every layer");
+  }
+
+  void check_sequence(int sequence, const char* what) const {
+    if (sequence < 0 || sequence >= batch())
+      throw Error(std::string(what) + ": sequence " + std::to_string(sequence) + " out of range for a batch of " +
+                  std::to_string(batch()));
   }
 
   void check_layer(int layer, const char* what) const {
@@ -137,13 +247,27 @@ class HostBatchKvCache final : public BatchKvCache {
     if (tokens_ == 0) throw Error(std::string(what) + ": no forward has begun");
   }
 
+  /// True when token t of sequence b in the running forward is real (not a pad).
+  bool real(int b, int t) const { return valid_.empty() || valid_[static_cast<size_t>(b) * tokens_ + t] != 0; }
+  /// Real tokens of sequence b in the running forward.
+  int forward_count(int b) const { return offsets_[static_cast<size_t>(b) + 1] - offsets_[static_cast<size_t>(b)]; }
+
+  /// No forward running: the batch was made or edited.
+  void end_forward() {
+    tokens_ = 0;
+    valid_.clear();
+    offsets_.assign(static_cast<size_t>(batch()) + 1, 0);
+    committed_ = true;
+  }
+
   /// Sequence b's pending rows of `layer` (kind 0: K, 1: V) as a [tokens, kv_heads, head_dim] view.
   KvView pending_view(int layer, int kind, int b) const {
     const PagedGeometry& g = cache_.geometry();
     const size_t token = static_cast<size_t>(g.kv_heads) * g.head_dim;
-    const size_t per_kind = static_cast<size_t>(batch()) * tokens_ * token;
-    const uint16_t* data = pending_[static_cast<size_t>(layer)].data() + kind * per_kind + b * tokens_ * token;
-    return {data, tokens_, g.kv_heads, g.head_dim, token, static_cast<size_t>(g.head_dim)};
+    const size_t per_kind = static_cast<size_t>(offsets_.back()) * token;
+    const uint16_t* data = pending_[static_cast<size_t>(layer)].data() + kind * per_kind +
+                           static_cast<size_t>(offsets_[static_cast<size_t>(b)]) * token;
+    return {data, forward_count(b), g.kv_heads, g.head_dim, token, static_cast<size_t>(g.head_dim)};
   }
 
   /// True when every layer has written the running forward's rows.
@@ -151,7 +275,7 @@ class HostBatchKvCache final : public BatchKvCache {
   /// True while a complete forward's rows wait beside the cache.
   bool pending() const { return tokens_ > 0 && complete() && !committed_; }
 
-  /// Appends the last forward's rows of every layer to every sequence.
+  /// Appends the last forward's real rows of every layer to every sequence.
   void commit() {
     for (int b = 0; b < batch(); ++b) {
       std::vector<KvView> k, v;
@@ -162,10 +286,10 @@ class HostBatchKvCache final : public BatchKvCache {
       const AppendOutcome r = cache_.append(ids_[static_cast<size_t>(b)], k, v);
       if (r.status != CacheStatus::ok) {
         broken_ = b > 0;  // sequences before b took the rows; with b = 0 nothing changed
-        throw Error(ErrorCode::out_of_space, "the KV cache's budget is full: appending " + std::to_string(tokens_) +
-                                                 " tokens to sequence " + std::to_string(b) + " needs " +
-                                                 std::to_string(r.bytes_needed) + " bytes, " +
-                                                 std::to_string(r.bytes_free) + " are free" +
+        throw Error(ErrorCode::out_of_space, "the KV cache's budget is full: appending " +
+                                                 std::to_string(forward_count(b)) + " tokens to sequence " +
+                                                 std::to_string(b) + " needs " + std::to_string(r.bytes_needed) +
+                                                 " bytes, " + std::to_string(r.bytes_free) + " are free" +
                                                  (b == 0 ? "; the cache is unchanged" : ""));
       }
     }
@@ -175,11 +299,13 @@ class HostBatchKvCache final : public BatchKvCache {
   KvCache cache_;
   AttentionPath path_;
   std::vector<SequenceId> ids_;
-  std::vector<std::vector<uint16_t>> pending_;  ///< per layer: [K, V][batch][tokens][kv_heads][head_dim]
+  std::vector<std::vector<uint16_t>> pending_;  ///< per layer: [K, V][sequence][real tokens][kv_heads][head_dim]
   std::vector<bool> written_;
-  int tokens_ = 0;     ///< tokens of the running (or last) forward
-  bool committed_ = false;  ///< the last forward's rows are in the cache
-  bool broken_ = false;     ///< a forward reached some sequences and not others
+  std::vector<uint8_t> valid_;  ///< the running forward's token flags (empty: every token real)
+  std::vector<int> offsets_;    ///< per sequence, its first pending row; offsets_[batch]: all of them
+  int tokens_ = 0;              ///< tokens per sequence of the running (or last) forward, pads included
+  bool committed_ = true;       ///< the last forward's rows are in the cache
+  bool broken_ = false;         ///< an operation reached some sequences and not others
 };
 
 }  // namespace

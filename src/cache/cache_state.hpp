@@ -74,6 +74,12 @@ struct KvCache::State {
   void free_tile(uint32_t& entry);
   /// Frees the tiles of `row` in the layers of window class `cls`.
   void free_class_tiles(uint32_t row, int cls);
+  /// Units that `q` giving up its reference to its block `b` frees (the tiles no other sequence, or no
+  /// other sequence's window, still needs).
+  uint64_t units_released(const Sequence& q, size_t b) const;
+  /// Gives up `q`'s reference to its block `b`: window references, then the row's, freeing the tiles
+  /// and the row nobody needs any more. The caller removes the row from `q.rows`.
+  void release_block(const Sequence& q, size_t b);
   /// Window-class reference of (row, class).
   uint16_t& window_refs(uint32_t row, int cls) { return row_window_refs[static_cast<size_t>(row) * classes() + cls]; }
   uint16_t window_refs(uint32_t row, int cls) const { return row_window_refs[static_cast<size_t>(row) * classes() + cls]; }

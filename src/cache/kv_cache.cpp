@@ -85,6 +85,29 @@ void KvCache::State::free_class_tiles(uint32_t row, int cls) {
   });
 }
 
+uint64_t KvCache::State::units_released(const Sequence& q, size_t b) const {
+  const uint32_t row = q.rows[b];
+  uint64_t units = 0;
+  for_each_tile([&](int l, int h, TensorKind kind, int half) {
+    const int cls = layer_class[static_cast<size_t>(l)];
+    const bool last_window_ref = cls >= 0 && static_cast<int>(b) >= q.dropped[static_cast<size_t>(cls)] && window_refs(row, cls) == 1;
+    if (row_refs[row] == 1 || last_window_ref) units += units_of(entry(l, row, h, kind, half));
+  });
+  return units;
+}
+
+void KvCache::State::release_block(const Sequence& q, size_t b) {
+  const uint32_t row = q.rows[b];
+  for (int cls = 0; cls < classes(); ++cls) {
+    if (static_cast<int>(b) >= q.dropped[static_cast<size_t>(cls)] && --window_refs(row, cls) == 0) free_class_tiles(row, cls);
+  }
+  if (--row_refs[row] == 0) {
+    for_each_tile([&](int l, int h, TensorKind kind, int half) { free_tile(entry(l, row, h, kind, half)); });
+    row_tokens[row] = 0;
+    free_rows.push_back(row);
+  }
+}
+
 // ---------------------------------------------------------------------------------------------
 // Construction
 
@@ -133,6 +156,7 @@ KvCache::KvCache(CacheConfig cache_config) : state_(std::make_unique<State>()) {
   s.config.calibration = nullptr;  // everything needed is copied: the table need not outlive the cache
 }
 
+KvCache::KvCache(std::unique_ptr<State> state) : state_(std::move(state)) {}
 KvCache::~KvCache() = default;
 KvCache::KvCache(KvCache&&) noexcept = default;
 KvCache& KvCache::operator=(KvCache&&) noexcept = default;
@@ -211,17 +235,7 @@ CacheStatus KvCache::fork(SequenceId parent, SequenceId& child) {
 void KvCache::free_sequence(SequenceId sequence) {
   State& s = *state_;
   State::Sequence& q = s.sequence(sequence);
-  for (size_t b = 0; b < q.rows.size(); ++b) {
-    const uint32_t row = q.rows[b];
-    for (int cls = 0; cls < s.classes(); ++cls) {
-      if (static_cast<int>(b) >= q.dropped[static_cast<size_t>(cls)] && --s.window_refs(row, cls) == 0) s.free_class_tiles(row, cls);
-    }
-    if (--s.row_refs[row] == 0) {
-      s.for_each_tile([&](int l, int h, TensorKind kind, int half) { s.free_tile(s.entry(l, row, h, kind, half)); });
-      s.row_tokens[row] = 0;
-      s.free_rows.push_back(row);
-    }
-  }
+  for (size_t b = 0; b < q.rows.size(); ++b) s.release_block(q, b);
   q = State::Sequence{};
   s.free_ids.push_back(sequence);
 }

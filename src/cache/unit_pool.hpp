@@ -16,6 +16,11 @@ class UnitPool {
  public:
   UnitPool() = default;
   UnitPool(uint32_t count, size_t unit_bytes, size_t alignment);
+  /// A deep copy: the same units, bytes and free stack, in memory of its own.
+  UnitPool(const UnitPool& other);
+  UnitPool& operator=(const UnitPool& other);
+  UnitPool(UnitPool&&) noexcept = default;
+  UnitPool& operator=(UnitPool&&) noexcept = default;
 
   uint32_t count() const { return count_; }
   size_t unit_bytes() const { return unit_bytes_; }
@@ -41,8 +46,12 @@ class UnitPool {
     void operator()(uint8_t* p) const { std::free(p); }
   };
   std::unique_ptr<uint8_t[], Free> data_;
+  /// Bytes allocated (a multiple of the alignment).
+  size_t allocated_bytes() const;
+
   uint32_t count_ = 0;
   size_t unit_bytes_ = 0;
+  size_t alignment_ = 1;
   std::vector<uint32_t> free_;
 };
 

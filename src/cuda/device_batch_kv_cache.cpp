@@ -1,8 +1,10 @@
 // The GPU batch cache: a cache carved on the device, its sequences grown there in lockstep, attended
-// by the fused decode kernel with a plan made at the first attention of each forward.
+// by the fused decode kernel with a plan made at the first attention of each forward. Of the edits
+// between forwards it does reset() and changing the size of an empty batch; the others raise.
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -27,17 +29,27 @@ class DeviceBatchKvCache final : public BatchKvCache {
  public:
   explicit DeviceBatchKvCache(const BatchCacheConfig& config)
       : BatchKvCache(config.batch, config.cache.geometry.layers),
+        config_(config),
+        calibration_(config.cache.calibration != nullptr ? std::make_shared<const CalibrationTable>(*config.cache.calibration)
+                                                         : nullptr),
         memory_(CacheMemory::create(config.cache)),
         batch_(BatchTable::reserve(memory_, config.batch, config.max_tokens)),
         budget_bytes_(config.cache.budget_bytes) {
+    config_.cache.calibration = calibration_.get();  // the caller's table need not outlive the cache
     decode_.blocks_per_split = config.blocks_per_split;
     decode_.plan_tokens = config.plan_tokens;
     written_.assign(static_cast<size_t>(layers()), false);
   }
 
-  void begin(int tokens, CUstream_st* stream) override {
+  void begin(int tokens, std::span<const uint8_t> valid, CUstream_st* stream) override {
     if (std::find(written_.begin(), written_.end(), false) != written_.end() && forwards_ > 0)
       throw Error("begin: the previous forward did not write every layer");
+    if (!valid.empty() && valid.size() != static_cast<size_t>(batch()) * tokens)
+      throw Error("begin: " + std::to_string(valid.size()) + " token flags for a batch of " + std::to_string(batch()) +
+                  " sequences of " + std::to_string(tokens) + " tokens");
+    if (std::find(valid.begin(), valid.end(), 0) != valid.end())
+      throw Error("begin: pad tokens (a left-padded batch) are not supported by the GPU cache yet; give every sequence "
+                  "a prompt of the same length, or use the CPU cache");
     begin_tokens(memory_, batch_, tokens, stream);  // throws, changing nothing, past max_tokens
     written_.assign(written_.size(), false);
     ++forwards_;
@@ -76,8 +88,55 @@ class DeviceBatchKvCache final : public BatchKvCache {
     plan_.run(memory_, batch_, layer, q.data, out.data, scale, stream);
   }
 
-  int length() const override { return batch_.length(0); }
+  int length(int sequence) const override {
+    if (sequence < 0 || sequence >= batch())
+      throw Error("length: sequence " + std::to_string(sequence) + " out of range for a batch of " +
+                  std::to_string(batch()));
+    return batch_.length(sequence);
+  }
   int forward_tokens() const override { return batch_.last_count(); }
+
+  void select(std::span<const int> sources) override {
+    check_between("select");
+    if (sources.empty()) throw Error("select: a batch keeps at least one sequence");
+    bool same = sources.size() == static_cast<size_t>(batch());
+    for (size_t i = 0; i < sources.size(); ++i) {
+      if (sources[i] < 0 || sources[i] >= batch())
+        throw Error("select: sequence " + std::to_string(sources[i]) + " out of range for a batch of " +
+                    std::to_string(batch()));
+      same = same && sources[i] == static_cast<int>(i);
+    }
+    if (same) return;
+    if (empty()) return remake(static_cast<int>(sources.size()));  // empty sequences: a batch of the new size
+    throw Error("select: picking, repeating or reordering the sequences of a GPU cache that holds tokens (beam "
+                "search, batch_select_indices, batch_repeat_interleave) is not supported yet; use the CPU cache");
+  }
+
+  void truncate(std::span<const int> lengths) override {
+    check_between("truncate");
+    if (lengths.size() != static_cast<size_t>(batch()))
+      throw Error("truncate: " + std::to_string(lengths.size()) + " lengths for " + std::to_string(batch()) +
+                  " sequences");
+    bool same = true, zero = true;
+    for (int b = 0; b < batch(); ++b) {
+      const int n = lengths[static_cast<size_t>(b)];
+      if (n < 0 || n > batch_.length(b))
+        throw Error("truncate: sequence " + std::to_string(b) + " holds " + std::to_string(batch_.length(b)) +
+                    " tokens, cannot be cut back to " + std::to_string(n));
+      same = same && n == batch_.length(b);
+      zero = zero && n == 0;
+    }
+    if (same) return;
+    if (zero) return reset();
+    throw Error("truncate: cutting the sequences of a GPU cache back (assisted decoding, crop) is not supported yet; "
+                "use the CPU cache");
+  }
+
+  void reset() override { remake(batch()); }
+
+  std::unique_ptr<BatchKvCache> clone() const override {
+    throw Error("clone: copying a GPU cache is not supported yet; use the CPU cache");
+  }
 
   CacheUsage usage() const override {
     const PagedGeometry& geo = memory_.geometry();
@@ -124,6 +183,31 @@ class DeviceBatchKvCache final : public BatchKvCache {
   bool in_device_memory() const override { return true; }
 
  private:
+  /// True while no sequence holds a token.
+  bool empty() const {
+    for (int b = 0; b < batch(); ++b)
+      if (batch_.length(b) != 0) return false;
+    return true;
+  }
+
+  /// Throws while a forward has begun and not every layer has written.
+  void check_between(const char* what) const {
+    if (forwards_ > 0 && std::find(written_.begin(), written_.end(), false) != written_.end())
+      throw Error(std::string(what) + ": the running forward did not write every layer");
+  }
+
+  /// The cache made again, empty, for `sequences` sequences: the whole budget free.
+  void remake(int sequences) {
+    batch_ = BatchTable{};
+    memory_ = CacheMemory{};  // the old memory freed before the new is carved
+    memory_ = CacheMemory::create(config_.cache);
+    batch_ = BatchTable::reserve(memory_, sequences, config_.max_tokens);
+    set_batch(sequences);
+    written_.assign(written_.size(), false);
+    forwards_ = 0;
+    planned_forward_ = -1;
+  }
+
   void check_layer(int layer, const char* what) const {
     if (layer < 0 || layer >= layers())
       throw Error(std::string(what) + ": layer " + std::to_string(layer) + " out of range for " +
@@ -157,6 +241,8 @@ class DeviceBatchKvCache final : public BatchKvCache {
     return r;
   }
 
+  BatchCacheConfig config_;
+  std::shared_ptr<const CalibrationTable> calibration_;  ///< config_'s table, owned (remake() carves with it)
   CacheMemory memory_;
   BatchTable batch_;
   uint64_t budget_bytes_ = 0;

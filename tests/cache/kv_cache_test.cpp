@@ -1,5 +1,5 @@
 // The paged KV cache against a dense reference: randomised operation sequences (new, append,
-// prefill, fork, free) with sliding windows and forced raw fallbacks, every value read back
+// prefill, fork, free, truncate, clone) with sliding windows and forced raw fallbacks, every value read back
 // bit-exact after every step, every invariant checked; exhaustion leaves the cache bit-identical.
 #include <gtest/gtest.h>
 
@@ -77,12 +77,14 @@ struct Rows {
   }
 };
 
-/// What a sequence should hold: every layer's K and V rows appended so far.
+/// What a sequence should hold: every layer's K and V rows appended so far, and per sliding window the
+/// leading blocks it has released (the most it ever could).
 struct Expected {
   std::vector<std::vector<uint16_t>> k, v;  // per layer, [tokens][heads][dim]
   int length = 0;
+  std::map<int, int> released;  // window → blocks
 
-  void add(const Rows& rows) {
+  void add(const Rows& rows, const CacheGeometry& g) {
     k.resize(rows.k.size());
     v.resize(rows.v.size());
     for (size_t l = 0; l < rows.k.size(); ++l) {
@@ -90,6 +92,24 @@ struct Expected {
       v[l].insert(v[l].end(), rows.v[l].data.begin(), rows.v[l].data.end());
     }
     length += rows.k.empty() ? 0 : rows.k[0].tokens;
+    for (const int w : g.sliding_window) {
+      if (w > 0) released[w] = std::max(released[w], length > w ? (length - w) / kTileTokens : 0);
+    }
+  }
+  /// Whether cutting back to `tokens` keeps every position the newest token then attends.
+  bool can_truncate(int tokens) const {
+    if (tokens == 0) return true;
+    for (const auto& [w, blocks] : released) {
+      if (blocks > (tokens > w ? (tokens - w) / kTileTokens : 0)) return false;
+    }
+    return true;
+  }
+  void truncate(int tokens, const CacheGeometry& g) {
+    const size_t row = static_cast<size_t>(g.kv_heads) * g.head_dim;
+    for (auto& t : k) t.resize(static_cast<size_t>(tokens) * row);
+    for (auto& t : v) t.resize(static_cast<size_t>(tokens) * row);
+    length = tokens;
+    if (tokens == 0) released.clear();
   }
 };
 
@@ -137,7 +157,7 @@ void run_random_operations(const Model& setup, CacheFormat format, size_t budget
   std::map<SequenceId, Expected> live;
   failures = 0;
   for (int step = 0; step < steps; ++step) {
-    const int op = static_cast<int>(rng() % 10);
+    const int op = static_cast<int>(rng() % 12);
     if (live.empty() || op == 0) {
       live[cache.add_sequence()] = Expected{};
     } else {
@@ -151,7 +171,7 @@ void run_random_operations(const Model& setup, CacheFormat format, size_t budget
         const Snapshot before(cache);
         const AppendOutcome r = cache.append(id, rows.kv, rows.vv);
         if (r.status == CacheStatus::ok) {
-          it->second.add(rows);
+          it->second.add(rows, setup.geometry);
         } else {
           ++failures;
           ASSERT_FALSE(guaranteed) << "can_append promised what append refused";
@@ -166,9 +186,29 @@ void run_random_operations(const Model& setup, CacheFormat format, size_t budget
         } else {
           ASSERT_TRUE(Snapshot(cache) == before) << "a failed fork changed the cache";
         }
-      } else {
+      } else if (op <= 9) {
         cache.free_sequence(id);
         live.erase(it);
+      } else if (op == 10) {  // cut back to a random prefix
+        const int tokens = static_cast<int>(rng() % static_cast<uint64_t>(it->second.length + 1));
+        const Snapshot before(cache);
+        if (!it->second.can_truncate(tokens)) {
+          ASSERT_THROW(cache.truncate(id, tokens), Error);
+          ASSERT_TRUE(Snapshot(cache) == before) << "a refused truncate changed the cache";
+        } else if (cache.truncate(id, tokens) == CacheStatus::ok) {
+          it->second.truncate(tokens, setup.geometry);
+        } else {
+          ++failures;
+          ASSERT_TRUE(Snapshot(cache) == before) << "a failed truncate changed the cache";
+        }
+      } else {  // a clone holds the same bytes and values, and changing it leaves the original alone
+        KvCache copy = cache.clone();
+        ASSERT_TRUE(Snapshot(copy) == Snapshot(cache));
+        ASSERT_NO_THROW(copy.check_invariants());
+        for (const auto& [sid, want] : live) ASSERT_NO_FATAL_FAILURE(expect_holds(copy, sid, want, setup.geometry));
+        const Snapshot before(cache);
+        copy.free_sequence(id);
+        ASSERT_TRUE(Snapshot(cache) == before);
       }
     }
     ASSERT_NO_THROW(cache.check_invariants()) << "step " << step;
@@ -214,7 +254,7 @@ TEST(KvCache, AllSlidingLayersReleaseOldBlocks) {
   for (int i = 0; i < 20; ++i) {
     const Rows rows(setup, 16, 16 * i, rng, 0.0);
     ASSERT_EQ(cache.append(id, rows.kv, rows.vv).status, CacheStatus::ok);
-    want.add(rows);
+    want.add(rows, setup.geometry);
   }
   cache.check_invariants();
   expect_holds(cache, id, want, setup.geometry);
@@ -262,8 +302,55 @@ TEST(KvCache, ForkSharesCompleteBlocks) {
   cache.free_sequence(parent);
   cache.check_invariants();
   Expected want;
-  want.add(prompt);
+  want.add(prompt, setup.geometry);
   expect_holds(cache, child, want, setup.geometry);
+}
+
+TEST(KvCache, TruncateTurnsACompressedBlockBackIntoATail) {
+  const Model setup(2, 1, 64, {});
+  KvCache cache(setup.config(CacheFormat::gaac, size_t{16} << 20));
+  std::mt19937_64 rng(6);
+  const SequenceId id = cache.add_sequence();
+  const Rows prompt(setup, 40, 0, rng, 0.0);
+  ASSERT_EQ(cache.append(id, prompt.kv, prompt.vv).status, CacheStatus::ok);
+  SequenceId child;
+  ASSERT_EQ(cache.fork(id, child), CacheStatus::ok);
+  const uint64_t compressed = cache.usage().compressed_tiles;
+  ASSERT_GT(compressed, 0u);
+  // The parent cut inside its second block: that block (shared with the child) is copied into a tail.
+  ASSERT_EQ(cache.truncate(id, 20), CacheStatus::ok);
+  EXPECT_EQ(cache.usage().tail_tiles, 2u * 2 * 2);  // both sequences' open blocks: 2 layers × K/V
+  EXPECT_EQ(cache.usage().compressed_tiles, compressed);  // the child still holds the compressed block
+  cache.free_sequence(child);
+  cache.check_invariants();
+  // Appending the rest again finalizes the block into the same bytes an uncut append made.
+  const Rows rest(setup, 20, 20, rng, 0.0);  // positions 20..39 of the prompt (no outliers: the source's rows)
+  ASSERT_EQ(cache.append(id, rest.kv, rest.vv).status, CacheStatus::ok);
+  Expected want;
+  want.add(prompt, setup.geometry);
+  expect_holds(cache, id, want, setup.geometry);
+  EXPECT_EQ(cache.usage().compressed_tiles, compressed);
+  // Cut to a block boundary, then to nothing: every unit comes back.
+  ASSERT_EQ(cache.truncate(id, 16), CacheStatus::ok);
+  EXPECT_EQ(cache.usage().tail_tiles, 0u);
+  ASSERT_EQ(cache.truncate(id, 0), CacheStatus::ok);
+  cache.check_invariants();
+  EXPECT_EQ(cache.usage().units_free, cache.usage().units);
+  EXPECT_THROW(cache.truncate(id, 1), Error);
+}
+
+TEST(KvCache, TruncateRefusesPositionsASlidingWindowReleased) {
+  const Model setup(2, 1, 64, {32, 0});
+  KvCache cache(setup.config(CacheFormat::gaac, size_t{16} << 20));
+  std::mt19937_64 rng(7);
+  const SequenceId id = cache.add_sequence();
+  const Rows rows(setup, 88, 0, rng, 0.0);  // window 32: blocks 0..2 released in layer 0
+  ASSERT_EQ(cache.append(id, rows.kv, rows.vv).status, CacheStatus::ok);
+  EXPECT_EQ(cache.truncate(id, 80), CacheStatus::ok);  // its newest token attends from position 48: block 3 on
+  EXPECT_THROW(cache.truncate(id, 79), Error);          // would attend position 47
+  EXPECT_EQ(cache.length(id), 80);
+  EXPECT_EQ(cache.truncate(id, 0), CacheStatus::ok);
+  cache.check_invariants();
 }
 
 TEST(KvCache, RejectsBadConfigurationsAndArguments) {

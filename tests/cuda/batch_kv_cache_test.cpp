@@ -109,7 +109,7 @@ TEST_P(BatchCacheOnDevice, HoldsAndAttendsWhatTheHostCacheDoes) {
   int first = 0;
   for (int step = 0; step <= kSteps; ++step) {
     const int n = step == 0 ? kPrompt : 1;
-    for (BatchKvCache* c : {host.get(), gpu.get(), twin.get()}) c->begin(n, nullptr);
+    for (BatchKvCache* c : {host.get(), gpu.get(), twin.get()}) c->begin(n, {}, nullptr);
     for (int layer = 0; layer < 2; ++layer) {
       const Rows k = kv_rows(all, layer, TensorKind::key, first, n), v = kv_rows(all, layer, TensorKind::value, first, n);
       host->write(layer, k.on_host(), v.on_host(), nullptr);
@@ -144,10 +144,10 @@ TEST_P(BatchCacheOnDevice, HoldsAndAttendsWhatTheHostCacheDoes) {
     first += n;
   }
   EXPECT_LT(worst, 1e-2) << "GPU against CPU, worst (sequence, head) relative L2 error";
-  EXPECT_EQ(gpu->length(), kPrompt + kSteps);
+  EXPECT_EQ(gpu->length(0), kPrompt + kSteps);
 
   // The same tokens, the same tiles: the host cache has appended the last step once the next begins.
-  host->begin(1, nullptr);
+  host->begin(1, {}, nullptr);
   const CacheUsage h = host->usage(), g = gpu->usage();
   EXPECT_EQ(g.compressed_tiles, h.compressed_tiles);
   EXPECT_EQ(g.raw_tiles, h.raw_tiles);
@@ -174,25 +174,57 @@ TEST(BatchCacheOnDeviceErrors, MisuseIsReportedBeforeAnythingRuns) {
   DeviceBuffer rows(2 * 2 * 16 * 64 * 2);
   const BatchRows r{static_cast<const uint16_t*>(rows.data()), 1, 2, 16, 64, 2 * 16 * 64, 16 * 64, 64};
   EXPECT_THROW(cache->write(0, r, r, nullptr), Error);  // no forward
-  cache->begin(16, nullptr);
+  cache->begin(16, {}, nullptr);
   EXPECT_THROW(cache->write(2, r, r, nullptr), Error);  // no such layer
   BatchRows wrong = r;
   wrong.tokens = 15;
   EXPECT_THROW(cache->write(0, wrong, wrong, nullptr), Error);
   cache->write(0, r, r, nullptr);
   EXPECT_THROW(cache->write(0, r, r, nullptr), Error);  // twice
-  EXPECT_THROW(cache->begin(1, nullptr), Error);        // layer 1 not written
+  EXPECT_THROW(cache->begin(1, {}, nullptr), Error);        // layer 1 not written
   cache->write(1, r, r, nullptr);
   const MutableBatchRows out{static_cast<uint16_t*>(rows.data()), 1, 4, 16, 64, 4 * 16 * 64, 16 * 64, 64};
   EXPECT_THROW(cache->attend(0, BatchRows{out.data, 1, 4, 16, 64, 4 * 16 * 64, 16 * 64, 64}, out, 0.0f, nullptr),
                Error);  // 16 new tokens on the GPU
   try {
-    cache->begin(64, nullptr);  // past max_tokens
+    cache->begin(64, {}, nullptr);  // past max_tokens
     FAIL() << "64 more tokens should not fit a table of 64";
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::out_of_space);
   }
-  EXPECT_EQ(cache->length(), 16);
+  EXPECT_EQ(cache->length(0), 16);
+}
+
+TEST(BatchCacheOnDeviceEdits, ResetAndAnEmptyBatchResizeWhatItCannotDoRaises) {
+  if (!device_available()) GTEST_SKIP() << "no CUDA device";
+  BatchCacheConfig c;
+  c.cache.geometry = {2, 2, 64, {}};
+  c.cache.format = CacheFormat::bf16;
+  c.cache.budget_bytes = worst_case_budget(c.cache.geometry, CacheFormat::bf16, nullptr, 64, 3);
+  c.batch = 1;
+  c.max_tokens = 64;
+  const auto cache = make_device_batch_kv_cache(c);
+  cache->select(std::vector<int>{0, 0, 0});  // empty: a batch of three
+  EXPECT_EQ(cache->batch(), 3);
+  DeviceBuffer rows(3 * 2 * 16 * 64 * 2);
+  const BatchRows r{static_cast<const uint16_t*>(rows.data()), 3, 2, 16, 64, 2 * 16 * 64, 16 * 64, 64};
+  EXPECT_THROW(cache->begin(16, std::vector<uint8_t>(47, 1), nullptr), Error);  // 47 flags for 3 × 16 tokens
+  cache->begin(16, {}, nullptr);
+  cache->write(0, r, r, nullptr);
+  cache->write(1, r, r, nullptr);
+  EXPECT_EQ(cache->length(2), 16);
+  cache->select(std::vector<int>{0, 1, 2});           // the same rows: nothing to do
+  EXPECT_THROW(cache->select(std::vector<int>{1, 0, 2}), Error);  // a reorder: not on the GPU yet
+  EXPECT_THROW(cache->truncate(std::vector<int>{8, 16, 16}), Error);
+  EXPECT_THROW(cache->clone(), Error);
+  std::vector<uint8_t> pads(3 * 1, 1);
+  pads[0] = 0;
+  EXPECT_THROW(cache->begin(1, pads, nullptr), Error);  // pads: not on the GPU yet
+  const uint64_t free_before = cache->usage().units_free;
+  cache->reset();
+  for (int b = 0; b < 3; ++b) EXPECT_EQ(cache->length(b), 0);
+  EXPECT_GT(cache->usage().units_free, free_before);
+  EXPECT_EQ(cache->usage().units_free, cache->usage().units);
 }
 
 }  // namespace

@@ -90,7 +90,7 @@ def grown(fmt, k, v, table, windows, batch, prefill, steps, stream, blocks_per_s
             .transpose(0, 1).cuda() for b in range(batch)] for a in k + v]
     dev = [torch.stack(seqs) for seqs in dev]  # contiguous [batch, kv_heads, tokens, head_dim]
     for first, n in [(0, prefill)] + [(prefill + i, 1) for i in range(steps)]:
-        dc.begin(n, stream)
+        dc.begin(n, stream=stream)
         for layer in range(layers):
             dc.write(layer, dev[layer][:, :, first:first + n], dev[layers + layer][:, :, first:first + n], stream)
     dc.check()
@@ -107,7 +107,7 @@ def test_batch_cache_grows_on_the_device_like_the_host_cache():
     q = (torch.randn((batch, 4 * kv_heads, 1, d), generator=torch.Generator().manual_seed(1)) * 0.5).bfloat16().cuda()
     for fmt in ("gaac", "bf16"):
         dc = grown(fmt, k, v, table, windows, batch, prefill, steps, stream, blocks_per_split=4)
-        assert dc.length == tokens
+        assert dc.lengths[0] == tokens
         calib = table if fmt == "gaac" else None
         budget = gaac.KvCache.worst_case_budget(layers, kv_heads, d, tokens, batch, calib, fmt, windows)
         host = gaac.KvCache(layers, kv_heads, d, budget, calib, fmt, windows)
@@ -145,7 +145,7 @@ def test_batch_cache_step_in_a_cuda_graph():
         side = torch.cuda.Stream()
         with torch.cuda.stream(side):
             s = side.cuda_stream
-            dc.begin(prefill, s)
+            dc.begin(prefill, stream=s)
             for layer in range(layers):
                 dc.write(layer, kt[layer][:, :, :prefill], kt[layers + layer][:, :, :prefill], s)
             rows_k = [torch.zeros((1, kv_heads, 1, d), dtype=torch.bfloat16, device="cuda") for _ in range(layers)]
@@ -153,7 +153,7 @@ def test_batch_cache_step_in_a_cuda_graph():
             outs = [torch.zeros_like(q) for _ in range(layers)]
 
             def step():
-                dc.begin(1, s)
+                dc.begin(1, stream=s)
                 for layer in range(layers):
                     dc.write(layer, rows_k[layer], rows_v[layer], s)
                     dc.attend(layer, q, outs[layer], stream=s)
@@ -177,7 +177,7 @@ def test_batch_cache_step_in_a_cuda_graph():
                 seen.append(torch.cat(outs).view(torch.int16).clone())
         torch.cuda.synchronize()
         dc.check()
-        assert dc.length == prefill + steps
+        assert dc.lengths[0] == prefill + steps
         results[mode] = torch.stack(seen)
     assert torch.equal(results["eager"], results["graph"])
 
@@ -190,10 +190,10 @@ def test_batch_cache_on_the_device_reports_misuse_and_running_out():
     with pytest.raises(gaac.GaacError, match="CUDA device memory"):
         dc.write(0, rows.cpu(), rows.cpu(), stream)  # CPU tensors for a GPU cache
     for _ in range(2):
-        dc.begin(16, stream)
+        dc.begin(16, stream=stream)
         dc.write(0, rows, rows, stream)
     with pytest.raises(gaac.CacheFullError, match="ran out"):
-        dc.begin(16, stream)  # the third block finds no free units
+        dc.begin(16, stream=stream)  # the third block finds no free units
     with pytest.raises(gaac.CacheFullError, match="ran out"):
         dc.check()
     x = torch.zeros((1, 2, 3, 64), dtype=torch.bfloat16, device="cuda")
@@ -201,9 +201,9 @@ def test_batch_cache_on_the_device_reports_misuse_and_running_out():
         dc.write(0, x, x, stream)
     dc.write(0, rows, rows, stream)
     with pytest.raises(gaac.GaacError, match="room for 48"):
-        dc.begin(1, stream)
+        dc.begin(1, stream=stream)
     bad = gaac.BatchKvCache(1, 2, 64, budget, None, "bf16", max_tokens=48, device="cuda", plan_tokens=-1)
-    bad.begin(1, stream)
+    bad.begin(1, stream=stream)
     one = torch.zeros((1, 2, 1, 64), dtype=torch.bfloat16, device="cuda")
     bad.write(0, one, one, stream)
     q = torch.zeros((1, 4, 1, 64), dtype=torch.bfloat16, device="cuda")

@@ -6,6 +6,7 @@ The same on a GPU (GaacCache(device="cuda"): the device cache, GPU finalize and 
 present. Needs torch, transformers, gguf and accelerate (skipped without them unless GAAC_REQUIRE_TRANSFORMERS=1) and
 the models (scripts/fetch_models.py). Gemma 3 takes minutes on a small CPU: it runs with GAAC_SLOW_TESTS=1.
 """
+import functools
 import os
 import pathlib
 
@@ -65,11 +66,11 @@ def generate_three_ways(torch, gt, model, prompt_ids, calibration_ids, tokens, d
         # On a GPU both caches get the same split of the context, so that their attention sums in one order.
         cache = gt.GaacCache(model.config, table, max_tokens=prompt_ids.shape[1] + tokens, batch=prompt_ids.shape[0],
                              cache_format=fmt, device=device, blocks_per_split=4)
-        ids = model.generate(prompt_ids, past_key_values=cache, max_new_tokens=tokens, do_sample=False)
+        ids = model.generate(prompt_ids, cache=cache, max_new_tokens=tokens, do_sample=False)
         out[fmt] = ids[:, prompt_ids.shape[1]:].tolist()
         out[fmt + "_usage"] = cache.usage()
     model.set_attn_implementation("sdpa")
-    ids = model.generate(prompt_ids, past_key_values=DynamicCache(config=model.config), max_new_tokens=tokens,
+    ids = model.generate(prompt_ids, cache=DynamicCache(config=model.config), max_new_tokens=tokens,
                          do_sample=False)
     model.set_attn_implementation(gt.ATTENTION)
     out["sdpa"] = ids[:, prompt_ids.shape[1]:].tolist()
@@ -171,8 +172,8 @@ def test_smollm2_second_turn_reads_the_cache():
     tokens = {}
     for fmt in ("gaac", "bf16"):
         cache = gt.GaacCache(model.config, table, max_tokens=128, cache_format=fmt)
-        ids = model.generate(first, past_key_values=cache, max_new_tokens=12, do_sample=False)
-        ids = model.generate(torch.cat([ids, second], dim=1), past_key_values=cache, max_new_tokens=12,
+        ids = model.generate(first, cache=cache, max_new_tokens=12, do_sample=False)
+        ids = model.generate(torch.cat([ids, second], dim=1), cache=cache, max_new_tokens=12,
                              do_sample=False)
         tokens[fmt] = ids[0].tolist()
         assert cache.get_seq_length() == ids.shape[1] - 1  # every token forwarded: all but the last generated
@@ -200,3 +201,209 @@ def test_gemma3_gpu_gaac_equals_bf16_twin_with_sliding_windows():
     out = generate_three_ways(torch, gt, model, ids[:, 700:], ids[:, :700], 40, device="cuda")
     assert out["gaac"] == out["bf16"]
     report("Gemma 3 GPU", out)
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Every generate mode on both real models, each compared with the BF16 twin (same structure, same attention code):
+# the tokens must be equal. Short prompts and few new tokens keep them quick on a small CPU.
+
+REAL_MODELS = ["SmolLM2-135M-Instruct.Q4_1.gguf", "gemma-3-270m-q4_k_m.gguf"]
+
+
+@functools.lru_cache(maxsize=None)
+def real_model(gguf_file):
+    """The model, its calibration and three prompts of different lengths (token ids), loaded once per module."""
+    torch, gt, model = load(gguf_file)
+    model.eval()
+    if gguf_file.startswith("SmolLM2"):
+        from transformers import AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(MODELS, gguf_file=gguf_file)
+        calibration_ids = tok((ROOT / "data" / "calibration_text.txt").read_text(), return_tensors="pt").input_ids
+        texts = ["The history of the printing press begins in", "Rivers of Europe:", "Water boils at a temperature of"]
+        prompts = [tok(t).input_ids for t in texts]
+    else:  # transformers' GGUF tokenizer for Gemma 3 is not the model's: ids as gaac's tokenizer makes them
+        calibration_ids = torch.randint(100, 20000, (1, 700), generator=torch.Generator().manual_seed(0))
+        prompts = [[2, 818, 3925, 529, 506, 19283, 3543, 11979, 528], [2, 818, 3925, 529], [2, 19283, 3543, 11979]]
+    table = gt.calibrate(model, calibration_ids[:, :512])
+    return torch, gt, model, table, prompts
+
+
+def left_padded(torch, prompts, pad=0):
+    width = max(len(p) for p in prompts)
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    return ids, mask
+
+
+def twins(gt, model, table, run, max_tokens=96, batch=1):
+    """run(cache) for a GAAC cache and its BF16 twin; returns both results."""
+    return [run(gt.GaacCache(model.config, table, max_tokens=max_tokens, batch=batch, cache_format=fmt))
+            for fmt in ("gaac", "bf16")]
+
+
+def new_tokens(ids, prompt_width):
+    return ids[:, prompt_width:].tolist()
+
+
+@pytest.mark.parametrize("name", REAL_MODELS)
+def test_left_padded_batch(name):
+    """Three prompts of different lengths, left-padded: pads are neither stored nor read, so each row's tokens are
+    the ones it gets alone (and the twin's)."""
+    torch, gt, model, table, prompts = real_model(name)
+    ids, mask = left_padded(torch, prompts)
+    gaac_ids, twin_ids = twins(gt, model, table, lambda cache: model.generate(
+        ids, attention_mask=mask, cache=cache, max_new_tokens=8, do_sample=False, pad_token_id=0), batch=3)
+    assert new_tokens(gaac_ids, ids.shape[1]) == new_tokens(twin_ids, ids.shape[1])
+    for b, p in enumerate(prompts):
+        cache = gt.GaacCache(model.config, table, max_tokens=96)
+        alone = model.generate(torch.tensor([p]), cache=cache, max_new_tokens=8, do_sample=False, pad_token_id=0)
+        assert cache.lengths() == [len(p) + 7]  # the real tokens only
+        agree = new_tokens(alone, len(p))[0] == new_tokens(gaac_ids, ids.shape[1])[b]
+        print(f"[{name}] padded row {b} ({ids.shape[1] - len(p)} pads): "
+              f"{'the tokens it gets alone' if agree else 'differs from its run alone (batched matmuls round apart)'}")
+        assert new_tokens(alone, len(p))[0][:2] == new_tokens(gaac_ids, ids.shape[1])[b][:2]
+
+
+@pytest.mark.parametrize("name", REAL_MODELS)
+def test_sampling_with_scores(name):
+    """Sampling with a seed, return_dict_in_generate with scores: equal sequences and equal scores."""
+    torch, gt, model, table, prompts = real_model(name)
+
+    def run(cache):
+        torch.manual_seed(3)
+        return model.generate(torch.tensor([prompts[0]]), cache=cache, max_new_tokens=8, do_sample=True, top_k=20,
+                              return_dict_in_generate=True, output_scores=True, pad_token_id=0)
+
+    gaac_out, twin_out = twins(gt, model, table, run)
+    assert gaac_out.sequences.tolist() == twin_out.sequences.tolist()
+    assert all(torch.equal(a, b) for a, b in zip(gaac_out.scores, twin_out.scores))
+    assert gaac_out.cache.get_seq_length() == gaac_out.sequences.shape[1] - 1
+
+
+@pytest.mark.parametrize("name", REAL_MODELS)
+def test_beam_search(name):
+    """num_beams=3 over a padded batch of two: reorder_cache forks the beams' shared prefixes."""
+    torch, gt, model, table, prompts = real_model(name)
+    ids, mask = left_padded(torch, prompts[:2])
+    gaac_ids, twin_ids = twins(gt, model, table, lambda cache: model.generate(
+        ids, attention_mask=mask, cache=cache, max_new_tokens=6, num_beams=3, do_sample=False, pad_token_id=0),
+        batch=6)
+    assert gaac_ids.tolist() == twin_ids.tolist()
+
+
+@pytest.mark.parametrize("name", REAL_MODELS)
+def test_assisted_decoding_crops(name):
+    """Prompt-lookup decoding: candidate tokens forwarded together on a non-empty cache, the rejected ones cropped."""
+    torch, gt, model, table, prompts = real_model(name)
+    prompt = torch.tensor([prompts[0] + prompts[0][1:]])  # repeated text: the lookup finds candidates
+    gaac_ids, twin_ids = twins(gt, model, table, lambda cache: model.generate(
+        prompt, cache=cache, max_new_tokens=10, do_sample=False, prompt_lookup_num_tokens=3, pad_token_id=0))
+    assert gaac_ids.tolist() == twin_ids.tolist()
+
+
+@pytest.mark.parametrize("name", REAL_MODELS)
+def test_prompt_cache_copied_and_conversation_continued(name):
+    """A prompt's cache deep-copied and continued with two different suffixes (a second prompt on a non-empty cache);
+    the original is left as it was; reset() empties it and it serves as new."""
+    torch, gt, model, table, prompts = real_model(name)
+    import copy
+
+    prefix = torch.tensor([prompts[0]])
+
+    def run(cache):
+        with torch.no_grad():
+            model(input_ids=prefix, cache=cache, use_cache=True)
+        held = cache.get_seq_length()
+        outs = []
+        for suffix in (prompts[1][1:], prompts[2][1:]):
+            mine = copy.deepcopy(cache)
+            ids = torch.cat([prefix, torch.tensor([suffix])], dim=1)
+            outs.append(new_tokens(model.generate(ids, cache=mine, max_new_tokens=6, do_sample=False,
+                                                  pad_token_id=0), ids.shape[1]))
+        assert cache.get_seq_length() == held and cache.lengths() == [held]
+        cache.reset()
+        assert cache.get_seq_length() == 0 and cache.lengths() == [0] and cache.usage()["units_free"] == cache.usage()["units"]
+        fresh = model.generate(prefix, cache=cache, max_new_tokens=4, do_sample=False, pad_token_id=0)
+        return outs, fresh.tolist()
+
+    gaac_out, twin_out = twins(gt, model, table, run)
+    assert gaac_out == twin_out
+    alone = model.generate(prefix, cache=gt.GaacCache(model.config, table, max_tokens=96), max_new_tokens=4,
+                           do_sample=False, pad_token_id=0)
+    assert gaac_out[1] == alone.tolist()  # after reset, as a new cache
+
+
+def test_misuse_raises_a_gaac_error():
+    """A GaacCache under another attention function, a batch larger than a non-empty cache's, a 4D mask and a
+    mask that differs from the one the cache grew with: gaac.GaacError, naming the fix."""
+    torch, gt, model, table, prompts = real_model(REAL_MODELS[0])
+    import gaac
+
+    ids = torch.tensor([prompts[1]])
+    model.set_attn_implementation("sdpa")
+    try:
+        with pytest.raises(gaac.GaacError, match="set_attn_implementation"):
+            model.generate(ids, cache=gt.GaacCache(model.config, table, max_tokens=64), max_new_tokens=2,
+                           do_sample=False, pad_token_id=0)
+    finally:
+        model.set_attn_implementation(gt.ATTENTION)
+    cache = gt.GaacCache(model.config, table, max_tokens=64)
+    out = model.generate(ids, cache=cache, max_new_tokens=2, do_sample=False, pad_token_id=0)
+    with pytest.raises(gaac.GaacError, match="reorder_cache"):
+        model(input_ids=torch.cat([out, out])[:, -1:], cache=cache, use_cache=True)
+    with pytest.raises(gaac.GaacError, match="past columns"):
+        mask = torch.ones(1, cache.get_seq_length() + 1, dtype=torch.long)
+        mask[0, 0] = 0
+        model(input_ids=out[:, -1:], attention_mask=mask, cache=cache, use_cache=True)
+    with pytest.raises(gaac.GaacError, match="4D"):
+        full = torch.ones(1, 1, 1, cache.get_seq_length() + 1, dtype=torch.bool)
+        model(input_ids=out[:, -1:], attention_mask=full, cache=cache, use_cache=True)
+    with pytest.raises(gaac.GaacError, match="negative"):
+        cache.crop(3)
+
+
+def test_smollm2_gpu_sampling_reset_and_what_raises():
+    """On the GPU: sampling with scores equal to the twin's, reset() serving as a new cache, and the modes the device
+    cache does not do yet (pads, beams, a prompt on a non-empty cache) raising gaac.GaacError, never a wrong token."""
+    torch, gt, model, table, prompts = real_model(REAL_MODELS[0])
+    need_gpu(torch)
+    import gaac
+
+    model.to("cuda")
+    try:
+        table = gt.calibrate(model, torch.tensor([prompts[0] * 8], device="cuda"))
+        ids = torch.tensor([prompts[0]], device="cuda")
+
+        def run(fmt):
+            cache = gt.GaacCache(model.config, table, max_tokens=64, cache_format=fmt, device="cuda",
+                                 blocks_per_split=4)
+            torch.manual_seed(3)
+            out = model.generate(ids, cache=cache, max_new_tokens=8, do_sample=True, top_k=20,
+                                 return_dict_in_generate=True, output_scores=True, pad_token_id=0)
+            cache.reset()
+            again = model.generate(ids, cache=cache, max_new_tokens=8, do_sample=False, pad_token_id=0)
+            fresh = model.generate(ids, cache=gt.GaacCache(model.config, table, max_tokens=64, cache_format=fmt,
+                                                           device="cuda", blocks_per_split=4),
+                                   max_new_tokens=8, do_sample=False, pad_token_id=0)
+            assert again.tolist() == fresh.tolist()
+            return out.sequences.tolist(), [s.cpu() for s in out.scores], again.tolist()
+
+        gaac_out, twin_out = run("gaac"), run("bf16")
+        assert gaac_out[0] == twin_out[0] and gaac_out[2] == twin_out[2]
+        assert all(torch.equal(a, b) for a, b in zip(gaac_out[1], twin_out[1]))
+        padded, mask = left_padded(torch, prompts[:2])
+        with pytest.raises(gaac.GaacError, match="pad"):
+            model.generate(padded.cuda(), attention_mask=mask.cuda(), max_new_tokens=2, do_sample=False,
+                           pad_token_id=0, cache=gt.GaacCache(model.config, table, max_tokens=64, batch=2,
+                                                              device="cuda"))
+        with pytest.raises(gaac.GaacError, match="reorder"):
+            model.generate(ids, num_beams=3, max_new_tokens=3, do_sample=False, pad_token_id=0,
+                           cache=gt.GaacCache(model.config, table, max_tokens=64, batch=3, device="cuda"))
+        cache = gt.GaacCache(model.config, table, max_tokens=64, device="cuda")
+        out = model.generate(ids, cache=cache, max_new_tokens=2, do_sample=False, pad_token_id=0)
+        with pytest.raises(gaac.GaacError):
+            model.generate(torch.cat([out, ids], dim=1), cache=cache, max_new_tokens=2, do_sample=False,
+                           pad_token_id=0)
+    finally:
+        model.to("cpu")

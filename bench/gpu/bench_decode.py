@@ -267,9 +267,9 @@ def run_case(g, shape_name, context, batch, args, flashinfer, results, log):
                 def fi(i, w=w):
                     out.copy_(w.run(q, kv_cache[i]))
                 measure(name, fi, bf16_bytes)
-            except Exception as e:
-                methods[name] = {"error": str(e)[:300]}
-                log(f"  {name}: ERROR {str(e)[:200]}")
+            except Exception as e:  # a build failure's cause is at the end of its message
+                methods[name] = {"error": str(e)[:200] + " ... " + str(e)[-1500:]}
+                log(f"  {name}: ERROR {str(e)[:100]} ... {str(e)[-1500:]}")
         del kv_cache
     g.lib.gaac_bench_free(h)
     del k, v

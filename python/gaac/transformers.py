@@ -37,6 +37,7 @@ window has already released raises.
 """
 import contextvars
 import functools
+import weakref
 
 import torch
 from transformers import AttentionInterface, Cache
@@ -111,7 +112,14 @@ class GaacLayer(CacheLayerMixin):
 
     def __init__(self, owner, index):
         super().__init__()
-        self.owner, self.index = owner, index
+        # A weak reference: the cache holds its layers, and a cycle would keep its device memory alive after
+        # the last `del` until the garbage collector runs.
+        self._owner, self.index = weakref.ref(owner), index
+
+    @property
+    def owner(self):
+        """The GaacCache this layer belongs to."""
+        return self._owner()
 
     def lazy_initialization(self, key_states, value_states):
         self.dtype, self.device = key_states.dtype, key_states.device

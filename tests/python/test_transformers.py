@@ -113,6 +113,25 @@ def random_model(arch, device):
     return torch, gt, model
 
 
+def test_a_dropped_cache_is_freed_at_once():
+    """No reference cycle between a GaacCache and its layers: the last `del` frees it (and its budget's memory)
+    without waiting for the garbage collector."""
+    import gc
+    import weakref
+
+    torch, gt, model = random_model("llama", "cpu")
+    calibration = torch.randint(3, 512, (1, 64), generator=torch.Generator().manual_seed(2))
+    cache = gt.GaacCache(model.config, gt.calibrate(model, calibration), max_tokens=64)
+    model.generate(calibration[:, :20], cache=cache, max_new_tokens=3, do_sample=False, pad_token_id=0)
+    alive = weakref.ref(cache)
+    gc.disable()
+    try:
+        del cache
+        assert alive() is None
+    finally:
+        gc.enable()
+
+
 @pytest.mark.parametrize("device", ["cpu", "cuda"])
 @pytest.mark.parametrize("arch", ["llama", "gemma3"])
 def test_random_models_gaac_equals_bf16_twin(arch, device):
@@ -363,10 +382,10 @@ def test_misuse_raises_a_gaac_error():
         cache.crop(3)
 
 
-def test_smollm2_gpu_sampling_reset_and_what_raises():
+def check_gpu_sampling_reset_and_what_raises(torch, gt, model, prompts):
     """On the GPU: sampling with scores equal to the twin's, reset() serving as a new cache, and the modes the device
-    cache does not do yet (pads, beams, a prompt on a non-empty cache) raising gaac.GaacError, never a wrong token."""
-    torch, gt, model, table, prompts = real_model(REAL_MODELS[0])
+    cache does not do yet (pads, beams, a prompt on a non-empty cache) raising gaac.GaacError, never a wrong token.
+    `prompts`: three token-id lists, the first two of different lengths."""
     need_gpu(torch)
     import gaac
 
@@ -407,3 +426,15 @@ def test_smollm2_gpu_sampling_reset_and_what_raises():
                            pad_token_id=0)
     finally:
         model.to("cpu")
+
+
+def test_smollm2_gpu_sampling_reset_and_what_raises():
+    torch, gt, model, _, prompts = real_model(REAL_MODELS[0])
+    check_gpu_sampling_reset_and_what_raises(torch, gt, model, prompts)
+
+
+def test_random_llama_gpu_sampling_reset_and_what_raises():
+    """The same on random weights (no model files): what the GPU machine can always run."""
+    torch, gt, model = random_model("llama", "cpu")
+    ids = torch.randint(3, 512, (40,), generator=torch.Generator().manual_seed(4)).tolist()
+    check_gpu_sampling_reset_and_what_raises(torch, gt, model, [ids[:17], ids[17:26], ids[26:]])

@@ -1,15 +1,37 @@
 #include "cache/unit_pool.hpp"
 
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
 #include <cstring>
-#include <new>
+#include <string>
+
+#include "gaac/error.hpp"
+#include "gaac/paged_layout.hpp"
 
 namespace gaac::cache {
 
-UnitPool::UnitPool(uint32_t count, size_t unit_bytes, size_t alignment) : count_(count), unit_bytes_(unit_bytes) {
-  const size_t bytes = (static_cast<size_t>(count) * unit_bytes + alignment - 1) / alignment * alignment;
-  data_.reset(static_cast<uint8_t*>(std::aligned_alloc(alignment, bytes == 0 ? alignment : bytes)));
-  if (!data_) throw std::bad_alloc();
-  std::memset(data_.get(), 0, bytes);
+static_assert(kPoolAlignment <= 4096, "a page-aligned mapping must satisfy the pool's alignment");
+
+void UnitPool::Unmap::operator()(uint8_t* p) const { ::munmap(p, bytes); }
+
+UnitPool::UnitPool(uint32_t count, size_t unit_bytes) : count_(count), unit_bytes_(unit_bytes) {
+  const size_t bytes = std::max<size_t>(static_cast<size_t>(count) * unit_bytes, 1);
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  if (pages > 0 && page > 0 && bytes / static_cast<size_t>(page) >= static_cast<size_t>(pages)) {
+    throw Error("a KV cache budget of " + std::to_string(bytes) + " bytes of units is more than this machine's " +
+                std::to_string(static_cast<size_t>(pages) * static_cast<size_t>(page)) + " bytes of memory; give a smaller budget");
+  }
+  // Anonymous pages read as zero and are committed when first written: a large budget costs memory
+  // only as the cache fills.
+  void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED) {
+    throw Error("cannot reserve " + std::to_string(bytes) + " bytes for a KV cache's units (" + std::strerror(errno) +
+                "); give a smaller budget");
+  }
+  data_ = std::unique_ptr<uint8_t[], Unmap>(static_cast<uint8_t*>(p), Unmap{bytes});
   free_.resize(count);
   for (uint32_t i = 0; i < count; ++i) free_[i] = count - 1 - i;  // unit 0 is taken first
 }

@@ -106,6 +106,11 @@ struct CacheUsage {
   uint64_t bf16_bytes() const { return 2 * elements; }
   /// Resident bits per element held (0 when empty).
   double bits_per_element() const;
+  /// Share of finalized tiles held raw (0 when none is finalized); in a gaac cache, the tiles whose
+  /// escapes did not fit their slot.
+  double raw_fraction() const {
+    return raw_tiles == 0 ? 0.0 : static_cast<double>(raw_tiles) / static_cast<double>(raw_tiles + compressed_tiles);
+  }
 };
 
 /// The blocks of a batch of sequences in CSR form, owned; view() gives the pointers kernels walk.

@@ -1,6 +1,8 @@
 // KvCache: construction from a budget, sequences (add, fork, free) and the fill-then-finalize append.
 #include "gaac/kv_cache.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -113,6 +115,11 @@ KvCache::KvCache(CacheConfig cache_config) : state_(std::make_unique<State>()) {
 
   const uint64_t units = layout.cache_units(config.budget_bytes, config.format);
   s.geo.row_capacity = static_cast<uint32_t>(layout.rows_for(units));
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  if (pages > 0 && page > 0 && units * unit_bytes / static_cast<uint64_t>(page) >= static_cast<uint64_t>(pages)) {
+    throw Error("a KV cache budget of " + std::to_string(config.budget_bytes) + " bytes is more than this machine's " +
+                std::to_string(static_cast<uint64_t>(pages) * static_cast<uint64_t>(page)) + " bytes of memory; give a smaller budget");
+  }
   s.pool = cache::UnitPool(static_cast<uint32_t>(units), unit_bytes);
   s.entries.assign(s.geo.table_entries(), kAbsentEntry);
   s.free_rows.resize(s.geo.row_capacity);

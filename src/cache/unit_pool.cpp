@@ -1,7 +1,6 @@
 #include "cache/unit_pool.hpp"
 
 #include <sys/mman.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -19,11 +18,6 @@ void UnitPool::Unmap::operator()(uint8_t* p) const { ::munmap(p, bytes); }
 
 UnitPool::UnitPool(uint32_t count, size_t unit_bytes) : count_(count), unit_bytes_(unit_bytes) {
   const size_t bytes = std::max<size_t>(static_cast<size_t>(count) * unit_bytes, 1);
-  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
-  if (pages > 0 && page > 0 && bytes / static_cast<size_t>(page) >= static_cast<size_t>(pages)) {
-    throw Error("a KV cache budget of " + std::to_string(bytes) + " bytes of units is more than this machine's " +
-                std::to_string(static_cast<size_t>(pages) * static_cast<size_t>(page)) + " bytes of memory; give a smaller budget");
-  }
   // Anonymous pages read as zero and are committed when first written: a large budget costs memory
   // only as the cache fills.
   void* p = ::mmap(nullptr, bytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);

@@ -16,8 +16,8 @@ namespace gaac::cache {
 class UnitPool {
  public:
   UnitPool() = default;
-  /// Reserves the pool. Throws gaac::Error saying how much was asked when that is more than this
-  /// machine's memory or the system refuses to reserve it.
+  /// Reserves the pool. Throws gaac::Error saying how much was asked when the system refuses to
+  /// reserve it.
   UnitPool(uint32_t count, size_t unit_bytes);
 
   uint32_t count() const { return count_; }

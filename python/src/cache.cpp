@@ -29,7 +29,7 @@ void check_sequence(const KvCache& c, SequenceId s) {
   if (!c.contains(s)) throw Error("sequence " + std::to_string(s) + " is not in the cache");
 }
 
-using FloatArray = nb::ndarray<float, nb::device::cpu, nb::c_contig>;
+using FloatArray = nb::ndarray<const float, nb::device::cpu, nb::c_contig>;  // read only: read-only arrays too
 using FloatOut = nb::ndarray<nb::numpy, float>;
 
 }  // namespace

@@ -77,6 +77,7 @@ const char* kind_of(mode_t mode) {
 /// Where `path` would be written, or an error saying why it is refused (what check_output checks).
 Destination resolve_output(const std::string& path, std::span<const std::string> inputs) {
   if (path.empty()) refuse("(empty output path)", "give the name of a file to write");
+  check_path(path);
   struct stat link {};
   if (::lstat(path.c_str(), &link) != 0) {
     if (errno != ENOENT) fail(path, "cannot use as an output", errno);

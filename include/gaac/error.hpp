@@ -25,7 +25,8 @@ struct GAAC_API SourceLocation {
 };
 
 /// Failure of a gaac operation: bad input, a malformed file, an I/O error. `what()` reads
-/// "context: message" and `where()` gives the source file and line that raised it.
+/// "context: message" (a NUL byte in either written as \0, so that none ends it early) and `where()`
+/// gives the source file and line that raised it.
 class GAAC_API Error : public std::runtime_error {
  public:
   /// Builds an error; `loc` defaults to the caller's location.

@@ -63,11 +63,18 @@ enum class CacheStatus : uint8_t {
   out_of_space,  ///< not enough free units (or block rows); the cache is unchanged
 };
 
-/// What an append needed when it failed, for a message that says how much more is needed.
+/// What an append needed when it failed, for a message that says how much is needed.
 struct AppendOutcome {
   CacheStatus status = CacheStatus::ok;
   uint64_t bytes_needed = 0;  ///< bytes of units and table entries the operation would have taken
   uint64_t bytes_free = 0;    ///< bytes that were free (and releasable by it) when it was tried
+  /// The smallest budget with which a cache of this config, holding what this one holds, would
+  /// have taken the append (carved exactly as the constructor carves). Exact when `measured`;
+  /// otherwise the append, which completes tiles, could not fit even with every one of them
+  /// compressed, was refused before any was encoded, and this is the budget that best case would
+  /// need (a lower bound).
+  uint64_t budget_needed = 0;
+  bool measured = true;  ///< whether the tiles were encoded, so that `budget_needed` is exact
 };
 
 /// Where the cache's memory goes, and what it holds.
@@ -99,6 +106,11 @@ struct CacheUsage {
   uint64_t bf16_bytes() const { return 2 * elements; }
   /// Resident bits per element held (0 when empty).
   double bits_per_element() const;
+  /// Share of finalized tiles held raw (0 when none is finalized); in a gaac cache, the tiles whose
+  /// escapes did not fit their slot.
+  double raw_fraction() const {
+    return raw_tiles == 0 ? 0.0 : static_cast<double>(raw_tiles) / static_cast<double>(raw_tiles + compressed_tiles);
+  }
 };
 
 /// The blocks of a batch of sequences in CSR form, owned; view() gives the pointers kernels walk.
@@ -114,9 +126,18 @@ struct SequenceTable {
 
 /// The smallest budget with which a cache of `format` surely holds `sequences` sequences of `tokens`
 /// tokens each, whatever their values (every block counted raw). Throws gaac::Error like KvCache's
-/// constructor for a bad geometry or calibration.
+/// constructor for a bad geometry or calibration, for negative counts, and when the budget would
+/// pass 2^64 bytes.
 GAAC_API uint64_t worst_case_budget(const CacheGeometry& geometry, CacheFormat format, const CalibrationTable* calibration,
                                     int tokens, int sequences = 1);
+
+/// The smallest budget with which a cache of `format` could hold sequences of `tokens[i]` tokens
+/// together at all: every block they complete counted compressed (one unit per tile), every open
+/// block raw, sliding layers holding only their window. A smaller budget surely runs out before
+/// they are stored; between this and worst_case_budget() it depends on the values. For a bf16 cache
+/// it is the exact need. Throws like worst_case_budget().
+GAAC_API uint64_t least_budget(const CacheGeometry& geometry, CacheFormat format, const CalibrationTable* calibration,
+                               std::span<const int> tokens);
 
 /// How a budget is carved for a cache of `config`, exactly as KvCache's constructor carves it: the
 /// layout numbers (unit size, block rows), the units of the pool, every layer's sliding window and, for
@@ -136,8 +157,11 @@ GAAC_API CacheCarving carve_cache(const CacheConfig& config);
 /// tables, read, attention — may run concurrently with each other, not with a change).
 class GAAC_API KvCache {
  public:
-  /// Carves the pool and the table from the budget. Throws gaac::Error for a bad geometry, a
-  /// missing or mismatched calibration, or a budget too small for one block of every layer.
+  /// Carves the pool and the table from the budget. The pool's memory is reserved, not committed: its
+  /// pages are touched as units are first taken; the block table and the bookkeeping (about 4 bytes
+  /// per unit, a few times that with sliding windows) are committed at once. Throws gaac::Error for a
+  /// bad geometry, a missing or mismatched calibration, a budget too small for one block of every
+  /// layer, or one larger than this machine's memory or than the system will reserve.
   explicit KvCache(CacheConfig config);
   ~KvCache();
   KvCache(KvCache&&) noexcept;

@@ -47,4 +47,8 @@ GAAC_API Snapshot parse_snapshot(std::span<const uint8_t> image, const std::stri
 /// Reads and parses a .gaac file.
 GAAC_API Snapshot read_snapshot(const std::string& path, const Progress& progress = {});
 
+/// The bytes of a .gaac file, not parsed; a file that does not start as a snapshot is refused as soon
+/// as its first bytes are read (a stream such as /dev/zero is not read on). Throws gaac::Error.
+GAAC_API std::vector<uint8_t> read_snapshot_image(const std::string& path);
+
 }  // namespace gaac

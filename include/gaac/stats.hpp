@@ -39,6 +39,8 @@ struct GAAC_API TensorStats {
   double exponent_entropy_bits() const;
   /// Fraction of groups in `mode`.
   double mode_fraction(GroupMode mode) const;
+  /// Fraction of complete tiles that fall back to raw (0 without tiles).
+  double fallback_fraction() const;
   /// Adds another tensor's counts.
   void add(const TensorStats& other);
 };

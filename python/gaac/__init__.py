@@ -44,7 +44,14 @@ __all__ = ["BatchKvCache", "CacheFullError", "Calibration", "GaacError", "KvCach
 
 def to_torch(array):
     """Views a uint16 array of BF16 bit patterns (as gaac returns them) as a ``torch.bfloat16`` tensor,
-    sharing its memory."""
+    sharing its memory. Raises ``TypeError`` for what is not a NumPy array and ``GaacError`` for an array
+    of another dtype (a float32 array is values, not BF16 bit patterns: convert it with
+    ``torch.from_numpy(a).bfloat16()``)."""
+    import numpy
     import torch
 
+    if not isinstance(array, numpy.ndarray):
+        raise TypeError(f"to_torch: expected a NumPy array, got {type(array).__name__}")
+    if array.dtype != numpy.uint16:
+        raise GaacError(f"to_torch: expected a uint16 array of BF16 bit patterns (as gaac returns them), got {array.dtype}")
     return torch.from_numpy(array).view(torch.bfloat16)

@@ -15,8 +15,9 @@
 
 namespace gaac::python {
 
-/// A CPU array of any dtype, as nanobind receives it from a DLPack producer.
-using AnyArray = nanobind::ndarray<nanobind::device::cpu>;
+/// A CPU array of any dtype, as nanobind receives it from a DLPack producer; read-only arrays
+/// (np.frombuffer, memory maps opened 'r') too, since the library only reads it.
+using AnyArray = nanobind::ndarray<nanobind::ro, nanobind::device::cpu>;
 /// A NumPy array of BF16 bit patterns (uint16) owned by a capsule.
 using Bf16Array = nanobind::ndarray<nanobind::numpy, uint16_t>;
 

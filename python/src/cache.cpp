@@ -29,7 +29,7 @@ void check_sequence(const KvCache& c, SequenceId s) {
   if (!c.contains(s)) throw Error("sequence " + std::to_string(s) + " is not in the cache");
 }
 
-using FloatArray = nb::ndarray<float, nb::device::cpu, nb::c_contig>;
+using FloatArray = nb::ndarray<const float, nb::device::cpu, nb::c_contig>;  // read only: read-only arrays too
 using FloatOut = nb::ndarray<nb::numpy, float>;
 
 }  // namespace
@@ -136,8 +136,9 @@ void bind_cache(nb::module_& m) {
             }
             const AppendOutcome r = c.append(s, kv, vv);
             if (r.status != CacheStatus::ok) {
-              throw Error(ErrorCode::out_of_space, "append: needs " + std::to_string(r.bytes_needed) + " bytes, " +
-                                                       std::to_string(r.bytes_free) + " are free; the cache is unchanged");
+              throw Error(ErrorCode::out_of_space, "append: needs a budget of " + std::string(r.measured ? "" : "at least ") +
+                                                       std::to_string(r.budget_needed) + " bytes; the budget is " +
+                                                       std::to_string(c.usage().budget_bytes) + " bytes; the cache is unchanged");
             }
           },
           "sequence"_a, "k"_a, "v"_a,

@@ -21,6 +21,7 @@
 #include "gaac/synthetic.hpp"
 #include "io/files.hpp"
 #include "io/kv_dump_file.hpp"
+#include "paths.hpp"
 
 namespace nb = nanobind;
 using namespace nb::literals;
@@ -70,18 +71,21 @@ NB_MODULE(_gaac, m) {
   using namespace gaac;
   using namespace gaac::python;
   m.doc() = "gaac: lossless compression of BF16 KV caches (GAAC). See the package docstring.";
-  const nb::object gaac_error = nb::exception<Error>(m, "GaacError", PyExc_RuntimeError);
-  // A library error of ErrorCode::out_of_space is a CacheFullError, a subclass of GaacError (translators
-  // registered later are tried first).
-  static nb::object cache_full =
-      nb::steal(PyErr_NewException("gaac._gaac.CacheFullError", gaac_error.ptr(), nullptr));
+  // Every gaac::Error is a GaacError; one of ErrorCode::out_of_space a CacheFullError, its subclass.
+  // The message may quote a file's bytes: bytes that are not UTF-8 are shown as \xNN escapes.
+  static nb::object gaac_error = nb::steal(PyErr_NewException("gaac._gaac.GaacError", PyExc_RuntimeError, nullptr));
+  static nb::object cache_full = nb::steal(PyErr_NewException("gaac._gaac.CacheFullError", gaac_error.ptr(), nullptr));
+  m.attr("GaacError") = gaac_error;
   m.attr("CacheFullError") = cache_full;
   nb::register_exception_translator([](const std::exception_ptr& p, void*) {
     try {
       std::rethrow_exception(p);
     } catch (const Error& e) {
-      if (e.code() != ErrorCode::out_of_space) throw;
-      PyErr_SetString(cache_full.ptr(), e.what());
+      const std::string text = e.what();
+      PyObject* message = PyUnicode_DecodeUTF8(text.data(), static_cast<Py_ssize_t>(text.size()), "backslashreplace");
+      if (message == nullptr) return;  // the decoding's own error (out of memory) is set
+      PyErr_SetObject((e.code() == ErrorCode::out_of_space ? cache_full : gaac_error).ptr(), message);
+      Py_DECREF(message);
     }
   });
   bind_cache(m);
@@ -104,9 +108,11 @@ NB_MODULE(_gaac, m) {
           },
           "kind"_a, "layer"_a, "Escape-slot bytes of every tile of (kind 'k' or 'v', layer).")
       .def(
-          "save", [](const CalibrationTable& t, const std::string& path) { save_calibration(t, path); }, "path"_a,
+          "save", [](const CalibrationTable& t, const PathArg& path) { save_calibration(t, path.bytes); }, "path"_a,
           "Writes the table as a safetensors file (what `gaac calibrate` writes).")
-      .def_static("load", &load_calibration, "path"_a, "Reads a calibration table written by save() or `gaac calibrate`.")
+      .def_static(
+          "load", [](const PathArg& path) { return load_calibration(path.bytes); }, "path"_a,
+          "Reads a calibration table written by save() or `gaac calibrate`.")
       .def("__repr__", [](const CalibrationTable& t) {
         return "gaac.Calibration(layers=" + std::to_string(t.layers()) + ", kv_heads=" + std::to_string(t.kv_heads()) +
                ", head_dim=" + std::to_string(t.head_dim()) + ")";
@@ -135,9 +141,9 @@ NB_MODULE(_gaac, m) {
           "The .gaac image.")
       .def(
           "save",
-          [](const SnapshotImage& s, const std::string& path) {
+          [](const SnapshotImage& s, const PathArg& path) {
             const std::span<const uint8_t> parts[] = {s.image};
-            io::write_file_atomic(path, parts);
+            io::write_file_atomic(path.bytes, parts);
           },
           "path"_a, "Writes the image as a .gaac file (to a temporary name, then renamed into place).")
       .def(
@@ -150,9 +156,9 @@ NB_MODULE(_gaac, m) {
       .def_static("from_bytes", &snapshot_from_bytes, "data"_a, "Parses and fully validates a .gaac image.")
       .def_static(
           "load",
-          [](const std::string& path) {
-            std::vector<uint8_t> image = io::read_file(path);
-            const gaac::Snapshot parsed = parse_snapshot(image, path);
+          [](const PathArg& path) {
+            std::vector<uint8_t> image = read_snapshot_image(path.bytes);
+            const gaac::Snapshot parsed = parse_snapshot(image, path.bytes);
             return SnapshotImage::of(std::move(image), parsed);
           },
           "path"_a, "Reads and fully validates a .gaac file.")
@@ -190,12 +196,12 @@ NB_MODULE(_gaac, m) {
       "A seeded synthetic KV cache (what `gaac synth` writes): (k, v), one array per layer.");
 
   m.def(
-      "load_kv_dump", [](const std::string& path) { return layers_of(io::load_kv_dump(path)); }, "path"_a,
+      "load_kv_dump", [](const PathArg& path) { return layers_of(io::load_kv_dump(path.bytes)); }, "path"_a,
       "Reads a KV dump (safetensors, k.<layer> / v.<layer>): (k, v), one array per layer.");
   m.def(
       "save_kv_dump",
-      [](const std::vector<AnyArray>& k, const std::vector<AnyArray>& v, const std::string& path) {
-        io::save_kv_dump(dump_from(k, v, "save_kv_dump"), path);
+      [](const std::vector<AnyArray>& k, const std::vector<AnyArray>& v, const PathArg& path) {
+        io::save_kv_dump(dump_from(k, v, "save_kv_dump"), path.bytes);
       },
       "k"_a, "v"_a, "path"_a, "Writes a KV dump (safetensors) that `gaac` commands read.");
 }

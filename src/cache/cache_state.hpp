@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "cache/layout.hpp"
 #include "cache/unit_pool.hpp"
 #include "gaac/error.hpp"
 #include "gaac/kv_cache.hpp"
@@ -23,6 +24,7 @@ struct KvCache::State {
   };
 
   CacheConfig config;
+  cache::Layout layout;  ///< how the budget was carved (for the budget an append would need)
   PagedGeometry geo;
   int channels = 0;          ///< per tile
   int halves = 1;            ///< tiles per head

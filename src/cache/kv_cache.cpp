@@ -1,6 +1,8 @@
 // KvCache: construction from a budget, sequences (add, fork, free) and the fill-then-finalize append.
 #include "gaac/kv_cache.hpp"
 
+#include <unistd.h>
+
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -16,16 +18,6 @@ namespace {
 constexpr int kMaxWindowClasses = 8;
 
 }  // namespace
-
-uint64_t worst_case_budget(const CacheGeometry& geometry, CacheFormat format, const CalibrationTable* calibration, int tokens,
-                           int sequences) {
-  cache::check_geometry(geometry);
-  if (tokens < 0 || sequences < 0) throw Error("worst_case_budget: negative tokens or sequences");
-  const cache::Layout layout = cache::layout_for(geometry, format, calibration);
-  const uint64_t rows = static_cast<uint64_t>(sequences) * ((static_cast<uint64_t>(tokens) + kTileTokens - 1) / kTileTokens);
-  const uint64_t units = std::max<uint64_t>(rows, 1) * layout.row_entries * layout.raw_units;
-  return layout.bytes_for(units);
-}
 
 const char* to_string(CacheFormat format) { return format == CacheFormat::gaac ? "gaac" : "bf16"; }
 
@@ -134,7 +126,8 @@ KvCache::KvCache(CacheConfig cache_config) : state_(std::make_unique<State>()) {
     s.layer_class[static_cast<size_t>(l)] = static_cast<int>(it - s.class_window.begin());
   }
 
-  const cache::Layout layout = cache::layout_for(g, config.format, config.calibration);
+  s.layout = cache::layout_for(g, config.format, config.calibration);
+  const cache::Layout& layout = s.layout;
   const uint32_t unit_bytes = layout.unit_bytes;
   s.raw_units = layout.raw_units;
   if (config.format == CacheFormat::gaac) {
@@ -145,7 +138,12 @@ KvCache::KvCache(CacheConfig cache_config) : state_(std::make_unique<State>()) {
 
   const uint64_t units = layout.cache_units(config.budget_bytes, config.format);
   s.geo.row_capacity = static_cast<uint32_t>(layout.rows_for(units));
-  s.pool = cache::UnitPool(static_cast<uint32_t>(units), unit_bytes, kPoolAlignment);
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  if (pages > 0 && page > 0 && units * unit_bytes / static_cast<uint64_t>(page) >= static_cast<uint64_t>(pages)) {
+    throw Error("a KV cache budget of " + std::to_string(config.budget_bytes) + " bytes is more than this machine's " +
+                std::to_string(static_cast<uint64_t>(pages) * static_cast<uint64_t>(page)) + " bytes of memory; give a smaller budget");
+  }
+  s.pool = cache::UnitPool(static_cast<uint32_t>(units), unit_bytes);
   s.entries.assign(s.geo.table_entries(), kAbsentEntry);
   s.free_rows.resize(s.geo.row_capacity);
   for (uint32_t r = 0; r < s.geo.row_capacity; ++r) s.free_rows[r] = s.geo.row_capacity - 1 - r;
@@ -315,6 +313,51 @@ AppendOutcome KvCache::append(SequenceId sequence, std::span<const KvView> k, st
     return view.at(t, head) + static_cast<size_t>(half) * kMaxTileChannels;
   };
 
+  // Units the append frees whatever the values: blocks leaving a window.
+  uint64_t frees = 0;
+  for (int c = 0; c < s.classes(); ++c) {
+    for (int b = q.dropped[static_cast<size_t>(c)]; b < std::min(target[static_cast<size_t>(c)], old_blocks); ++b) {
+      const uint32_t row = q.rows[static_cast<size_t>(b)];
+      if (s.window_refs(row, c) != 1) continue;
+      s.for_each_tile([&](int l, int h, TensorKind kind, int half) {
+        if (s.layer_class[static_cast<size_t>(l)] == c) frees += s.units_of(s.entry(l, row, h, kind, half));
+      });
+    }
+  }
+  const uint64_t entry_bytes = g.entries_per_row() * 4;
+  const uint64_t rows_used = g.row_capacity - s.free_rows.size();
+  const uint64_t units_used = s.pool.count() - s.pool.free_count();
+  // The outcome of an append that takes `takes` units and frees `released` (beyond the window's).
+  const auto refused = [&](uint64_t takes, uint64_t released, bool measured) {
+    const uint64_t free_units = s.pool.free_count() + frees + released;
+    return AppendOutcome{CacheStatus::out_of_space, takes * g.unit_bytes + static_cast<uint64_t>(new_rows) * entry_bytes,
+                         free_units * g.unit_bytes + s.free_rows.size() * entry_bytes,
+                         s.layout.least_budget(units_used + takes - std::min(takes, frees + released), rows_used + new_rows),
+                         measured};
+  };
+  // The best case first, every completed tile compressed: an append that cannot fit even so is
+  // refused before anything is encoded, at no cost in proportion to its size.
+  {
+    uint64_t takes = 0, released = 0;
+    if (completes && s.compressed()) {
+      s.for_each_tile([&](int l, int h, TensorKind kind, int half) {
+        if (!dropped_for(old_blocks - 1, l) && entry_class(s.entry(l, q.rows.back(), h, kind, half)) != TileClass::absent) {
+          released += s.raw_units;
+          takes += 1;
+        }
+      });
+    }
+    for (int j = 0; j < new_full; ++j) {
+      for (int l = 0; l < g.layers; ++l) {
+        if (!dropped_for(old_blocks + j, l)) takes += static_cast<uint64_t>(g.entries_per_layer_row());
+      }
+    }
+    if (new_tail > 0) takes += g.entries_per_row() * s.raw_units;
+    if (takes > s.pool.free_count() + frees + released || static_cast<size_t>(new_rows) > s.free_rows.size()) {
+      return refused(takes, released, !s.compressed() || (!completes && new_full == 0));  // exact when nothing is encoded
+    }
+  }
+
   // Phase 1: encode every tile that this append completes, so the units it needs are known exactly.
   std::vector<EncodeJob> jobs;
   if (s.compressed()) {
@@ -358,23 +401,14 @@ AppendOutcome KvCache::append(SequenceId sequence, std::span<const KvView> k, st
     encode(0, jobs.size());
   }
 
-  // Units: what the append frees first (blocks leaving a window, open-block tiles that compress),
-  // then what it takes.
-  uint64_t frees = 0, takes = 0;
-  for (int c = 0; c < s.classes(); ++c) {
-    for (int b = q.dropped[static_cast<size_t>(c)]; b < std::min(target[static_cast<size_t>(c)], old_blocks); ++b) {
-      const uint32_t row = q.rows[static_cast<size_t>(b)];
-      if (s.window_refs(row, c) != 1) continue;
-      s.for_each_tile([&](int l, int h, TensorKind kind, int half) {
-        if (s.layer_class[static_cast<size_t>(l)] == c) frees += s.units_of(s.entry(l, row, h, kind, half));
-      });
-    }
-  }
+  // Units: what the append frees (besides the window's: open-block tiles that compress), then what
+  // it takes.
+  uint64_t released = 0, takes = 0;
   size_t next = 0;
   if (completes && s.compressed()) {
     for (; next < jobs.size() && jobs[next].block < 0; ++next) {
       if (encodings[next].fits) {
-        frees += s.raw_units;
+        released += s.raw_units;
         takes += 1;
       }
     }
@@ -388,12 +422,7 @@ AppendOutcome KvCache::append(SequenceId sequence, std::span<const KvView> k, st
     }
   }
   if (new_tail > 0) takes += g.entries_per_row() * s.raw_units;
-  const uint64_t free_units = s.pool.free_count() + frees;
-  if (takes > free_units || static_cast<size_t>(new_rows) > s.free_rows.size()) {
-    const uint64_t entry_bytes = g.entries_per_row() * 4;
-    return {CacheStatus::out_of_space, takes * unit_bytes + static_cast<uint64_t>(new_rows) * entry_bytes,
-            free_units * unit_bytes + s.free_rows.size() * entry_bytes};
-  }
+  if (takes > s.pool.free_count() + frees + released) return refused(takes, released, true);
 
   // Phase 2: commit; nothing below can fail.
   const size_t row_bytes = static_cast<size_t>(s.channels) * 2;

@@ -2,6 +2,7 @@
 
 #include <string>
 
+#include "common/checked.hpp"
 #include "gaac/error.hpp"
 
 namespace gaac::cache {
@@ -17,6 +18,18 @@ size_t largest_capacity(const CalibrationTable& table) {
 }
 
 }  // namespace
+
+uint64_t Layout::bytes_for(uint64_t units) const {
+  const uint64_t entries = checked_mul(rows_for(units), row_entries, "the KV cache's block table");
+  return checked_add(checked_mul(units, unit_bytes, "the KV cache's units"), checked_mul(entries, 4, "the KV cache's block table"),
+                     "the KV cache's budget");
+}
+
+uint64_t Layout::least_budget(uint64_t units, uint64_t rows) const {
+  // rows_for(u) = u / resident_entries + 1 reaches `rows` from u = (rows - 1) · resident_entries on.
+  const uint64_t for_rows = rows > 0 ? checked_mul(rows - 1, resident_entries, "the KV cache's block rows") : 0;
+  return bytes_for(std::max({units, for_rows, row_entries * raw_units}));
+}
 
 uint64_t Layout::units_for(uint64_t budget) const {
   const double per_unit = unit_bytes + 4.0 * static_cast<double>(row_entries) / static_cast<double>(resident_entries);

@@ -21,8 +21,11 @@ struct Layout {
   /// Rows for `units` units: enough that the table never runs out before the pool does (every kept
   /// tile takes at least one unit; rows of sliding layers give their tiles back).
   uint64_t rows_for(uint64_t units) const { return units / resident_entries + 1; }
-  /// Bytes of `units` units and the rows that go with them.
-  uint64_t bytes_for(uint64_t units) const { return units * unit_bytes + rows_for(units) * row_entries * 4; }
+  /// Bytes of `units` units and the rows that go with them (gaac::Error when that passes 2^64).
+  uint64_t bytes_for(uint64_t units) const;
+  /// The smallest budget whose carving has at least `units` units, `rows` block rows and one block of
+  /// every layer: exact, since carving takes the most units a budget affords.
+  uint64_t least_budget(uint64_t units, uint64_t rows) const;
   /// The most units a budget affords (at most kMaxUnits).
   uint64_t units_for(uint64_t budget) const;
   /// The units a cache of `format` carves from `budget`; throws gaac::Error, saying how many bytes one

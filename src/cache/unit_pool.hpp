@@ -1,22 +1,25 @@
 // The unit pool of a paged cache: one aligned allocation of fixed-size units and a stack of the free
 // ones. Allocation is a pop, release a push: O(1), no fragmentation, and a count of free units is
-// exactly what an operation can still take.
+// exactly what an operation can still take. The allocation is an anonymous mapping: reserved at
+// once, committed page by page as units are first written.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <cstdlib>
 #include <memory>
 #include <vector>
 
 namespace gaac::cache {
 
-/// A pool of `count` units of `unit_bytes` bytes, zeroed, its first byte aligned to `alignment`.
+/// A pool of `count` units of `unit_bytes` bytes, zeroed, its first byte aligned to a page (at least
+/// kPoolAlignment). Copies are deep (a cache's clone).
 class UnitPool {
  public:
   UnitPool() = default;
-  UnitPool(uint32_t count, size_t unit_bytes, size_t alignment);
-  /// A deep copy: the same units, bytes and free stack, in memory of its own.
+  /// Reserves the pool. Throws gaac::Error saying how much was asked when the system refuses to
+  /// reserve it.
+  UnitPool(uint32_t count, size_t unit_bytes);
+  /// A deep copy: the same units, bytes and free stack, in a mapping of its own.
   UnitPool(const UnitPool& other);
   UnitPool& operator=(const UnitPool& other);
   UnitPool(UnitPool&&) noexcept = default;
@@ -42,16 +45,14 @@ class UnitPool {
   const std::vector<uint32_t>& free_units() const { return free_; }
 
  private:
-  struct Free {
-    void operator()(uint8_t* p) const { std::free(p); }
+  /// Unmaps the pool's mapping.
+  struct Unmap {
+    size_t bytes;  ///< value-initialised (0) by unique_ptr
+    void operator()(uint8_t* p) const;
   };
-  std::unique_ptr<uint8_t[], Free> data_;
-  /// Bytes allocated (a multiple of the alignment).
-  size_t allocated_bytes() const;
-
+  std::unique_ptr<uint8_t[], Unmap> data_;
   uint32_t count_ = 0;
   size_t unit_bytes_ = 0;
-  size_t alignment_ = 1;
   std::vector<uint32_t> free_;
 };
 

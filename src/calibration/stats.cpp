@@ -63,6 +63,8 @@ double TensorStats::mode_fraction(GroupMode mode) const {
   return safe_div(static_cast<double>(groups[static_cast<size_t>(mode)]), all);
 }
 
+double TensorStats::fallback_fraction() const { return safe_div(static_cast<double>(fallback_tiles), static_cast<double>(tiles)); }
+
 void TensorStats::add(const TensorStats& o) {
   elements += o.elements;
   tiles += o.tiles;

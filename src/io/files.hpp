@@ -43,11 +43,23 @@ class FileBytes {
   std::vector<uint8_t> bytes_;
 };
 
+/// Throws gaac::Error (ErrorCode::invalid_input) unless `path` can name a file: not empty, and no
+/// NUL byte (which the system would take as its end, naming another file).
+void check_path(const std::string& path);
+
+/// What a file must start with: `magic`, the first bytes of the format named by `what`.
+struct ExpectedStart {
+  std::span<const uint8_t> magic;
+  std::string what;  ///< "a .gaac snapshot"
+};
+
 /// Reads a whole regular file, or a stream (a pipe, a FIFO, /dev/stdin) until its end. Throws
 /// gaac::Error (ErrorCode::io) naming the path and the reason: it cannot be opened or read, it is a
 /// directory, block device or socket, a regular file changed size or was modified while being
-/// read, or it is too large for the memory available.
-std::vector<uint8_t> read_file(const std::string& path);
+/// read, or it is larger than this machine's memory. With `start`, a stream that does not begin with
+/// its magic is refused as soon as those bytes are read (/dev/zero is not read on); a regular file,
+/// read in time linear in its size, is left to its parser, which names what it is instead.
+std::vector<uint8_t> read_file(const std::string& path, const ExpectedStart& start = {});
 
 /// write_output() with no inputs to protect.
 inline void write_file_atomic(const std::string& path, std::span<const std::span<const uint8_t>> parts) {

@@ -77,6 +77,7 @@ const char* kind_of(mode_t mode) {
 /// Where `path` would be written, or an error saying why it is refused (what check_output checks).
 Destination resolve_output(const std::string& path, std::span<const std::string> inputs) {
   if (path.empty()) refuse("(empty output path)", "give the name of a file to write");
+  check_path(path);
   struct stat link {};
   if (::lstat(path.c_str(), &link) != 0) {
     if (errno != ENOENT) fail(path, "cannot use as an output", errno);
@@ -132,13 +133,23 @@ void write_through_temporary(const Destination& destination, const std::string& 
     if (::fchmod(temporary.fd(), destination.existing.st_mode & 07777) != 0) fail(path, "cannot set the permissions", errno);
   }
   write_parts(temporary.fd(), parts, path);
-  check_output(path, inputs);  // again: the names may have changed while the data was computed
+  (void)resolve_output(path, inputs);  // again: the names may have changed while the data was computed
   temporary.commit(destination.file);
 }
 
 }  // namespace
 
-void check_output(const std::string& path, std::span<const std::string> inputs) { (void)resolve_output(path, inputs); }
+void check_output(const std::string& path, std::span<const std::string> inputs) {
+  const Destination destination = resolve_output(path, inputs);
+  if (destination.way == Way::create || destination.way == Way::replace) {
+    const TemporaryFile probe(destination.file, 0600);  // where a file cannot be created (/proc, a read-only mount)
+  }
+}
+
+bool is_standard_output(const std::string& path) {
+  struct stat st {}, out {};
+  return ::stat(path.c_str(), &st) == 0 && ::fstat(STDOUT_FILENO, &out) == 0 && same_file(st, out);
+}
 
 void write_output(const std::string& path, std::span<const std::span<const uint8_t>> parts,
                   std::span<const std::string> inputs) {

@@ -12,9 +12,14 @@ namespace gaac::io {
 /// Throws gaac::Error (ErrorCode::io) naming `path` when write_output() would refuse it: it is the
 /// same file (device and inode, through any symbolic or hard link) as one of `inputs`; it is a
 /// directory, a block device, a socket or a symbolic link to nothing; or its directory does not
-/// exist or cannot be written. Cheap: a command calls it before its work, so a refused output fails
-/// at once rather than after minutes of computing; write_output() checks again.
+/// exist or no file can be created there (tried: a temporary file is created and removed at once).
+/// Cheap: a command calls it before its work, so a refused output fails at once rather than after
+/// minutes of computing; write_output() checks again.
 void check_output(const std::string& path, std::span<const std::string> inputs = {});
+
+/// True when `path` names the file or pipe that is this process's standard output (`/dev/stdout`,
+/// or any other name of it).
+bool is_standard_output(const std::string& path);
 
 /// Writes `parts`, one after another, to `path`, refusing what check_output() refuses:
 ///  - the process's standard output (`/dev/stdout`, or any name of the file or pipe it is) is

@@ -424,8 +424,12 @@ Snapshot parse_snapshot(std::span<const uint8_t> image, const std::string& label
   return snapshot;
 }
 
+std::vector<uint8_t> read_snapshot_image(const std::string& path) {
+  return io::read_file(path, {kMagic, "a .gaac snapshot"});
+}
+
 Snapshot read_snapshot(const std::string& path, const Progress& progress) {
-  const std::vector<uint8_t> image = io::read_file(path);
+  const std::vector<uint8_t> image = read_snapshot_image(path);
   return parse_snapshot(image, path, progress);
 }
 

@@ -195,11 +195,12 @@ std::vector<std::vector<float>> forward_batch(std::span<Session* const> sessions
     }
     const AppendOutcome stored = cache.append(sessions[i]->sequence_, kv, vv);
     if (stored.status != CacheStatus::ok) {
-      const CacheUsage u = cache.usage();
-      throw Error("the KV cache (" + std::string(to_string(cache.format())) + ", budget " + std::to_string(u.budget_bytes) +
-                  " bytes) is full: storing " + std::to_string(offsets[i + 1] - offsets[i]) + " more tokens at position " +
-                  std::to_string(sessions[i]->position_) + " needs " + std::to_string(stored.bytes_needed) + " bytes, " +
-                  std::to_string(stored.bytes_free) + " are free; give a larger --kv-budget");
+      throw Error(ErrorCode::out_of_space,
+                  "the KV cache (" + std::string(to_string(cache.format())) + ") is full: storing " +
+                      std::to_string(offsets[i + 1] - offsets[i]) + " more tokens at position " +
+                      std::to_string(sessions[i]->position_) + " needs a budget of " +
+                      (stored.measured ? "" : "at least ") + std::to_string(stored.budget_needed) + " bytes; the budget is " +
+                      std::to_string(cache.usage().budget_bytes) + " bytes");
     }
     sessions[i]->position_ += static_cast<int>(offsets[i + 1] - offsets[i]);
   }

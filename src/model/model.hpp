@@ -134,7 +134,8 @@ class Session {
 /// steps its running sequences: `tokens[i]` are session i's next tokens. The weights are read once
 /// for all of them; each session's arithmetic is exactly that of its own forward(). Returns per
 /// session what forward() would. When the cache cannot take every session's tokens it throws
-/// gaac::Error; the sessions stored before the one that failed keep their tokens.
+/// gaac::Error (ErrorCode::out_of_space) saying the budget that storing them needs and the budget
+/// given; the sessions stored before the one that failed keep their tokens.
 std::vector<std::vector<float>> forward_batch(std::span<Session* const> sessions, std::span<const std::span<const Token>> tokens,
                                               bool all_logits = false);
 

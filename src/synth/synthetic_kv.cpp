@@ -1,7 +1,13 @@
 #include <cmath>
 #include <numbers>
 
+#include <unistd.h>
+
+#include <cstdint>
+#include <string>
+
 #include "gaac/bf16.hpp"
+#include "gaac/error.hpp"
 #include "gaac/synthetic.hpp"
 
 namespace gaac {
@@ -42,9 +48,34 @@ KvTensor make_tensor(const SyntheticKvSpec& spec, Random& random, double log2_sc
   return t;
 }
 
+
+
+/// Throws gaac::Error unless `spec` describes a dump gaac can hold in this machine's memory.
+void check_spec(const SyntheticKvSpec& spec) {
+  if (spec.layers < 1 || spec.kv_heads < 1 || spec.tokens < 0) {
+    throw Error("synthetic KV needs layers >= 1, kv_heads >= 1 and tokens >= 0, got " + std::to_string(spec.layers) + ", " +
+                std::to_string(spec.kv_heads) + " and " + std::to_string(spec.tokens));
+  }
+  if (spec.head_dim != 64 && spec.head_dim != 128 && spec.head_dim != 256) {
+    throw Error("synthetic KV head_dim is " + std::to_string(spec.head_dim) + "; gaac supports 64, 128 or 256");
+  }
+  uint64_t bytes = 0;  // 2 tensors per layer, 2 bytes per element
+  if (__builtin_mul_overflow(uint64_t{4} * static_cast<uint64_t>(spec.layers) * static_cast<uint64_t>(spec.head_dim),
+                             static_cast<uint64_t>(spec.tokens) * static_cast<uint64_t>(spec.kv_heads), &bytes)) {
+    bytes = UINT64_MAX;
+  }
+  const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGE_SIZE);
+  if (pages > 0 && page > 0 && bytes / static_cast<uint64_t>(page) >= static_cast<uint64_t>(pages)) {
+    throw Error("synthetic KV of " + std::to_string(spec.layers) + " layers × " + std::to_string(spec.tokens) + " tokens × " +
+                std::to_string(spec.kv_heads) + " KV heads × head_dim " + std::to_string(spec.head_dim) +
+                " is more than this machine's memory");
+  }
+}
+
 }  // namespace
 
 KvDump make_synthetic_kv(const SyntheticKvSpec& spec) {
+  check_spec(spec);
   Random random(spec.seed);
   KvDump dump;
   for (int layer = 0; layer < spec.layers; ++layer) {

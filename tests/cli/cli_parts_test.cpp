@@ -129,6 +129,13 @@ TEST(Numbers, SizesTakeBinarySuffixesAndRefuseTheRest) {
     EXPECT_TRUE(std::holds_alternative<std::string>(parse_bytes(bad, 0, UINT64_MAX))) << bad;
   }
   EXPECT_TRUE(std::holds_alternative<std::string>(parse_bytes("1K", 2048, 4096)));
+  // Every value out of range, however it overflows, states the range the option accepts.
+  const std::string range = "the size must be from 1 to 1125899906842624 bytes";
+  for (const char* big : {"99999999999999999999", "99999999999T", "1048577G", "0"}) {
+    const auto parsed = parse_bytes(big, 1, uint64_t{1} << 50);
+    ASSERT_TRUE(std::holds_alternative<std::string>(parsed)) << big;
+    EXPECT_NE(std::get<std::string>(parsed).find(range), std::string::npos) << std::get<std::string>(parsed);
+  }
 }
 
 TEST(TerminalText, EscapesEverythingATerminalWouldActOn) {

@@ -10,6 +10,7 @@ GAAC_REQUIRE_MODELS=1."""
 import hashlib
 import json
 import os
+import re
 import resource
 import shutil
 import signal
@@ -581,6 +582,7 @@ def main():
     elif model is None:
         print("skipped: tests with a real model (scripts/fetch_models.py)", file=sys.stderr)
     basics()
+    raw_share()
     rule1_outputs()
     rule2_resources()
     rule3_output_checked()
@@ -639,12 +641,15 @@ def kv_cache(model):
         check("kv the GAAC cache holds them in fewer bytes", g["kv_resident_bytes"] < b["kv_resident_bytes"],
               (g["kv_resident_bytes"], b["kv_resident_bytes"]))
         check("kv a bf16 cache has no raw fallbacks", b["raw_fallback_tiles"] == 0, b)
+        check("kv --json gives the share of finalized tiles kept raw", g["raw_fallback_fraction"]
+              == g["raw_fallback_tiles"] / (g["raw_fallback_tiles"] + g["compressed_tiles"]), g)
     r = run("generate", "-m", model, "-p", question, "-n", "40", "--kv-budget", "64K")
-    check("kv a budget below one block is refused, saying what one block needs", r.returncode == 1
-          and "holds less than one block" in r.stderr and "bytes for a gaac cache" in r.stderr, r.stderr)
+    check("kv a budget below one block is refused up front, saying what the tokens need", r.returncode == 1
+          and "--kv-budget 65536 bytes cannot hold" in r.stderr and "needs a budget of at least" in r.stderr, r.stderr)
     r = run("generate", "-m", model, "-p", question * 8, "-n", "40", "--kv-budget", "600K")
-    check("kv a budget too small for the prompt says how much the tokens need", r.returncode == 1
-          and "is full" in r.stderr and "needs" in r.stderr and "--kv-budget" in r.stderr, r.stderr)
+    check("kv a budget too small for the prompt is refused up front, saying how much the tokens need",
+          r.returncode == 1 and r.stdout == "" and "--kv-budget 614400 bytes cannot hold" in r.stderr
+          and "needs a budget of at least" in r.stderr, r.stderr)
     for bad in ("12Q", "1.5G", "-1", "0"):
         r = run("generate", "-m", model, "-p", "hi", "--kv-budget", bad)
         check(f"kv --kv-budget {bad} is a usage error naming the option", is_usage_error(r) and "--kv-budget" in r.stderr,
@@ -665,11 +670,96 @@ def kv_cache(model):
                   report["sequences"][0]["tokens"] == runs[kv]["tokens"], (report["sequences"][0], runs[kv]["tokens"]))
     r = run("generate", "-m", model, "--batch-file", batch, "-p", "hi")
     check("kv --batch-file with --prompt is refused", r.returncode == 1 and "exactly one of" in r.stderr, r.stderr)
+    budgets(model)
     r = run("plan", "-m", model, "--budget", "16M", "--tokens", "512", "--json")
     ok = r.returncode == 0
     held = json.loads(r.stdout) if ok else {}
     check("kv plan: GAAC holds more than BF16 in one budget", ok
           and held["gaac"]["max_tokens"] > held["bf16"]["max_tokens"] > 0, r.stderr)
+    r = run("plan", "-m", model, "--budget", "4G", "--tokens", "512", "--json")
+    held = json.loads(r.stdout) if r.returncode == 0 else {}
+    check("kv plan: the longest sequence stops at the model's context", held
+          and held["gaac"]["max_tokens"] > held["context_tokens"] == held["gaac"]["longest_sequence"], r.stdout)
+    r = run("plan", "-m", model, "--budget", "4G", "--tokens", "512")
+    check("kv plan: the table says the longest sequence is the context", "8192 (context)" in r.stdout, r.stdout)
+    r = run("plan", "-m", model, "--budget", "64M", "--tokens", "1")
+    found = re.search(r"sequences of 1 tokens: gaac holds (\d+), bf16 (\d+) \((\S+)×\); shorter than a 16-token block", r.stdout)
+    check("kv plan --tokens 1: the headline compares the sequences asked about and says why gaac holds fewer",
+          found and int(found.group(1)) < int(found.group(2)) and float(found.group(3)) < 1, r.stdout)
+    small = path("kv-small.safetensors")
+    run("synth", "--layers", "2", "--kv-heads", "3", "--head-dim", "64", "--tokens", "32", "-o", small)
+    r = run("plan", "-m", model, "--budget", "64M", "--check", small)
+    check("kv plan --check with a dump of another geometry names the file and both shapes", r.returncode == 1
+          and f"--check {small}" in r.stderr and "2 layers × 3 KV heads × head_dim 64" in r.stderr
+          and "30 layers × 3 KV heads × head_dim 64" in r.stderr, r.stderr)
+
+
+def raw_share():
+    """stats reports the share of tiles that fall back to raw, and says when a calibration does not fit."""
+    calib_kv, calib = path("share-calib-kv.safetensors"), path("share-calib.safetensors")
+    run("synth", "--layers", "1", "--kv-heads", "1", "--head-dim", "64", "--tokens", "64", "-o", calib_kv)
+    run("calibrate", calib_kv, "-o", calib)
+    wild = path("share-wild.safetensors")  # random bit patterns: exponents everywhere, far outside any window
+    data = bytes((i * 2654435761 >> 7) & 0xFF if i % 2 == 0 else (i * 40503 >> 3) & 0x7F for i in range(64 * 64 * 2))
+    write_safetensors(wild, {"k.0": ("BF16", [64, 1, 64], data), "v.0": ("BF16", [64, 1, 64], data)})
+    r = run("stats", wild, "--calib", calib, "--json")
+    report = json.loads(r.stdout) if r.returncode == 0 else {}
+    check("share stats --json gives the share of tiles kept raw", report.get("fallback_fraction", -1)
+          == report.get("fallback_tiles", 0) / max(report.get("tiles", 1), 1) and report.get("fallback_fraction", 0) > 0.05,
+          (r.stdout[:300], r.stderr))
+    check("share stats says the calibration does not fit and how to calibrate", "fell back to raw" in r.stderr
+          and "gaac calibrate" in r.stderr and "--calib" in r.stderr, r.stderr)
+    r = run("stats", calib_kv, "--calib", calib)
+    check("share stats on the calibration's own values: the table's raw line, no note", r.returncode == 0
+          and "raw fallback tiles: " in r.stdout and "fell back" not in r.stderr, (r.stdout, r.stderr))
+
+
+def budgets(model):
+    """generate checks what it can before the work, and a budget that runs out keeps the answers."""
+    r = run("generate", "-m", model, "-p", "", "-n", "4")
+    check("budget -p '' is refused as empty, not as missing", r.returncode == 1 and "--prompt is empty" in r.stderr, r.stderr)
+    r = run("generate", "-m", model, "-p", "hi", "--kv-budget", "99999999999999999999")
+    check("budget --kv-budget past 2^64 states the accepted range", is_usage_error(r)
+          and "from 1 to 1125899906842624 bytes" in r.stderr, r.stderr)
+    r = run("generate", "-m", model, "-p", "hi", "-n", "4", "--kv-budget", "1T")
+    check("budget --kv-budget 1T is refused as more than the machine's memory", r.returncode == 1
+          and "bytes of memory" in r.stderr and "input" not in r.stderr, r.stderr)
+    r = run("generate", "-m", model, "-p", "hi", "-n", "4", "--save-kv", "/proc/gaac-test.safetensors")
+    check("budget --save-kv where no file can be created fails before generating", r.returncode == 1
+          and r.stdout == "" and "/proc/gaac-test.safetensors" in r.stderr, (r.stdout, r.stderr))
+    r = run("generate", "-m", model, "-p", "hi", "-n", "4", "--json", "--save-kv", "/dev/stdout")
+    check("budget --save-kv /dev/stdout is refused: standard output carries the answer", r.returncode == 1
+          and r.stdout == "" and "standard output" in r.stderr, (r.stdout[:200], r.stderr))
+    # Three prompts: the first finishes early, the two others are long.
+    story = "Tell me a long story about a dragon, please, in very many words."
+    batch = path("budget-batch.txt")
+    with open(batch, "w") as f:
+        f.write(f"Reply with one word: yes.\n{story}\n{story}\n")
+    r = run("generate", "-m", model, "--batch-file", batch, "-n", "24", "--kv-budget", "1M")
+    found = re.search(r"needs a budget of at least (\d+) bytes for them", r.stderr)
+    check("budget --batch-file: a budget too small for every prompt and -n is refused up front, naming the total",
+          r.returncode == 1 and r.stdout == "" and found and "3 prompts" in r.stderr
+          and "prompt 1 alone needs" in r.stderr, r.stderr)
+    if not found:
+        return
+    least = found.group(1)
+    r = run("generate", "-m", model, "--batch-file", batch, "-n", "24", "--kv-budget", least, "--json")
+    report = json.loads(r.stdout) if r.stdout.startswith("{") else {}
+    cut = [s["kv_full"] for s in report.get("sequences", [])]
+    check("budget --batch-file: a budget that runs out anyway keeps the answers finished", r.returncode == 1
+          and cut == [False, True, True] and len(report["sequences"][0]["tokens"]) > 0
+          and "1 of 3 answers finished" in r.stderr, (cut, r.stderr))
+    found = re.search(r"at position (\d+) needs a budget of (\d+) bytes; the budget is " + least + " bytes", r.stderr)
+    check("budget running out names the budget needed and the budget given", found, r.stderr)
+    if not found:
+        return
+    position, needed = found.group(1), int(found.group(2))
+    r = run("generate", "-m", model, "--batch-file", batch, "-n", "24", "--kv-budget", str(needed - 1))
+    check("budget one byte below the budget named runs out at the same place", r.returncode == 1
+          and f"at position {position} needs a budget of {needed} bytes" in r.stderr, r.stderr)
+    r = run("generate", "-m", model, "--batch-file", batch, "-n", "24", "--kv-budget", str(needed))
+    check("budget the budget named is enough for that step", f"at position {position} " not in r.stderr
+          and r.stdout.count("### ") == 3, r.stderr)
 
 
 if __name__ == "__main__":

@@ -71,6 +71,31 @@ TEST(FileBytes, RefusesADirectoryAndNamesAMissingFile) {
   }
 }
 
+TEST(FileBytes, APathWithANulByteIsRefusedNotTruncated) {
+  TempDir dir;
+  const std::string path = dir.file("kv");
+  write_text(path, "held");
+  const std::string with_nul = path + std::string("\0junk", 5);
+  EXPECT_THROW(read_file(with_nul), Error);  // would read `path`
+  const uint8_t byte = 1;
+  const std::span<const uint8_t> parts[] = {std::span(&byte, 1)};
+  EXPECT_THROW(write_output(path + std::string("\0.gaac", 6), parts), Error);  // would replace `path`
+  EXPECT_THROW(check_output(path + std::string("\0", 1)), Error);
+  EXPECT_EQ(text_of(read_file(path)), "held");
+}
+
+TEST(FileBytes, AStreamOfAnotherFormatIsRefusedAtItsFirstBytes) {
+  const uint8_t magic[] = {0x89, 'G', 'A', 'A', 'C'};
+  try {
+    read_file("/dev/zero", {magic, "a test format"});  // endless: only refusing at the start ends this
+    FAIL() << "read /dev/zero as a test format";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("/dev/zero: not a test format"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(read_file("/dev/null", {magic, "a test format"}), Error);  // shorter than the magic
+  EXPECT_TRUE(read_file("/dev/null").empty());
+}
+
 TEST(FileBytes, ReadFileReadsRegularFilesAndStreams) {
   TempDir dir;
   write_text(dir.file("text"), "some text");

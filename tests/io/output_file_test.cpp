@@ -273,5 +273,14 @@ TEST(TemporaryFiles, SignalsThatAreIgnoredOrHandledStaySo) {
   EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << status;
 }
 
+TEST(WriteOutput, CheckOutputTriesToCreateAFileWhereTheOutputGoes) {
+  // /proc is a directory that allows writing to its owner yet creates no file: only trying tells.
+  if (::access("/proc", F_OK) != 0) GTEST_SKIP() << "no /proc";
+  EXPECT_THROW(check_output("/proc/gaac-test-output.gaac"), Error);
+  TempDir dir;
+  EXPECT_NO_THROW(check_output(dir.file("out.gaac")));
+  EXPECT_TRUE(std::filesystem::is_empty(dir.file("")));  // the trial file is gone
+}
+
 }  // namespace
 }  // namespace gaac::io

@@ -31,6 +31,15 @@ void run(const CapacityOptions& o) {
   const model::ModelConfig& c = model->config();
   const int tokens = o.tokens > 0 ? o.tokens : c.context;
   const CacheGeometry geometry = model::cache_geometry(c);
+  KvDump sample;
+  if (!o.check.empty()) {  // before the calibration: a dump of another model fails at once
+    sample = load_dump(o.check);
+    if (static_cast<int>(sample.layers.size()) != c.layers || sample.kv_heads() != c.kv_heads || sample.head_dim() != c.head_dim) {
+      throw Error("--check " + o.check + ": the KV dump is " +
+                  geometry_text(sample.layers.size(), sample.kv_heads(), sample.head_dim()) + ", but " + o.model + "'s cache is " +
+                  geometry_text(static_cast<size_t>(c.layers), c.kv_heads, c.head_dim));
+    }
+  }
   CalibrationTable table;
   std::string source = o.calib;
   if (!o.calib.empty()) {
@@ -40,8 +49,6 @@ void run(const CapacityOptions& o) {
     table = model::default_calibration(*model, o.model, *pool, [](const std::string& what) { fmt::print(stderr, "gaac: {}\n", what); },
                                        &source);
   }
-  KvDump sample;
-  if (!o.check.empty()) sample = load_dump(o.check);
   struct Row {
     CapacityEstimate estimate;
     int64_t measured = -1;
@@ -55,18 +62,22 @@ void run(const CapacityOptions& o) {
   }
   const CapacityEstimate& bf16 = rows[0].estimate;
   const CapacityEstimate& gaac = rows[1].estimate;
+  // A sequence cannot pass the model's context, whatever the budget holds.
+  const auto longest = [&](const CapacityEstimate& e) { return std::min<int64_t>(e.max_tokens, c.context); };
   if (o.json) {
     nlohmann::json j;
     j["model"] = printable(o.model);
     j["calibration"] = printable(source);
     j["budget_bytes"] = o.budget;
     j["sequence_tokens"] = tokens;
+    j["context_tokens"] = c.context;
     for (const Row& r : rows) {
       nlohmann::json f{{"unit_bytes", r.estimate.unit_bytes},
                        {"units", r.estimate.units},
                        {"raw_fraction", r.estimate.raw_fraction},
                        {"bytes_per_token", r.estimate.bytes_per_token},
                        {"max_tokens", r.estimate.max_tokens},
+                       {"longest_sequence", longest(r.estimate)},
                        {"max_sequences", r.estimate.max_sequences}};
       if (r.measured >= 0) f["measured_sequences"] = r.measured;
       j[to_string(r.estimate.format)] = f;
@@ -81,13 +92,21 @@ void run(const CapacityOptions& o) {
              "sequences", o.check.empty() ? "" : "  measured");
   for (const Row& r : rows) {
     const CapacityEstimate& e = r.estimate;
+    const std::string held = e.max_tokens > c.context ? fmt::format("{} (context)", c.context) : std::to_string(e.max_tokens);
     fmt::print("{:<6} {:>10} {:>9.2f}% {:>12.1f} {:>18} {:>14}{}\n", to_string(e.format), e.unit_bytes,
-               e.format == CacheFormat::gaac ? 100.0 * e.raw_fraction : 0.0, e.bytes_per_token, e.max_tokens, e.max_sequences,
+               e.format == CacheFormat::gaac ? 100.0 * e.raw_fraction : 0.0, e.bytes_per_token, held, e.max_sequences,
                r.measured >= 0 ? fmt::format("  {:>8}", r.measured) : "");
   }
-  fmt::print("gaac holds {:.3f}× the tokens of a BF16 cache in this budget ({:+d} sequences of {} tokens)\n",
-             static_cast<double>(gaac.max_tokens) / static_cast<double>(std::max<int64_t>(bf16.max_tokens, 1)),
-             gaac.max_sequences - bf16.max_sequences, tokens);
+  const auto ratio = [](int64_t a, int64_t b) { return static_cast<double>(a) / static_cast<double>(std::max<int64_t>(b, 1)); };
+  fmt::print("sequences of {} tokens: gaac holds {}, bf16 {} ({:.3f}×)", tokens, gaac.max_sequences, bf16.max_sequences,
+             ratio(gaac.max_sequences, bf16.max_sequences));
+  if (tokens < kTileTokens) {
+    fmt::print("; shorter than a {}-token block, each is an open block, kept raw: in two gaac units (2 × {} bytes) against "
+               "one bf16 tile ({} bytes)",
+               kTileTokens, gaac.unit_bytes, bf16.unit_bytes);
+  }
+  fmt::print("\ntokens in this budget: gaac holds {:.3f}× those of a bf16 cache{}\n", ratio(gaac.max_tokens, bf16.max_tokens),
+             bf16.max_tokens > c.context ? fmt::format(" (in sequences of at most {} tokens, the model's context)", c.context) : "");
 }
 
 }  // namespace

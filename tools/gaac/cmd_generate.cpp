@@ -7,6 +7,7 @@
 #include <chrono>
 #include <cstdio>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <sstream>
 
 #include "activity.hpp"
@@ -33,6 +34,7 @@ struct GenerateOptions {
   int max_tokens = 128;
   int prompt_tokens = 0;  ///< 0: the whole prompt
   int threads = 0;
+  bool prompt_given = false;  ///< -p was given (perhaps empty)
   bool raw = false;
   bool json = false;
   model::Sampling sampling;
@@ -41,8 +43,15 @@ struct GenerateOptions {
 
 /// The user messages: one, or one per non-empty line of the batch file.
 std::vector<std::string> messages(const GenerateOptions& o) {
-  if (!o.prompt_file.empty()) return {read_text(o.prompt_file)};
-  if (o.batch_file.empty()) return {o.prompt};
+  if (!o.prompt_file.empty()) {
+    std::string text = read_text(o.prompt_file);
+    if (text.empty()) throw Error("--prompt-file " + o.prompt_file + " is empty: it should hold the message to answer");
+    return {std::move(text)};
+  }
+  if (o.batch_file.empty()) {
+    if (o.prompt.empty()) throw Error("--prompt is empty: give the message to answer");
+    return {o.prompt};
+  }
   std::vector<std::string> out;
   std::istringstream lines(read_text(o.batch_file));
   for (std::string line; std::getline(lines, line);) {
@@ -63,10 +72,11 @@ struct Answer {
   uint64_t state = 0;  // sampling stream
   bool done = false;
   bool context_full = false;
+  bool kv_full = false;  ///< stopped because the KV cache's budget ran out
 };
 
 void run_generate(const GenerateOptions& o) {
-  const int given = !o.prompt.empty() + !o.prompt_file.empty() + !o.batch_file.empty();
+  const int given = o.prompt_given + !o.prompt_file.empty() + !o.batch_file.empty();
   if (given != 1) throw Error("give exactly one of --prompt, --prompt-file and --batch-file");
   if (!o.save_kv.empty() && !o.batch_file.empty()) throw Error("--save-kv writes one sequence: it does not go with --batch-file");
   std::vector<std::string> inputs{o.model};
@@ -75,6 +85,10 @@ void run_generate(const GenerateOptions& o) {
   }
   const std::vector<std::string> users = messages(o);
   if (!o.save_kv.empty()) {
+    if (io::is_standard_output(o.save_kv)) {
+      throw Error("--save-kv " + o.save_kv + " is standard output, which carries the answer" + (o.json ? " (--json's report)" : "") +
+                  "; write the KV dump to a file");
+    }
     io::check_output(o.save_kv, inputs);  // before the work: a bad output fails at once
     check_metadata_text(users.front(), o.prompt_file.empty() ? "--prompt" : "--prompt-file " + o.prompt_file);
   }
@@ -84,7 +98,8 @@ void run_generate(const GenerateOptions& o) {
   const auto context = static_cast<size_t>(model->config().context);
 
   std::vector<Answer> answers(users.size());
-  size_t longest = 0, prompt_tokens = 0;
+  std::vector<int> lengths;  // per answer: its prompt and the tokens it may generate
+  size_t prompt_tokens = 0;
   for (size_t i = 0; i < users.size(); ++i) {
     Answer& a = answers[i];
     if (tok.add_bos()) a.prompt.push_back(tok.bos());
@@ -96,11 +111,10 @@ void run_generate(const GenerateOptions& o) {
                               a.prompt.size(), o.model, context));
     }
     a.state = o.sampling.seed + i;
-    longest = std::max(longest, std::min(context, a.prompt.size() + static_cast<size_t>(o.max_tokens)));
+    lengths.push_back(static_cast<int>(std::min(context, a.prompt.size() + static_cast<size_t>(o.max_tokens))));
     prompt_tokens += a.prompt.size();
   }
-  EngineCache kv = make_engine_cache(*model, o.model, o.cache, static_cast<int>(longest), static_cast<int>(answers.size()),
-                                     *pool, !o.save_kv.empty());
+  EngineCache kv = make_engine_cache(*model, o.model, o.cache, lengths, *pool, !o.save_kv.empty());
   KvCache& cache = *kv.cache;
   std::vector<std::unique_ptr<model::Session>> sessions;  // after the cache: they end first, freeing their sequences
   for (Answer& a : answers) {
@@ -113,9 +127,14 @@ void run_generate(const GenerateOptions& o) {
   const bool terminal = ::isatty(STDOUT_FILENO) == 1;  // untrusted text: a terminal sees its controls escaped
   uint64_t peak_resident = 0;
 
-  // The prompts, every one in one pass; then one token per unfinished answer per step.
+  // The prompts, every one in one pass; then one token per unfinished answer per step. A budget that
+  // runs out stops the unfinished answers where they are; the finished ones are kept and printed.
+  std::optional<Error> ran_out;
   const auto start = Clock::now();
-  {
+  double prefill_s = 0;
+  int generated = 0;
+  auto decode_start = start;
+  try {
     std::vector<model::Session*> batch;
     std::vector<std::span<const model::Token>> tokens;
     for (Answer& a : answers) {
@@ -124,52 +143,56 @@ void run_generate(const GenerateOptions& o) {
     }
     std::vector<std::vector<float>> logits = model::forward_batch(batch, tokens);
     for (size_t i = 0; i < answers.size(); ++i) answers[i].logits = std::move(logits[i]);
-  }
-  const double prefill_s = seconds_since(start);
-  peak_resident = cache.resident_bytes();
-  const auto decode_start = Clock::now();
-  int generated = 0;
-  for (;;) {
-    std::vector<model::Session*> batch;
-    std::vector<model::Token> next;
-    std::vector<Answer*> stepping;
-    for (Answer& a : answers) {
-      if (a.done) continue;
-      const model::Token t = model::sample(a.logits, o.sampling, a.state);
-      if (tok.is_end_of_generation(t) || a.tokens.size() >= static_cast<size_t>(o.max_tokens)) {
-        a.done = true;
-        continue;
+    prefill_s = seconds_since(start);
+    peak_resident = cache.resident_bytes();
+    decode_start = Clock::now();
+    for (;;) {
+      std::vector<model::Session*> batch;
+      std::vector<model::Token> next;
+      std::vector<Answer*> stepping;
+      for (Answer& a : answers) {
+        if (a.done) continue;
+        const model::Token t = model::sample(a.logits, o.sampling, a.state);
+        if (tok.is_end_of_generation(t) || a.tokens.size() >= static_cast<size_t>(o.max_tokens)) {
+          a.done = true;
+          continue;
+        }
+        a.tokens.push_back(t);
+        ++generated;
+        const std::string piece = tok.token_text(t);  // raw bytes: a character split across tokens completes later
+        a.text += piece;
+        if (stream) {
+          fmt::print("{}", terminal ? without_controls(piece) : piece);
+          flush_stdout();  // a reader sees each token at once, and a lost write stops the generation
+        }
+        if (static_cast<size_t>(a.session->position()) >= context) {  // no room to feed it back
+          a.context_full = true;
+          a.done = true;
+          continue;
+        }
+        batch.push_back(a.session);
+        next.push_back(t);
+        stepping.push_back(&a);
       }
-      a.tokens.push_back(t);
-      ++generated;
-      const std::string piece = tok.token_text(t);  // raw bytes: a character split across tokens completes later
-      a.text += piece;
-      if (stream) {
-        fmt::print("{}", terminal ? without_controls(piece) : piece);
-        flush_stdout();  // a reader sees each token at once, and a lost write stops the generation
-      }
-      if (static_cast<size_t>(a.session->position()) >= context) {  // no room to feed it back
-        a.context_full = true;
-        a.done = true;
-        continue;
-      }
-      batch.push_back(a.session);
-      next.push_back(t);
-      stepping.push_back(&a);
+      if (batch.empty()) break;
+      std::vector<std::span<const model::Token>> tokens;
+      for (const model::Token& t : next) tokens.emplace_back(&t, 1);
+      std::vector<std::vector<float>> logits = model::forward_batch(batch, tokens);
+      for (size_t i = 0; i < stepping.size(); ++i) stepping[i]->logits = std::move(logits[i]);
+      peak_resident = std::max(peak_resident, cache.resident_bytes());
     }
-    if (batch.empty()) break;
-    std::vector<std::span<const model::Token>> tokens;
-    for (const model::Token& t : next) tokens.emplace_back(&t, 1);
-    std::vector<std::vector<float>> logits = model::forward_batch(batch, tokens);
-    for (size_t i = 0; i < stepping.size(); ++i) stepping[i]->logits = std::move(logits[i]);
-    peak_resident = std::max(peak_resident, cache.resident_bytes());
+  } catch (const Error& e) {
+    if (e.code() != ErrorCode::out_of_space) throw;
+    ran_out = e;
+    for (Answer& a : answers) a.kv_full = !a.done;
   }
-  const double decode_s = seconds_since(decode_start);
+  if (prefill_s == 0) prefill_s = seconds_since(start);
+  const double decode_s = generated > 0 ? seconds_since(decode_start) : 0.0;
   const CacheUsage usage = cache.usage();
   bool context_full = false;
   for (const Answer& a : answers) context_full = context_full || a.context_full;
 
-  if (!o.save_kv.empty()) {
+  if (!o.save_kv.empty() && !ran_out) {
     KvDump dump = answers.front().session->kv_dump();
     dump.metadata.emplace_back("model", printable(o.model));  // a path is only a label: shown, not kept byte for byte
     dump.metadata.emplace_back("prompt", users.front());
@@ -189,7 +212,8 @@ void run_generate(const GenerateOptions& o) {
     j["attention_splits"] = o.cache.splits;
     nlohmann::json sequences = nlohmann::json::array();
     for (const Answer& a : answers) {
-      sequences.push_back({{"prompt_tokens", a.prompt.size()}, {"tokens", a.tokens}, {"text", a.text}, {"context_full", a.context_full}});
+      sequences.push_back({{"prompt_tokens", a.prompt.size()}, {"tokens", a.tokens}, {"text", a.text}, {"context_full", a.context_full},
+                           {"kv_full", a.kv_full}});
     }
     if (answers.size() == 1) j["tokens"] = answers.front().tokens;
     j["sequences"] = std::move(sequences);
@@ -205,6 +229,7 @@ void run_generate(const GenerateOptions& o) {
     j["kv_bits_per_element"] = usage.bits_per_element();
     j["compressed_tiles"] = usage.compressed_tiles;
     j["raw_fallback_tiles"] = cache.format() == CacheFormat::gaac ? usage.raw_tiles : 0;  // a bf16 cache has nothing to fall back from
+    j["raw_fallback_fraction"] = cache.format() == CacheFormat::gaac ? usage.raw_fraction() : 0.0;
     j["raw_tiles"] = usage.raw_tiles;
     j["tail_tiles"] = usage.tail_tiles;
     j["unused_slot_bytes"] = usage.unused_slot_bytes;
@@ -214,7 +239,8 @@ void run_generate(const GenerateOptions& o) {
   } else {
     for (size_t i = 0; i < answers.size(); ++i) {
       const std::string text = terminal ? without_controls(answers[i].text) : answers[i].text;
-      fmt::print("### {}: {}\n{}\n\n", i + 1, terminal ? without_controls(users[i]) : users[i], text);
+      fmt::print("### {}: {}\n{}{}\n\n", i + 1, terminal ? without_controls(users[i]) : users[i], text,
+                 answers[i].kv_full ? " [stopped: the KV cache is full]" : "");
     }
   }
   flush_stdout();  // the text ends before the timing line on stderr, even through one pipe
@@ -228,6 +254,15 @@ void run_generate(const GenerateOptions& o) {
              cache.format() == CacheFormat::gaac ? fmt::format(", {} of {} finalized tiles raw", usage.raw_tiles,
                                                                usage.raw_tiles + usage.compressed_tiles)
                                                  : "");
+  if (cache.format() == CacheFormat::gaac) fmt::print(stderr, "{}", raw_tiles_note(usage.raw_fraction(), printable(kv.calibration_source)));
+  if (ran_out) {
+    size_t finished = 0;
+    for (const Answer& a : answers) finished += a.kv_full ? 0 : 1;
+    throw Error(ErrorCode::out_of_space, std::string(ran_out->what()) + "; " +
+                                             (answers.size() == 1 ? std::string("the answer stops there")
+                                                                  : fmt::format("{} of {} answers finished (printed above)", finished,
+                                                                                answers.size())));
+  }
 }
 
 }  // namespace
@@ -261,7 +296,10 @@ void add_generate(CLI::App& app) {
   cmd->add_flag("--raw", o->raw, "Use the prompt as is, without the chat template");
   cmd->add_flag("--json", o->json, "Print one JSON object (tokens, texts, speeds, KV bytes) instead of the text");
   cmd->add_option("--save-kv", o->save_kv, "Write the KV cache of the prompt and answer to this KV dump (.safetensors)");
-  cmd->callback([o] { run_generate(*o); });
+  cmd->callback([o, cmd] {
+    o->prompt_given = cmd->count("--prompt") > 0;
+    run_generate(*o);
+  });
 }
 
 }  // namespace gaac::cli

@@ -29,6 +29,7 @@ nlohmann::json to_json(const TensorStats& s) {
       {"escape_bytes", s.escape_bytes},
       {"tiles", s.tiles},
       {"fallback_tiles", s.fallback_tiles},
+      {"fallback_fraction", s.fallback_fraction()},
       {"tail_elements", s.tail_elements},
   };
 }
@@ -69,6 +70,8 @@ void print_table(const DumpStats& stats) {
              human_bytes(static_cast<double>(stats.total.bf16_bytes())),
              human_bytes(static_cast<double>(stats.total.codec_bytes)),
              human_bytes(static_cast<double>(stats.total.resident_bytes)));
+  fmt::print("raw fallback tiles: {} of {} ({:.2f}%)\n", stats.total.fallback_tiles, stats.total.tiles,
+             100 * stats.total.fallback_fraction());
 }
 
 }  // namespace
@@ -100,6 +103,7 @@ void add_stats(CLI::App& app) {
     } else {
       print_table(stats);
     }
+    if (!calib->empty()) fmt::print(stderr, "{}", raw_tiles_note(stats.total.fallback_fraction(), *calib));
   });
 }
 

@@ -54,7 +54,8 @@ LogitComparison compare(const model::Model& model, const std::vector<model::Toke
                 " float32 logits, the file has " + std::to_string(reference.size()) + " bytes");
   }
   const auto pool = start_threads(o.threads);
-  EngineCache kv = make_engine_cache(model, o.model, o.cache, static_cast<int>(tokens.size()), 1, *pool);
+  const int length = static_cast<int>(tokens.size());
+  EngineCache kv = make_engine_cache(model, o.model, o.cache, std::span(&length, 1), *pool);
   model::Session session(model, *pool, *kv.cache, attention_settings(o.cache));
   LogitComparison comparison;
   std::vector<float> ref(vocab);

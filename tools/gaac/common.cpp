@@ -61,6 +61,15 @@ std::unique_ptr<model::ThreadPool> start_threads(int threads) {
   }
 }
 
+std::string raw_tiles_note(double fraction, const std::string& calibration) {
+  if (fraction <= kManyRawTiles) return "";
+  return fmt::format(
+      "gaac: {:.1f}% of the tiles fell back to raw BF16: the exponent windows of {} do not fit these values. Calibrate "
+      "on values like them (gaac capture -m MODEL --text YOUR_TEXT -o KV.safetensors; gaac calibrate KV.safetensors -o "
+      "CALIB.safetensors) and pass --calib CALIB.safetensors\n",
+      100 * fraction, calibration);
+}
+
 std::string human_bytes(double bytes) {
   const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"};
   int u = 0;

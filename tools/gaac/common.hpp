@@ -31,4 +31,12 @@ std::unique_ptr<model::ThreadPool> start_threads(int threads);
 /// "12.3 MiB"-style size.
 std::string human_bytes(double bytes);
 
+/// The share of tiles falling back to raw above which a command says the calibration does not fit
+/// the values.
+inline constexpr double kManyRawTiles = 0.05;
+
+/// A note for stderr when `fraction` of the tiles fell back to raw under the calibration named
+/// `calibration`: how to calibrate on one's own values (empty below kManyRawTiles).
+std::string raw_tiles_note(double fraction, const std::string& calibration);
+
 }  // namespace gaac::cli

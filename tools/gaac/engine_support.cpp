@@ -2,6 +2,8 @@
 
 #include <fmt/core.h>
 
+#include <algorithm>
+
 #include "activity.hpp"
 #include "common.hpp"
 #include "common/utf8.hpp"
@@ -55,8 +57,33 @@ void add_cache_options(CLI::App* cmd, CacheOptions& o) {
       ->transform(number_in(1, 1024));
 }
 
-EngineCache make_engine_cache(const model::Model& model, const std::string& model_path, const CacheOptions& o, int tokens,
-                              int sequences, model::ThreadPool& pool, bool keep_all) {
+namespace {
+
+/// Refuses a budget that cannot hold sequences of `lengths` tokens even with every block compressed.
+void check_budget(const CacheConfig& config, std::span<const int> lengths) {
+  const auto least = [&](std::span<const int> some) { return least_budget(config.geometry, config.format, config.calibration, some); };
+  const uint64_t all = least(lengths);
+  if (all <= config.budget_bytes) return;
+  const std::string best = config.format == CacheFormat::gaac ? " even with every block compressed" : "";
+  const std::string needs = fmt::format("a {} cache needs a budget of at least {} bytes for them", to_string(config.format), all);
+  if (lengths.size() == 1) {
+    throw Error(fmt::format("--kv-budget {} bytes cannot hold the {} tokens asked{}: {}", config.budget_bytes, lengths[0], best, needs));
+  }
+  uint64_t tokens = 0;
+  std::string alone;  // the prompts that do not fit even alone
+  for (size_t i = 0; i < lengths.size(); ++i) {
+    tokens += static_cast<uint64_t>(lengths[i]);
+    const uint64_t one = least(lengths.subspan(i, 1));
+    if (one > config.budget_bytes && alone.size() < 200) alone += fmt::format("{}prompt {} alone needs {}", alone.empty() ? "" : ", ", i + 1, one);
+  }
+  throw Error(fmt::format("--kv-budget {} bytes cannot hold the {} prompts and their answers ({} tokens in all, each prompt and -n){}: {}{}",
+                          config.budget_bytes, lengths.size(), tokens, best, needs, alone.empty() ? "" : " (" + alone + ")"));
+}
+
+}  // namespace
+
+EngineCache make_engine_cache(const model::Model& model, const std::string& model_path, const CacheOptions& o,
+                              std::span<const int> lengths, model::ThreadPool& pool, bool keep_all) {
   EngineCache out;
   const CacheFormat format = o.format == "bf16" ? CacheFormat::bf16 : CacheFormat::gaac;
   if (format == CacheFormat::gaac) {
@@ -79,7 +106,13 @@ EngineCache make_engine_cache(const model::Model& model, const std::string& mode
   config.format = format;
   config.calibration = format == CacheFormat::gaac ? &out.calibration : nullptr;
   config.parallel = parallel_on(pool);
-  config.budget_bytes = o.budget != 0 ? o.budget : worst_case_budget(config.geometry, format, config.calibration, tokens, sequences);
+  if (o.budget == 0) {
+    const int longest = lengths.empty() ? 0 : *std::max_element(lengths.begin(), lengths.end());
+    config.budget_bytes = worst_case_budget(config.geometry, format, config.calibration, longest, static_cast<int>(lengths.size()));
+  } else {
+    config.budget_bytes = o.budget;
+    check_budget(config, lengths);
+  }
   out.cache = std::make_unique<KvCache>(std::move(config));
   return out;
 }

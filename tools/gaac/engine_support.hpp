@@ -5,6 +5,7 @@
 #include <CLI/CLI.hpp>
 #include <cstdint>
 #include <memory>
+#include <span>
 #include <string>
 
 #include "gaac/kv_cache.hpp"
@@ -44,10 +45,13 @@ struct EngineCache {
   std::unique_ptr<KvCache> cache;
 };
 
-/// Builds the cache; with `keep_all`, sliding layers keep every position (to write the whole cache
-/// out). A budget too small for even one block is an error that says how much one needs.
-EngineCache make_engine_cache(const model::Model& model, const std::string& model_path, const CacheOptions& o, int tokens,
-                              int sequences, model::ThreadPool& pool, bool keep_all = false);
+/// Builds the cache for sequences of `lengths[i]` tokens (prompt and answer); with `keep_all`, sliding
+/// layers keep every position (to write the whole cache out). Without --kv-budget the budget holds them
+/// whatever their values. A given budget too small for even one block, or for those sequences with
+/// every block compressed (least_budget), is an error before any work, naming the sequence ("prompt 3")
+/// that alone does not fit, or else the total needed and the budget given.
+EngineCache make_engine_cache(const model::Model& model, const std::string& model_path, const CacheOptions& o,
+                              std::span<const int> lengths, model::ThreadPool& pool, bool keep_all = false);
 
 /// The attention settings the options ask for.
 model::AttentionSettings attention_settings(const CacheOptions& o);

@@ -115,16 +115,16 @@ std::variant<uint64_t, std::string> parse_bytes(std::string_view text, uint64_t 
     }
     shift = 10 * static_cast<int>(at + 1);
   }
-  const auto parsed = parse_number<uint64_t>(digits, 0, UINT64_MAX);
+  const std::string out_of_range = quoted + " is out of range: the size must be from " + canonical(lo) + " to " + canonical(hi) + " bytes";
+  const auto parsed = parse_number<uint64_t>(digits, lo, hi);
   if (const auto* problem = std::get_if<std::string>(&parsed)) {
-    return digits.empty() ? quoted + " is not a size" : *problem;
+    if (digits.empty()) return quoted + " is not a size";
+    return problem->find("out of range") != std::string::npos ? out_of_range : *problem;
   }
   const uint64_t value = std::get<uint64_t>(parsed);
-  if (shift > 0 && value > (UINT64_MAX >> shift)) return quoted + " is out of range";
+  if (shift > 0 && value > (UINT64_MAX >> shift)) return out_of_range;
   const uint64_t bytes = value << shift;
-  if (bytes < lo || bytes > hi) {
-    return quoted + " is out of range: the size must be from " + canonical(lo) + " to " + canonical(hi) + " bytes";
-  }
+  if (bytes < lo || bytes > hi) return out_of_range;
   return bytes;
 }
 

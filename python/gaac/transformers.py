@@ -9,6 +9,7 @@ or BF16 for the twin: ``cache_format="bf16"``), on the CPU or on a GPU; the atte
     table = gt.calibrate(model, calibration_ids)                 # exponent windows for this model
     cache = gt.GaacCache(model.config, table, max_tokens=4096)   # device="cuda" where the model runs on a GPU
     out = model.generate(input_ids, cache=cache, max_new_tokens=64, do_sample=False)
+    # (transformers before the rename, e.g. 5.17: past_key_values=cache; cache_argument(model) says which)
 
 At the first layer of each forward the cache takes the forward's real tokens from the attention mask: pad
 tokens (a left-padded batch) are never stored nor read, and each sequence holds its own tokens only. Every
@@ -37,6 +38,7 @@ window has already released raises.
 """
 import contextvars
 import functools
+import inspect
 import weakref
 
 import torch
@@ -390,6 +392,13 @@ AttentionInterface.register(ATTENTION, attention)
 AttentionMaskInterface.register(ATTENTION, mask)
 
 
+def cache_argument(model):
+    """The keyword under which ``model`` (its ``forward`` and ``generate``) takes a cache in the installed
+    transformers: ``"cache"`` from the versions that renamed it, ``"past_key_values"`` before. A cache passed
+    under the other name is not used (or refused), so code meant for several versions asks here."""
+    return "cache" if "cache" in inspect.signature(model.forward).parameters else "past_key_values"
+
+
 def spread_positions(tokens, sample_tokens):
     """Positions of about ``sample_tokens`` tokens in whole 16-token blocks spread evenly over ``tokens``."""
     if sample_tokens is not None and sample_tokens < 16:
@@ -426,5 +435,5 @@ def calibrate(model, input_ids, sample_tokens=None):
     from transformers import DynamicCache
 
     cache = DynamicCache()  # every layer whole, sliding ones too: their windows move over every position
-    model(input_ids=input_ids, cache=cache, use_cache=True, logits_to_keep=1)
+    model(input_ids=input_ids, use_cache=True, logits_to_keep=1, **{cache_argument(model): cache})
     return calibrate_kv([l.keys for l in cache.layers], [l.values for l in cache.layers], sample_tokens)

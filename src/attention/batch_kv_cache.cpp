@@ -286,11 +286,13 @@ class HostBatchKvCache final : public BatchKvCache {
       const AppendOutcome r = cache_.append(ids_[static_cast<size_t>(b)], k, v);
       if (r.status != CacheStatus::ok) {
         broken_ = b > 0;  // sequences before b took the rows; with b = 0 nothing changed
-        throw Error(ErrorCode::out_of_space, "the KV cache's budget is full: appending " +
-                                                 std::to_string(forward_count(b)) + " tokens to sequence " +
-                                                 std::to_string(b) + " needs " + std::to_string(r.bytes_needed) +
-                                                 " bytes, " + std::to_string(r.bytes_free) + " are free" +
-                                                 (b == 0 ? "; the cache is unchanged" : ""));
+        throw Error(ErrorCode::out_of_space,
+                    "the KV cache's budget is full: appending " + std::to_string(forward_count(b)) +
+                        " tokens to sequence " + std::to_string(b) + " needs a budget of " +
+                        (r.measured ? "" : "at least ") + std::to_string(r.budget_needed) + " bytes" +
+                        (b + 1 < batch() ? " (and the sequences after it more)" : "") + "; the budget is " +
+                        std::to_string(cache_.usage().budget_bytes) + " bytes" +
+                        (b == 0 ? "; the cache is unchanged" : ""));
       }
     }
     committed_ = true;

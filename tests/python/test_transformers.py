@@ -55,6 +55,24 @@ def need_gpu(torch):
         pytest.skip("no CUDA device (or gaac built without CUDA)")
 
 
+def generate(model, *args, cache=None, **kwargs):
+    """model.generate with `cache` under the keyword the installed transformers takes (gt.cache_argument)."""
+    import gaac.transformers as gt
+
+    if cache is not None:
+        kwargs[gt.cache_argument(model)] = cache
+    return model.generate(*args, **kwargs)
+
+
+def forward(model, cache=None, **kwargs):
+    """model(...) with `cache` under the keyword the installed transformers takes."""
+    import gaac.transformers as gt
+
+    if cache is not None:
+        kwargs[gt.cache_argument(model)] = cache
+    return model(**kwargs)
+
+
 def generate_three_ways(torch, gt, model, prompt_ids, calibration_ids, tokens, device="cpu"):
     from transformers import DynamicCache
 
@@ -66,11 +84,11 @@ def generate_three_ways(torch, gt, model, prompt_ids, calibration_ids, tokens, d
         # On a GPU both caches get the same split of the context, so that their attention sums in one order.
         cache = gt.GaacCache(model.config, table, max_tokens=prompt_ids.shape[1] + tokens, batch=prompt_ids.shape[0],
                              cache_format=fmt, device=device, blocks_per_split=4)
-        ids = model.generate(prompt_ids, cache=cache, max_new_tokens=tokens, do_sample=False)
+        ids = generate(model, prompt_ids, cache=cache, max_new_tokens=tokens, do_sample=False)
         out[fmt] = ids[:, prompt_ids.shape[1]:].tolist()
         out[fmt + "_usage"] = cache.usage()
     model.set_attn_implementation("sdpa")
-    ids = model.generate(prompt_ids, cache=DynamicCache(config=model.config), max_new_tokens=tokens,
+    ids = generate(model, prompt_ids, cache=DynamicCache(config=model.config), max_new_tokens=tokens,
                          do_sample=False)
     model.set_attn_implementation(gt.ATTENTION)
     out["sdpa"] = ids[:, prompt_ids.shape[1]:].tolist()
@@ -122,7 +140,7 @@ def test_a_dropped_cache_is_freed_at_once():
     torch, gt, model = random_model("llama", "cpu")
     calibration = torch.randint(3, 512, (1, 64), generator=torch.Generator().manual_seed(2))
     cache = gt.GaacCache(model.config, gt.calibrate(model, calibration), max_tokens=64)
-    model.generate(calibration[:, :20], cache=cache, max_new_tokens=3, do_sample=False, pad_token_id=0)
+    generate(model, calibration[:, :20], cache=cache, max_new_tokens=3, do_sample=False, pad_token_id=0)
     alive = weakref.ref(cache)
     gc.disable()
     try:
@@ -164,8 +182,8 @@ def test_smollm2_gaac_equals_bf16_twin():
 
 def test_smollm2_gpu_gaac_equals_bf16_twin():
     """On the GPU, a batch of two 300-token prompts and 70 new tokens: device finalize, fused kernel."""
+    need_gpu(need_module("torch"))  # before the model's load: half a minute on a small CPU
     torch, gt, model = load("SmolLM2-135M-Instruct.Q4_1.gguf")
-    need_gpu(torch)
     from transformers import AutoTokenizer
 
     tok = AutoTokenizer.from_pretrained(MODELS, gguf_file="SmolLM2-135M-Instruct.Q4_1.gguf")
@@ -191,8 +209,8 @@ def test_smollm2_second_turn_reads_the_cache():
     tokens = {}
     for fmt in ("gaac", "bf16"):
         cache = gt.GaacCache(model.config, table, max_tokens=128, cache_format=fmt)
-        ids = model.generate(first, cache=cache, max_new_tokens=12, do_sample=False)
-        ids = model.generate(torch.cat([ids, second], dim=1), cache=cache, max_new_tokens=12,
+        ids = generate(model, first, cache=cache, max_new_tokens=12, do_sample=False)
+        ids = generate(model, torch.cat([ids, second], dim=1), cache=cache, max_new_tokens=12,
                              do_sample=False)
         tokens[fmt] = ids[0].tolist()
         assert cache.get_seq_length() == ids.shape[1] - 1  # every token forwarded: all but the last generated
@@ -214,8 +232,8 @@ def test_gemma3_gaac_equals_bf16_twin_with_sliding_windows():
 def test_gemma3_gpu_gaac_equals_bf16_twin_with_sliding_windows():
     """On the GPU, 600 prompt tokens and 40 new ones: past Gemma 3's 512-token window, so its sliding layers release
     blocks on the device."""
+    need_gpu(need_module("torch"))  # before the model's load
     torch, gt, model = load("gemma-3-270m-q4_k_m.gguf")
-    need_gpu(torch)
     ids = torch.randint(100, 20000, (1, 1300), generator=torch.Generator().manual_seed(0))
     out = generate_three_ways(torch, gt, model, ids[:, 700:], ids[:, :700], 40, device="cuda")
     assert out["gaac"] == out["bf16"]
@@ -271,12 +289,12 @@ def test_left_padded_batch(name):
     the ones it gets alone (and the twin's)."""
     torch, gt, model, table, prompts = real_model(name)
     ids, mask = left_padded(torch, prompts)
-    gaac_ids, twin_ids = twins(gt, model, table, lambda cache: model.generate(
+    gaac_ids, twin_ids = twins(gt, model, table, lambda cache: generate(model, 
         ids, attention_mask=mask, cache=cache, max_new_tokens=8, do_sample=False, pad_token_id=0), batch=3)
     assert new_tokens(gaac_ids, ids.shape[1]) == new_tokens(twin_ids, ids.shape[1])
     for b, p in enumerate(prompts):
         cache = gt.GaacCache(model.config, table, max_tokens=96)
-        alone = model.generate(torch.tensor([p]), cache=cache, max_new_tokens=8, do_sample=False, pad_token_id=0)
+        alone = generate(model, torch.tensor([p]), cache=cache, max_new_tokens=8, do_sample=False, pad_token_id=0)
         assert cache.lengths() == [len(p) + 7]  # the real tokens only
         agree = new_tokens(alone, len(p))[0] == new_tokens(gaac_ids, ids.shape[1])[b]
         print(f"[{name}] padded row {b} ({ids.shape[1] - len(p)} pads): "
@@ -291,7 +309,7 @@ def test_sampling_with_scores(name):
 
     def run(cache):
         torch.manual_seed(3)
-        return model.generate(torch.tensor([prompts[0]]), cache=cache, max_new_tokens=8, do_sample=True, top_k=20,
+        return generate(model, torch.tensor([prompts[0]]), cache=cache, max_new_tokens=8, do_sample=True, top_k=20,
                               return_dict_in_generate=True, output_scores=True, pad_token_id=0)
 
     gaac_out, twin_out = twins(gt, model, table, run)
@@ -305,7 +323,7 @@ def test_beam_search(name):
     """num_beams=3 over a padded batch of two: reorder_cache forks the beams' shared prefixes."""
     torch, gt, model, table, prompts = real_model(name)
     ids, mask = left_padded(torch, prompts[:2])
-    gaac_ids, twin_ids = twins(gt, model, table, lambda cache: model.generate(
+    gaac_ids, twin_ids = twins(gt, model, table, lambda cache: generate(model, 
         ids, attention_mask=mask, cache=cache, max_new_tokens=6, num_beams=3, do_sample=False, pad_token_id=0),
         batch=6)
     assert gaac_ids.tolist() == twin_ids.tolist()
@@ -316,7 +334,7 @@ def test_assisted_decoding_crops(name):
     """Prompt-lookup decoding: candidate tokens forwarded together on a non-empty cache, the rejected ones cropped."""
     torch, gt, model, table, prompts = real_model(name)
     prompt = torch.tensor([prompts[0] + prompts[0][1:]])  # repeated text: the lookup finds candidates
-    gaac_ids, twin_ids = twins(gt, model, table, lambda cache: model.generate(
+    gaac_ids, twin_ids = twins(gt, model, table, lambda cache: generate(model, 
         prompt, cache=cache, max_new_tokens=10, do_sample=False, prompt_lookup_num_tokens=3, pad_token_id=0))
     assert gaac_ids.tolist() == twin_ids.tolist()
 
@@ -332,23 +350,23 @@ def test_prompt_cache_copied_and_conversation_continued(name):
 
     def run(cache):
         with torch.no_grad():
-            model(input_ids=prefix, cache=cache, use_cache=True)
+            forward(model, input_ids=prefix, cache=cache, use_cache=True)
         held = cache.get_seq_length()
         outs = []
         for suffix in (prompts[1][1:], prompts[2][1:]):
             mine = copy.deepcopy(cache)
             ids = torch.cat([prefix, torch.tensor([suffix])], dim=1)
-            outs.append(new_tokens(model.generate(ids, cache=mine, max_new_tokens=6, do_sample=False,
+            outs.append(new_tokens(generate(model, ids, cache=mine, max_new_tokens=6, do_sample=False,
                                                   pad_token_id=0), ids.shape[1]))
         assert cache.get_seq_length() == held and cache.lengths() == [held]
         cache.reset()
         assert cache.get_seq_length() == 0 and cache.lengths() == [0] and cache.usage()["units_free"] == cache.usage()["units"]
-        fresh = model.generate(prefix, cache=cache, max_new_tokens=4, do_sample=False, pad_token_id=0)
+        fresh = generate(model, prefix, cache=cache, max_new_tokens=4, do_sample=False, pad_token_id=0)
         return outs, fresh.tolist()
 
     gaac_out, twin_out = twins(gt, model, table, run)
     assert gaac_out == twin_out
-    alone = model.generate(prefix, cache=gt.GaacCache(model.config, table, max_tokens=96), max_new_tokens=4,
+    alone = generate(model, prefix, cache=gt.GaacCache(model.config, table, max_tokens=96), max_new_tokens=4,
                            do_sample=False, pad_token_id=0)
     assert gaac_out[1] == alone.tolist()  # after reset, as a new cache
 
@@ -363,21 +381,21 @@ def test_misuse_raises_a_gaac_error():
     model.set_attn_implementation("sdpa")
     try:
         with pytest.raises(gaac.GaacError, match="set_attn_implementation"):
-            model.generate(ids, cache=gt.GaacCache(model.config, table, max_tokens=64), max_new_tokens=2,
+            generate(model, ids, cache=gt.GaacCache(model.config, table, max_tokens=64), max_new_tokens=2,
                            do_sample=False, pad_token_id=0)
     finally:
         model.set_attn_implementation(gt.ATTENTION)
     cache = gt.GaacCache(model.config, table, max_tokens=64)
-    out = model.generate(ids, cache=cache, max_new_tokens=2, do_sample=False, pad_token_id=0)
+    out = generate(model, ids, cache=cache, max_new_tokens=2, do_sample=False, pad_token_id=0)
     with pytest.raises(gaac.GaacError, match="reorder_cache"):
-        model(input_ids=torch.cat([out, out])[:, -1:], cache=cache, use_cache=True)
+        forward(model, input_ids=torch.cat([out, out])[:, -1:], cache=cache, use_cache=True)
     with pytest.raises(gaac.GaacError, match="past columns"):
         mask = torch.ones(1, cache.get_seq_length() + 1, dtype=torch.long)
         mask[0, 0] = 0
-        model(input_ids=out[:, -1:], attention_mask=mask, cache=cache, use_cache=True)
+        forward(model, input_ids=out[:, -1:], attention_mask=mask, cache=cache, use_cache=True)
     with pytest.raises(gaac.GaacError, match="4D"):
         full = torch.ones(1, 1, 1, cache.get_seq_length() + 1, dtype=torch.bool)
-        model(input_ids=out[:, -1:], attention_mask=full, cache=cache, use_cache=True)
+        forward(model, input_ids=out[:, -1:], attention_mask=full, cache=cache, use_cache=True)
     with pytest.raises(gaac.GaacError, match="negative"):
         cache.crop(3)
 
@@ -398,11 +416,11 @@ def check_gpu_sampling_reset_and_what_raises(torch, gt, model, prompts):
             cache = gt.GaacCache(model.config, table, max_tokens=64, cache_format=fmt, device="cuda",
                                  blocks_per_split=4)
             torch.manual_seed(3)
-            out = model.generate(ids, cache=cache, max_new_tokens=8, do_sample=True, top_k=20,
+            out = generate(model, ids, cache=cache, max_new_tokens=8, do_sample=True, top_k=20,
                                  return_dict_in_generate=True, output_scores=True, pad_token_id=0)
             cache.reset()
-            again = model.generate(ids, cache=cache, max_new_tokens=8, do_sample=False, pad_token_id=0)
-            fresh = model.generate(ids, cache=gt.GaacCache(model.config, table, max_tokens=64, cache_format=fmt,
+            again = generate(model, ids, cache=cache, max_new_tokens=8, do_sample=False, pad_token_id=0)
+            fresh = generate(model, ids, cache=gt.GaacCache(model.config, table, max_tokens=64, cache_format=fmt,
                                                            device="cuda", blocks_per_split=4),
                                    max_new_tokens=8, do_sample=False, pad_token_id=0)
             assert again.tolist() == fresh.tolist()
@@ -413,22 +431,23 @@ def check_gpu_sampling_reset_and_what_raises(torch, gt, model, prompts):
         assert all(torch.equal(a, b) for a, b in zip(gaac_out[1], twin_out[1]))
         padded, mask = left_padded(torch, prompts[:2])
         with pytest.raises(gaac.GaacError, match="pad"):
-            model.generate(padded.cuda(), attention_mask=mask.cuda(), max_new_tokens=2, do_sample=False,
+            generate(model, padded.cuda(), attention_mask=mask.cuda(), max_new_tokens=2, do_sample=False,
                            pad_token_id=0, cache=gt.GaacCache(model.config, table, max_tokens=64, batch=2,
                                                               device="cuda"))
         with pytest.raises(gaac.GaacError, match="reorder"):
-            model.generate(ids, num_beams=3, max_new_tokens=3, do_sample=False, pad_token_id=0,
+            generate(model, ids, num_beams=3, max_new_tokens=3, do_sample=False, pad_token_id=0,
                            cache=gt.GaacCache(model.config, table, max_tokens=64, batch=3, device="cuda"))
         cache = gt.GaacCache(model.config, table, max_tokens=64, device="cuda")
-        out = model.generate(ids, cache=cache, max_new_tokens=2, do_sample=False, pad_token_id=0)
+        out = generate(model, ids, cache=cache, max_new_tokens=2, do_sample=False, pad_token_id=0)
         with pytest.raises(gaac.GaacError):
-            model.generate(torch.cat([out, ids], dim=1), cache=cache, max_new_tokens=2, do_sample=False,
+            generate(model, torch.cat([out, ids], dim=1), cache=cache, max_new_tokens=2, do_sample=False,
                            pad_token_id=0)
     finally:
         model.to("cpu")
 
 
 def test_smollm2_gpu_sampling_reset_and_what_raises():
+    need_gpu(need_module("torch"))
     torch, gt, model, _, prompts = real_model(REAL_MODELS[0])
     check_gpu_sampling_reset_and_what_raises(torch, gt, model, prompts)
 

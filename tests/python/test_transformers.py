@@ -34,18 +34,26 @@ def load(gguf_file):
         if REQUIRED:
             pytest.fail(f"no model {MODELS / gguf_file} (scripts/fetch_models.py)")
         pytest.skip(f"no model {MODELS / gguf_file}")
+    import gaac.transformers as gt
+
+    return torch, gt, loaded_model(gguf_file)
+
+
+@functools.lru_cache(maxsize=None)
+def loaded_model(gguf_file):
+    """The model, loaded once per module (tens of seconds on a small CPU); every test leaves it as it found it:
+    on the CPU, attended by gaac's attention function."""
+    import torch
     from transformers import AutoModelForCausalLM
 
     import gaac.transformers as gt
 
     converted = os.environ.get("GAAC_HF_MODELS")  # the same weights saved by save_pretrained (loads in seconds)
     if converted and (pathlib.Path(converted) / gguf_file).is_dir():
-        model = AutoModelForCausalLM.from_pretrained(pathlib.Path(converted) / gguf_file, dtype=torch.bfloat16,
-                                                     attn_implementation=gt.ATTENTION)
-    else:
-        model = AutoModelForCausalLM.from_pretrained(MODELS, gguf_file=gguf_file, dtype=torch.bfloat16,
-                                                     attn_implementation=gt.ATTENTION)
-    return torch, gt, model
+        return AutoModelForCausalLM.from_pretrained(pathlib.Path(converted) / gguf_file, dtype=torch.bfloat16,
+                                                    attn_implementation=gt.ATTENTION)
+    return AutoModelForCausalLM.from_pretrained(MODELS, gguf_file=gguf_file, dtype=torch.bfloat16,
+                                                attn_implementation=gt.ATTENTION)
 
 
 def need_gpu(torch):
@@ -77,22 +85,25 @@ def generate_three_ways(torch, gt, model, prompt_ids, calibration_ids, tokens, d
     from transformers import DynamicCache
 
     model.to(device)
-    prompt_ids, calibration_ids = prompt_ids.to(device), calibration_ids.to(device)
-    table = gt.calibrate(model, calibration_ids)
-    out = {}
-    for fmt in ("gaac", "bf16"):
-        # On a GPU both caches get the same split of the context, so that their attention sums in one order.
-        cache = gt.GaacCache(model.config, table, max_tokens=prompt_ids.shape[1] + tokens, batch=prompt_ids.shape[0],
-                             cache_format=fmt, device=device, blocks_per_split=4)
-        ids = generate(model, prompt_ids, cache=cache, max_new_tokens=tokens, do_sample=False)
-        out[fmt] = ids[:, prompt_ids.shape[1]:].tolist()
-        out[fmt + "_usage"] = cache.usage()
-    model.set_attn_implementation("sdpa")
-    ids = generate(model, prompt_ids, cache=DynamicCache(config=model.config), max_new_tokens=tokens,
-                         do_sample=False)
-    model.set_attn_implementation(gt.ATTENTION)
-    out["sdpa"] = ids[:, prompt_ids.shape[1]:].tolist()
-    return out
+    try:
+        prompt_ids, calibration_ids = prompt_ids.to(device), calibration_ids.to(device)
+        table = gt.calibrate(model, calibration_ids)
+        out = {}
+        for fmt in ("gaac", "bf16"):
+            # On a GPU both caches get the same split of the context, so that their attention sums in one order.
+            cache = gt.GaacCache(model.config, table, max_tokens=prompt_ids.shape[1] + tokens,
+                                 batch=prompt_ids.shape[0], cache_format=fmt, device=device, blocks_per_split=4)
+            ids = generate(model, prompt_ids, cache=cache, max_new_tokens=tokens, do_sample=False)
+            out[fmt] = ids[:, prompt_ids.shape[1]:].tolist()
+            out[fmt + "_usage"] = cache.usage()
+        model.set_attn_implementation("sdpa")
+        ids = generate(model, prompt_ids, cache=DynamicCache(config=model.config), max_new_tokens=tokens,
+                       do_sample=False)
+        out["sdpa"] = ids[:, prompt_ids.shape[1]:].tolist()
+        return out
+    finally:  # as it was found: a loaded model is shared by the module's tests
+        model.set_attn_implementation(gt.ATTENTION)
+        model.to("cpu")
 
 
 def report(name, out):

@@ -15,7 +15,7 @@ import torch
 from transformers import AutoModelForCausalLM, DynamicCache
 
 import gaac
-from gaac.transformers import calibrate_kv
+from gaac.transformers import cache_argument, calibrate_kv
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
@@ -40,7 +40,7 @@ def main():
         ids = text.repeat(args.tokens // text.numel() + 1)[:args.tokens][None]
     cache = DynamicCache()  # every layer whole
     with torch.no_grad():
-        model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+        model(input_ids=ids, use_cache=True, logits_to_keep=1, **{cache_argument(model): cache})
     keys, values = [l.keys for l in cache.layers], [l.values for l in cache.layers]
     n = args.calibration_tokens
     tables = {

@@ -118,7 +118,7 @@ def prefill(model, ids):
 
     model.set_attn_implementation("sdpa")
     cache = DynamicCache()  # no config: every layer keeps every token, sliding ones too
-    model(input_ids=ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    model(input_ids=ids, use_cache=True, logits_to_keep=1, **{gt.cache_argument(model): cache})
     return [(l.keys, l.values) for l in cache.layers]
 
 
@@ -216,9 +216,10 @@ def measure(model, name, kind, cache, batch, context, graph=True):
     cache_position = torch.tensor([context], dtype=torch.long, device="cuda")
     model.set_attn_implementation("sdpa" if kind == "sdpa" else gt.ATTENTION)
 
+    cache_kw = {gt.cache_argument(model): cache}
+
     def step():
-        model(input_ids=ids, position_ids=position, cache_position=cache_position, past_key_values=cache,
-              use_cache=True)
+        model(input_ids=ids, position_ids=position, cache_position=cache_position, use_cache=True, **cache_kw)
 
     # The capture counted one begin on the host; every replay after the first adds a token on the device.
     on_replay = None if kind == "sdpa" else (lambda i: cache.note_replayed(1) if i > 0 else None)

@@ -372,10 +372,27 @@ def serving(model, name, kv, table, context, budget):
 
 
 def parse_size(text):
-    """Bytes of '40G', '2.5G', '800M' or a plain number (decimal units, as GPU memory is quoted)."""
+    """Bytes of '40G', '2.5G', '800M' or a plain number (decimal units, as GPU memory is quoted); positive."""
     units = {"K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12}
-    text = text.strip().upper().removesuffix("B")
-    return int(float(text[:-1]) * units[text[-1]]) if text and text[-1] in units else int(text)
+    body = text.strip().upper().removesuffix("B")
+    try:
+        value = float(body[:-1]) * units[body[-1]] if body and body[-1] in units else float(body)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 40G, 800M)") from None
+    if not math.isfinite(value) or value < 1:
+        raise argparse.ArgumentTypeError(f"a size must be at least one byte: {text!r}")
+    return int(value)
+
+
+def positive_ints(text):
+    """A comma-separated list of positive integers (contexts, batch sizes)."""
+    try:
+        values = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a list of integers: {text!r}") from None
+    if any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"every value must be positive: {text!r}")
+    return values
 
 
 def main():
@@ -390,10 +407,11 @@ def main():
                     help=f"models, of: {', '.join(CONTEXTS)} (with --model-path: those only, unless given)")
     ap.add_argument("--experiments", default="equal-batch,serving", help="equal-batch, serving, or both")
     ap.add_argument("--quick", action="store_true", help="equal batch: the shortest and longest context only")
-    ap.add_argument("--budgets", help="serving: KV budgets, e.g. 40G,100G (default: the model's in SERVING_BUDGETS)")
-    ap.add_argument("--contexts", help="serving: contexts in tokens (default: " +
+    ap.add_argument("--budgets", type=lambda t: [parse_size(b) for b in t.split(",")],
+                    help="serving: KV budgets, e.g. 40G,100G (default: the model's in SERVING_BUDGETS)")
+    ap.add_argument("--contexts", type=positive_ints, help="serving: contexts in tokens (default: " +
                     ",".join(map(str, SERVING_CONTEXTS)) + "); equal batch: instead of the model's own")
-    ap.add_argument("--batches", help="equal batch: batch sizes instead of the model's own")
+    ap.add_argument("--batches", type=positive_ints, help="equal batch: batch sizes instead of the model's own")
     args = ap.parse_args()
     experiments = set(args.experiments.split(","))
     if experiments - {"equal-batch", "serving"}:
@@ -411,12 +429,11 @@ def main():
         model = load_model(name, args.models, args.hf_models)
         if name in args.model_path:
             name = pathlib.Path(name).name
-        contexts = [int(c) for c in args.contexts.split(",")] if args.contexts else CONTEXTS.get(name, SERVING_CONTEXTS)
-        batch_sizes = [int(b) for b in args.batches.split(",")] if args.batches else BATCHES.get(name, [1, 8])
+        contexts = args.contexts or CONTEXTS.get(name, SERVING_CONTEXTS)
+        batch_sizes = args.batches or BATCHES.get(name, [1, 8])
         batch_contexts = contexts[::max(1, len(contexts) - 1)] if args.quick else contexts
-        serving_contexts = [int(c) for c in args.contexts.split(",")] if args.contexts else SERVING_CONTEXTS
-        budgets = ([parse_size(b) for b in args.budgets.split(",")] if args.budgets
-                   else SERVING_BUDGETS.get(name, [20 * 10**9]))
+        serving_contexts = args.contexts or SERVING_CONTEXTS
+        budgets = args.budgets or SERVING_BUDGETS.get(name, [20 * 10**9])
         longest = max((batch_contexts if "equal-batch" in experiments else []) +
                       (serving_contexts if "serving" in experiments else []))
         ids = prompt_ids(name, model, args.models, longest + 2 * GROWTH)

@@ -1,7 +1,8 @@
 // gaac on NVIDIA GPUs (sm_90), the library gaac::cuda: a paged cache's memory on the device
 // (docs/format.md, section 13) and the sequence tables of a batch; decode attention over it (the fused
 // GAAC kernel, its BF16 twin), planned once per batch geometry and launched per layer; caches grown on
-// the device (open, write, finalize: every step graph-safe); decompression to dense or paged BF16; and
+// the device (open, write, finalize: every step graph-safe; pads skipped, each sequence by its own
+// tokens) and edited there (forks, truncation, copies); decompression to dense or paged BF16; and
 // .gaac snapshot encoding from device tensors. On top, two caches a framework holds: KvCacheMirror (a
 // host KvCache copied to the GPU) and the device implementation of gaac::BatchKvCache.
 //

@@ -122,8 +122,9 @@ void bind_batch_cache(nb::module_& m) {
           "Attention of the forward's queries of `layer` (after its write): q and out bfloat16 [batch, q_heads, "
           "tokens, head_dim] (any strides, channels contiguous; out may be a transposed view of a [batch, tokens, "
           "q_heads, head_dim] tensor). Query i of a sequence attends to its positions up to length - tokens + i, "
-          "within the layer's sliding window. `scale` defaults to 1/sqrt(head_dim). On a GPU, a forward of one token "
-          "per sequence (decoding) with q and out contiguous.")
+          "within the layer's sliding window; a pad query's output is zero. `scale` defaults to 1/sqrt(head_dim). On a "
+          "GPU a decoding step (one token per sequence, every one real, q and out contiguous) is one launch per "
+          "layer; any other forward attends each query as a sequence of its own.")
       .def_prop_ro(
           "lengths",
           [](const BatchCache& c) {

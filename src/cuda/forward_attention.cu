@@ -111,7 +111,8 @@ void ForwardAttention::prepare(const CacheMemory& cache, const BatchTable& batch
                             ? std::min<size_t>(1024, (blocks + config.blocks_per_split - 1) / config.blocks_per_split)
                             : 1;
   const size_t per_query = splits * static_cast<size_t>(config.q_heads) * geo.head_dim;
-  const auto most = static_cast<int>(std::clamp<size_t>(kMaxPartialFloats / per_query, 1, kMaxQueries));
+  const size_t bound = max_partial_floats_ > 0 ? max_partial_floats_ : kMaxPartialFloats;
+  const auto most = static_cast<int>(std::clamp<size_t>(bound / per_query, 1, kMaxQueries));
   chunk_tokens_ = std::clamp(most / per_token, 1, tokens);
   chunks_.clear();
   for (int first = 0; first < tokens; first += chunk_tokens_)

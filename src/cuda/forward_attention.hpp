@@ -3,6 +3,7 @@
 // the decode-attention plan and kernel, in chunks of queries whose workspace stays bounded.
 #pragma once
 
+#include <cstddef>
 #include <vector>
 
 #include "gaac/batch_kv_cache.hpp"
@@ -15,6 +16,10 @@ namespace gaac::cuda::detail {
 /// tokens after it), within each layer's window; a pad query's output is zero.
 class ForwardAttention {
  public:
+  /// `max_partial_floats` bounds the partial results one launch's workspace holds (0: 2^26, 256 MiB):
+  /// the queries are attended in chunks of whole tokens that fit it, one token at least.
+  explicit ForwardAttention(size_t max_partial_floats = 0) : max_partial_floats_(max_partial_floats) {}
+
   /// Expands `batch`'s running forward (a kernel on `stream`) and plans for its queries with `config`
   /// (plan_tokens raised to its longest sequence, so that every chunk is covered). Host work, and
   /// allocations when the forward is larger than any before.
@@ -27,6 +32,7 @@ class ForwardAttention {
  private:
   BatchTable queries_;               ///< every query of the forward (BatchTable::expand)
   std::vector<BatchTable> chunks_;   ///< slices of queries_: whole tokens of every sequence
+  size_t max_partial_floats_ = 0;
   int chunk_tokens_ = 0;             ///< tokens per chunk (the last may have fewer)
   int q_heads_ = 0;
   DecodePlan plan_;

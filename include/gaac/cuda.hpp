@@ -168,8 +168,8 @@ class GAAC_API BatchTable {
   int last_real(int s) const { return counts_.empty() ? 0 : counts_.at(static_cast<size_t>(s)); }
   /// True when the last begin_tokens had no pad token.
   bool last_uniform() const { return ranks_.empty(); }
-  /// True when the last begin_tokens began an empty batch (see DeviceForwardView::prompt).
-  bool last_prompt() const { return prompt_; }
+  /// True when the last begin_tokens was unattended (see DeviceForwardView::unattended).
+  bool last_unattended() const { return unattended_; }
   /// The length whose newest token's sliding windows sequence s keeps (DeviceForwardView::held): in a
   /// layer of window W its blocks before first_attended(held − 1, W) / 16 are released.
   int held(int s) const { return held_.empty() ? 0 : held_.at(static_cast<size_t>(s)); }
@@ -180,13 +180,15 @@ class GAAC_API BatchTable {
   uint32_t* scratch_rows() const { return static_cast<uint32_t*>(scratch_rows_.data()); }
   /// The last begin_tokens as the growth kernels read it.
   DeviceForwardView forward_view() const;
-  /// The host's side of a begin_tokens of `count` real tokens per sequence (also what a replayed graph
-  /// of one did on the device): lengths and held lengths grow (throws past a capacity, changing nothing).
+  /// The host's side of a begin_tokens of `count` real tokens per sequence, attended as the last one
+  /// (what a replayed graph of the last begin did on the device): lengths and held lengths grow (throws
+  /// past a capacity, changing nothing).
   void note_begin(int count);
   /// The host's side of a begin_tokens of `tokens` tokens per sequence of which `valid` (empty: all;
-  /// else sequences × tokens flags, 0 for a pad) are real: checks, then counts them and grows the
-  /// lengths (throws past a capacity, changing nothing). Device buffers are left to begin_tokens.
-  void note_begin(int tokens, std::span<const uint8_t> valid);
+  /// else sequences × tokens flags, 0 for a pad) are real, `attended` or not (DeviceForwardView):
+  /// checks, then counts them and grows the lengths (throws past a capacity, changing nothing). Device
+  /// buffers are left to begin_tokens.
+  void note_begin(int tokens, std::span<const uint8_t> valid, bool attended);
   /// Copies the last note_begin's counts and ranks (a forward with pads) to the device, asynchronously
   /// on `stream` (allocating when the forward is larger than any before); begin_tokens does it.
   void upload_forward(Stream stream);
@@ -234,7 +236,7 @@ class GAAC_API BatchTable {
   std::vector<int32_t> lengths_, blocks_, held_, counts_, ranks_;
   int total_blocks_ = 0;
   int last_count_ = 0;
-  bool prompt_ = false;
+  bool unattended_ = false;
   int reserved_blocks_ = 0;           ///< blocks reserved per sequence (0: an uploaded or expanded table)
   std::vector<uint32_t> first_rows_;  ///< per sequence: the first of its reserved rows
   std::vector<uint32_t> spare_;       ///< first rows of reserved ranges no sequence uses
@@ -365,26 +367,28 @@ struct TokenRows {
   int64_t token_stride = 0;
 };
 
-/// Adds `count` tokens to every sequence of `batch` (a reserved table), on the device: in each layer,
-/// the tiles of a sliding window's blocks that the forward's first new token no longer sees are freed
-/// (their references dropped: units pushed on the free stack when no fork holds them; entries
-/// absent), every block the new tokens start is opened as a BF16 tail (its tiles' units popped from the
-/// free stack and zeroed; in a sliding layer only blocks the window still sees), and the lengths grow
-/// by `count`. A forward that begins an empty batch (a prompt, attended elsewhere) keeps only what its
-/// newest token sees; any other keeps what its first token sees until the next begins, so that each of
-/// its queries finds its window (DeviceForwardView::held). With too few free units the tiles that could
-/// not be opened stay absent and the status word gets kOutOfUnits: check status() before trusting what
-/// follows. Graph-safe: no host sync, no allocation; asynchronous on `stream`. The host keeps the
-/// lengths too (for plans); throws, launching nothing, when a sequence would pass its capacity.
-GAAC_API void begin_tokens(CacheMemory& cache, BatchTable& batch, int count, Stream stream = nullptr);
-/// begin_tokens of `tokens` tokens per sequence of which only the real ones count: `valid` is empty
-/// (every token real) or sequences × `tokens` flags, sequence after sequence, 0 for a pad token (never
-/// stored; write_tokens skips its rows). Each sequence grows by its real tokens, which take its next
-/// positions in order. With pads, the counts and ranks are copied to the device first (asynchronously
-/// on `stream`; allocating when the forward is larger than any before): throws when `stream` is
-/// capturing a CUDA graph then (a captured step must have every token real).
+/// Adds `tokens` tokens to every sequence of `batch` (a reserved table), on the device, of which only
+/// the real ones count: `valid` is empty (every token real) or sequences × `tokens` flags, sequence
+/// after sequence, 0 for a pad token (never stored; write_tokens skips its rows). Each sequence grows
+/// by its real tokens, which take its next positions in order. In each layer the tiles of a sliding
+/// window's blocks that the forward no longer needs are let go (their references dropped: units pushed
+/// on the free stack when no fork holds them; entries absent), every block the new tokens start is
+/// opened as a BF16 tail (its tiles' units popped from the free stack and zeroed; in a sliding layer
+/// only blocks the window still sees), and the lengths grow. An `attended` forward keeps what its first
+/// real token sees until the next begins, so that each of its queries finds its window; an unattended
+/// one (its queries attended elsewhere: a prompt over its own rows, a fill) only what its newest token
+/// sees (DeviceForwardView::held). With too few free units the tiles that could not be opened stay
+/// absent and the status word gets kOutOfUnits: check status() before trusting what follows.
+/// Graph-safe without pads: no host sync, no allocation; asynchronous on `stream`. With pads the counts
+/// and ranks are copied to the device first (asynchronously on `stream`; allocating when the forward is
+/// larger than any before), and a `stream` capturing a CUDA graph is refused (a captured step has every
+/// token real). The host keeps the lengths too (for plans); throws, launching nothing, when a sequence
+/// would pass its capacity.
 GAAC_API void begin_tokens(CacheMemory& cache, BatchTable& batch, int tokens, std::span<const uint8_t> valid,
-                           Stream stream = nullptr);
+                           bool attended, Stream stream = nullptr);
+/// begin_tokens of `count` real tokens per sequence, unattended (a fill: only what the newest token
+/// sees is kept).
+GAAC_API void begin_tokens(CacheMemory& cache, BatchTable& batch, int count, Stream stream = nullptr);
 
 /// Writes the K and V rows of the real tokens the last begin_tokens added (of its tokens per sequence,
 /// pads skipped) into layer `layer`'s tails. Graph-safe; asynchronous on `stream`.
@@ -449,9 +453,8 @@ class GAAC_API KvCacheMirror {
 /// BF16 cache) with a plan made at the first attend() of each forward: one query per sequence for a
 /// decoding step, and for a forward of several tokens (or with pads) every query as a sequence of its
 /// own (BatchTable::expand). Edits are BatchTable::select and truncate, CacheMemory::clone. Rows and
-/// queries are device arrays. A forward that begins an empty cache keeps only its newest token's
-/// sliding windows: attending it raises where a query would need a released block (attend such a
-/// prompt over its own rows, as transformers' SDPA does).
+/// queries are device arrays. A forward begun unattended keeps only its newest token's sliding windows:
+/// attending it raises where a query would need a released block.
 GAAC_API std::unique_ptr<BatchKvCache> make_device_batch_kv_cache(const BatchCacheConfig& config);
 
 }  // namespace gaac::cuda

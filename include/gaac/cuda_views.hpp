@@ -45,9 +45,11 @@ struct DeviceForwardView {
   const int32_t* ranks = nullptr;
   /// Per sequence: the length whose newest token's sliding windows the sequence keeps (every block
   /// before them is released). A forward keeps what its first real query attends until the next one
-  /// begins; a forward that begins an empty batch (`prompt`), only what its newest token attends.
+  /// begins; an `unattended` one, only what its newest token attends.
   int32_t* held = nullptr;
-  int prompt = 0;                   ///< 1 when the forward began an empty batch (a prompt attended elsewhere)
+  /// 1 when the forward's queries are attended elsewhere (a prompt over its own rows, a fill): its
+  /// sliding layers keep only the window of its newest token.
+  int unattended = 0;
 };
 
 /// Which parts of decode attention a launch does; anything but `full` is for time breakdowns and

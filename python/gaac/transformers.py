@@ -321,7 +321,7 @@ class GaacCache(Cache):
         # step of generate, whose new tokens are always real).
         self._prefill = columns == 0 and not any(self.kv.lengths)
         flags = None if valid is None or bool(valid.all()) else valid.flatten().to(torch.uint8).tolist()
-        self.kv.begin(tokens, flags, _stream_of_device(device))
+        self.kv.begin(tokens, flags, _stream_of_device(device), attended=not self._prefill)
         real = torch.ones(batch, tokens, dtype=torch.bool) if valid is None else valid
         self._stored = torch.cat([self._stored, real], dim=1)
 

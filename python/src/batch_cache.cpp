@@ -86,16 +86,19 @@ void bind_batch_cache(nb::module_& m) {
           "captured in a CUDA graph and replayed while they grow).")
       .def(
           "begin",
-          [](BatchCache& c, int tokens, const std::optional<std::vector<uint8_t>>& valid, uintptr_t stream) {
+          [](BatchCache& c, int tokens, const std::optional<std::vector<uint8_t>>& valid, uintptr_t stream,
+             bool attended) {
             c.cache->begin(tokens, valid ? std::span<const uint8_t>(*valid) : std::span<const uint8_t>(),
-                           stream_of(stream));
+                           stream_of(stream), attended);
           },
-          "tokens"_a, "valid"_a = nb::none(), "stream"_a = 0,
+          "tokens"_a, "valid"_a = nb::none(), "stream"_a = 0, "attended"_a = true,
           "Starts a forward of `tokens` new tokens per sequence (after the previous one wrote every layer). `valid`: "
           "None (every token real) or batch × tokens flags, sequence after sequence, 0 for a pad token (never stored "
-          "nor attended; its attention output is zero). Raises CacheFullError when they do not fit (on a GPU not while "
-          "`stream` captures a graph: see check(); on the CPU the previous forward's rows are appended here, and it is "
-          "their room that is checked).")
+          "nor attended; its attention output is zero). `attended` False: the forward's queries are attended elsewhere (a "
+          "prompt over its own rows, a fill), so a GPU cache keeps only what its newest token sees in sliding-window "
+          "layers (and attend raises where a query needs more). Raises CacheFullError when they do not fit (on a GPU "
+          "not while `stream` captures a graph: see check(); on the CPU the previous forward's rows are appended here, "
+          "and it is their room that is checked).")
       .def(
           "write",
           [](BatchCache& c, int layer, const DeviceArray& k, const DeviceArray& v, uintptr_t stream) {

@@ -89,7 +89,7 @@ void BatchTable::end_forward() {
   last_count_ = 0;
   counts_.clear();
   ranks_.clear();
-  prompt_ = false;
+  unattended_ = false;
 }
 
 BatchTable BatchTable::clone() const {
@@ -98,7 +98,7 @@ BatchTable BatchTable::clone() const {
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   BatchTable copy;
   copy.lengths_ = lengths_, copy.blocks_ = blocks_, copy.held_ = held_, copy.counts_ = counts_, copy.ranks_ = ranks_;
-  copy.total_blocks_ = total_blocks_, copy.last_count_ = last_count_, copy.prompt_ = prompt_;
+  copy.total_blocks_ = total_blocks_, copy.last_count_ = last_count_, copy.unattended_ = unattended_;
   copy.reserved_blocks_ = reserved_blocks_, copy.first_rows_ = first_rows_, copy.spare_ = spare_;
   copy.indptr_ = indptr_.copy(), copy.rows_ = rows_.copy(), copy.lengths_buffer_ = lengths_buffer_.copy();
   copy.scratch_rows_ = scratch_rows_.copy(), copy.held_buffer_ = held_buffer_.copy();
@@ -122,13 +122,13 @@ DeviceForwardView BatchTable::forward_view() const {
     f.ranks = static_cast<const int32_t*>(ranks_buffer_.data());
   }
   f.held = static_cast<int32_t*>(held_buffer_.data());
-  f.prompt = prompt_ ? 1 : 0;
+  f.unattended = unattended_ ? 1 : 0;
   return f;
 }
 
-void BatchTable::note_begin(int count) { note_begin(count, {}); }
+void BatchTable::note_begin(int count) { note_begin(count, {}, !unattended_); }
 
-void BatchTable::note_begin(int tokens, std::span<const uint8_t> valid) {
+void BatchTable::note_begin(int tokens, std::span<const uint8_t> valid, bool attended) {
   if (tokens < 1) throw Error("begin_tokens: a forward adds at least one token, got " + std::to_string(tokens));
   const int n = sequences();
   if (!valid.empty() && valid.size() != static_cast<size_t>(n) * tokens)
@@ -155,12 +155,12 @@ void BatchTable::note_begin(int tokens, std::span<const uint8_t> valid) {
                                                std::to_string(capacity(s)) + "; " + std::to_string(count) +
                                                " more do not fit");
   }
-  prompt_ = std::all_of(lengths_.begin(), lengths_.end(), [](int32_t len) { return len == 0; });
+  unattended_ = !attended;
   held_.resize(lengths_.size(), 0);
   for (int s = 0; s < n; ++s) {
     int32_t& len = lengths_[static_cast<size_t>(s)];
     const int count = counts[static_cast<size_t>(s)];
-    const int keep = prompt_ ? len + count : len + (count > 0 ? 1 : 0);  // as grow.cu's held_after
+    const int keep = unattended_ ? len + count : len + (count > 0 ? 1 : 0);  // as grow.cu's held_after
     held_[static_cast<size_t>(s)] = std::max(held_[static_cast<size_t>(s)], keep);
     len += count;
   }

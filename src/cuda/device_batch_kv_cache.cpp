@@ -44,12 +44,12 @@ class DeviceBatchKvCache final : public BatchKvCache {
     written_.assign(static_cast<size_t>(layers()), false);
   }
 
-  void begin(int tokens, std::span<const uint8_t> valid, CUstream_st* stream) override {
+  void begin(int tokens, std::span<const uint8_t> valid, CUstream_st* stream, bool attended) override {
     check_between("begin");
     if (!valid.empty() && valid.size() != static_cast<size_t>(batch()) * tokens)
       throw Error("begin: " + std::to_string(valid.size()) + " token flags for a batch of " + std::to_string(batch()) +
                   " sequences of " + std::to_string(tokens) + " tokens");
-    begin_tokens(memory_, batch_, tokens, valid, stream);  // throws, changing nothing, past max_tokens
+    begin_tokens(memory_, batch_, tokens, valid, attended, stream);  // throws, changing nothing, past max_tokens
     written_.assign(written_.size(), false);
     ++forwards_;
     if (!capturing(stream)) check();
@@ -90,7 +90,7 @@ class DeviceBatchKvCache final : public BatchKvCache {
       plan_.run(memory_, batch_, layer, q.data, out.data, scale, stream);
       return;
     }
-    check_prompt_window(layer);
+    check_unattended_window(layer);
     if (forwards_ != prepared_forward_ || prepared_heads_ != q.heads) {
       DecodeConfig config = decode_;
       config.q_heads = q.heads;
@@ -231,19 +231,18 @@ class DeviceBatchKvCache final : public BatchKvCache {
     prepared_forward_ = -1;
   }
 
-  /// Throws when a forward that began an empty cache (it kept only its newest token's windows) is
-  /// attended where one of its queries would need a block its sliding window left unopened.
-  void check_prompt_window(int layer) const {
+  /// Throws when a forward begun unattended (it kept only its newest token's windows) is attended
+  /// where one of its queries would need a block its sliding window let go.
+  void check_unattended_window(int layer) const {
     const int window = memory_.window(layer);
-    if (!batch_.last_prompt() || window == 0) return;
+    if (!batch_.last_unattended() || window == 0) return;
     for (int b = 0; b < batch(); ++b) {
-      const int count = batch_.last_real(b);
-      if (count > 0 && first_attended(count - 1, window) >= kTileTokens)
-        throw Error("attend: sequence " + std::to_string(b) + "'s " + std::to_string(count) +
-                    " tokens began an empty cache and pass layer " + std::to_string(layer) + "'s sliding window of " +
-                    std::to_string(window) + " tokens: the GPU cache keeps only what the newest of them sees, so the "
-                    "first ones cannot be attended from it; attend a prompt that starts the cache over its own rows "
-                    "(as GaacCache does with SDPA), or begin it in pieces no longer than the window");
+      const int count = batch_.last_real(b), len = batch_.length(b);
+      if (count > 0 && first_attended(len - count, window) / kTileTokens < first_attended(len - 1, window) / kTileTokens)
+        throw Error("attend: the forward was begun unattended (its queries attended elsewhere), so the GPU cache kept "
+                    "only what its newest token sees in layer " + std::to_string(layer) + "'s sliding window of " +
+                    std::to_string(window) + " tokens, and sequence " + std::to_string(b) + "'s first " +
+                    std::to_string(count) + " queries need more; begin it attended (begin(..., attended=true))");
     }
   }
 

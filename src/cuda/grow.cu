@@ -40,12 +40,12 @@ __device__ int rank_of(const DeviceForwardView& f, int seq, int j) { return f.ra
 /// DeviceForwardView::held); BatchTable::note_begin computes the same on the host.
 __device__ int held_after(const DeviceForwardView& f, int seq, int old_len) {
   const int count = count_of(f, seq);
-  const int keep = f.prompt ? old_len + count : old_len + (count > 0 ? 1 : 0);
+  const int keep = f.unattended ? old_len + count : old_len + (count > 0 ? 1 : 0);
   return max(f.held[seq], keep);
 }
 
 /// One CTA per (sequence, layer): drops the tiles of the blocks this forward's first query no longer
-/// sees (every query's, for a prompt: its newest one's).
+/// sees (for an unattended forward: its newest one).
 __global__ void __launch_bounds__(kThreads) release_kernel(const GrowArgs a) {
   const int seq = static_cast<int>(blockIdx.x), layer = static_cast<int>(blockIdx.y);
   const PagedGeometry& geo = a.cache.geometry;
@@ -157,10 +157,11 @@ __global__ void completed_rows_kernel(const DeviceBatchView batch, const DeviceF
 }  // namespace
 
 void begin_tokens(CacheMemory& cache, BatchTable& batch, int count, Stream stream) {
-  begin_tokens(cache, batch, count, {}, stream);
+  begin_tokens(cache, batch, count, {}, false, stream);
 }
 
-void begin_tokens(CacheMemory& cache, BatchTable& batch, int tokens, std::span<const uint8_t> valid, Stream stream) {
+void begin_tokens(CacheMemory& cache, BatchTable& batch, int tokens, std::span<const uint8_t> valid, bool attended,
+                  Stream stream) {
   if (batch.scratch_rows() == nullptr)
     throw Error("begin_tokens: needs a batch made by BatchTable::reserve");
   const bool pads = std::find(valid.begin(), valid.end(), 0) != valid.end();
@@ -171,7 +172,7 @@ void begin_tokens(CacheMemory& cache, BatchTable& batch, int tokens, std::span<c
       throw Error("begin_tokens: a forward with pad tokens cannot be captured in a CUDA graph (its counts are copied "
                   "from the host); capture decoding steps, whose tokens are all real");
   }
-  batch.note_begin(tokens, valid);  // throws before anything is launched
+  batch.note_begin(tokens, valid, attended);  // throws before anything is launched
   if (pads) batch.upload_forward(stream);
   const GrowArgs a{cache.view(), batch.view(), batch.forward_view()};
   const auto n = static_cast<unsigned>(batch.sequences());

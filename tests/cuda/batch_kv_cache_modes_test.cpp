@@ -78,11 +78,12 @@ class Trio {
   }
 
   /// A forward of `tokens` tokens per sequence (`valid`: empty, or batch × tokens flags) whose K and V
-  /// rows are the next ones of the synthetic values; attended at every layer unless `attend` is false.
+  /// rows are the next ones of the synthetic values; attended at every layer unless `attend` is false
+  /// (then begun unattended, as transformers' prompt that begins a cache).
   void forward(int tokens, const std::vector<uint8_t>& valid, bool attend = true) {
     const int batch = host_->batch(), d = shape_.head_dim;
     SCOPED_TRACE("forward " + std::to_string(forwards_) + " of " + std::to_string(tokens) + " tokens");
-    for (BatchKvCache* c : all()) c->begin(tokens, valid, nullptr);
+    for (BatchKvCache* c : all()) c->begin(tokens, valid, nullptr, attend);
     for (int layer = 0; layer < kLayers; ++layer) {
       Tensor k(batch, shape_.kv_heads, tokens, d, 0), v(batch, shape_.kv_heads, tokens, d, 0);
       for (int b = 0; b < batch; ++b)
@@ -281,9 +282,18 @@ INSTANTIATE_TEST_SUITE_P(Shapes, BatchCacheModes,
                                   (i.param.windows.empty() ? "" : "_w" + std::to_string(i.param.windows[0] + i.param.windows[1]));
                          });
 
+TEST_P(BatchCacheModes, APromptAttendedFromTheCache) {
+  // A left-padded prompt that begins the cache, attended through it: each query at its own position, within
+  // the sliding windows (the blocks its first queries see are kept until the next forward).
+  Trio trio(GetParam(), values_, table_, 2, 2);
+  trio.forward(80, left_padded(80, {0, 23}));
+  for (int i = 0; i < 3; ++i) trio.forward(1, {});
+  trio.expect_lengths();
+}
+
 TEST_F(BatchCacheModes, WhatCannotBeDoneRaisesChangingNothing) {
   const Shape shape{2, 128, {0, 40}};
-  // A prompt that begins the cache and passes a sliding window: its first queries' blocks were never kept.
+  // A forward begun unattended that passes a sliding window: its first queries' blocks were never kept.
   Trio trio(shape, values_, table_, 2, 2);
   trio.forward(80, {}, false);
   Tensor q(2, kQHeads, 80, 128, 0), out(2, kQHeads, 80, 128, 0);
@@ -341,8 +351,8 @@ TEST_F(BatchCacheModes, ForwardAttentionInChunksGivesTheBitsOfOneLaunch) {
   CacheMemory memory = CacheMemory::create(config);
   BatchTable batch = BatchTable::reserve(memory, 2, kMaxTokens);
   const int d = shape.head_dim;
-  const auto step = [&](int tokens, const std::vector<uint8_t>& valid) {
-    begin_tokens(memory, batch, tokens, valid, nullptr);
+  const auto step = [&](int tokens, const std::vector<uint8_t>& valid, bool attended) {
+    begin_tokens(memory, batch, tokens, valid, attended, nullptr);
     Tensor rows(2, shape.kv_heads, tokens, d, 0);
     for (size_t i = 0; i < rows.host.size(); ++i) rows.host[i] = values_.layers[0].k.data[(i * 7 + batch.length(0)) % values_.layers[0].k.data.size()];
     rows.to_device();
@@ -352,8 +362,8 @@ TEST_F(BatchCacheModes, ForwardAttentionInChunksGivesTheBitsOfOneLaunch) {
     for (int l = 0; l < kLayers; ++l) write_tokens(memory, batch, l, r, nullptr);
     finalize_completed(memory, batch, nullptr);
   };
-  step(70, {});
-  step(60, left_padded(60, {0, 9}));
+  step(70, {}, false);
+  step(60, left_padded(60, {0, 9}), true);
   Tensor q(2, kQHeads, 60, d, 0);
   std::mt19937_64 rng(5);
   std::normal_distribution<float> normal(0.0f, 1.0f);

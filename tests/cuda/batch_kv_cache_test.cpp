@@ -110,7 +110,7 @@ TEST_P(BatchCacheOnDevice, HoldsAndAttendsWhatTheHostCacheDoes) {
   int first = 0;
   for (int step = 0; step <= kSteps; ++step) {
     const int n = step == 0 ? kPrompt : 1;
-    for (BatchKvCache* c : {host.get(), gpu.get(), twin.get()}) c->begin(n, {}, nullptr);
+    for (BatchKvCache* c : {host.get(), gpu.get(), twin.get()}) c->begin(n, {}, nullptr, step > 0);  // a prompt: SDPA's
     for (int layer = 0; layer < 2; ++layer) {
       const Rows k = kv_rows(all, layer, TensorKind::key, first, n), v = kv_rows(all, layer, TensorKind::value, first, n);
       host->write(layer, k.on_host(), v.on_host(), nullptr);

@@ -90,7 +90,7 @@ def grown(fmt, k, v, table, windows, batch, prefill, steps, stream, blocks_per_s
             .transpose(0, 1).cuda() for b in range(batch)] for a in k + v]
     dev = [torch.stack(seqs) for seqs in dev]  # contiguous [batch, kv_heads, tokens, head_dim]
     for first, n in [(0, prefill)] + [(prefill + i, 1) for i in range(steps)]:
-        dc.begin(n, stream=stream)
+        dc.begin(n, stream=stream, attended=first > 0)  # the prefill is attended elsewhere
         for layer in range(layers):
             dc.write(layer, dev[layer][:, :, first:first + n], dev[layers + layer][:, :, first:first + n], stream)
     dc.check()
@@ -145,7 +145,7 @@ def test_batch_cache_step_in_a_cuda_graph():
         side = torch.cuda.Stream()
         with torch.cuda.stream(side):
             s = side.cuda_stream
-            dc.begin(prefill, stream=s)
+            dc.begin(prefill, stream=s, attended=False)
             for layer in range(layers):
                 dc.write(layer, kt[layer][:, :, :prefill], kt[layers + layer][:, :, :prefill], s)
             rows_k = [torch.zeros((1, kv_heads, 1, d), dtype=torch.bfloat16, device="cuda") for _ in range(layers)]

@@ -29,12 +29,12 @@ Fp8TileCodec::Fp8TileCodec(Fp8TileShape shape, const Fp8TileBases& bases, size_t
                 std::to_string(shape.max_slot_capacity()) + "]");
   }
   if (!validate_fp8_bases(shape, bases)) throw Error("FP8 exponent bases missing or outside their valid range");
-  if (backend == Backend::automatic) backend = Backend::scalar;
-  if (backend != Backend::scalar) throw Error(std::string("FP8 tiles have no ") + to_string(backend) + " backend yet");
+  if (backend == Backend::automatic) backend = best_backend();
+  if (!backend_available(backend)) throw Error(std::string("backend not available on this machine: ") + to_string(backend));
   backend_ = backend;
   std::copy_n(bases.b2.begin(), shape.tile.channels, b2_.begin());
   std::copy_n(bases.b3.begin(), shape.tile.channels, b3_.begin());
-  const detail::Fp8ShapeKernels kernels = scalar::fp8_kernels(shape);
+  const detail::Fp8ShapeKernels kernels = backend == Backend::avx2 ? avx2::fp8_kernels(shape) : scalar::fp8_kernels(shape);
   kernels.prepare(bases, prepared_.data());
   encode_ = kernels.encode;
   decode_ = kernels.decode;

@@ -5,12 +5,17 @@
 // them with one load, a shift and a mask (docs/format.md, section 14.4). Decoding works in fragment order
 // and permutes bytes to rows only at the end:
 //
-//   tags -> validation, escape offsets per row of 16 groups, plane-2 byte per 3-bit group (the BF16
-//           decoder's parts, codec/decode_avx2.hpp, with X − 2 escape bytes per raw group)
-//   one pass per register: 2-bit code + b2 (+ b3 − b2 and bit 2 for 3-bit groups), compose the FP8
-//           byte with its sign and mantissa, permute to rows (keys: one qword interleave, a vpermd and
-//           a vpshufb per register; values: a vpshufb, three interleave rounds and a lane swap)
-//   scalar patch of the few raw groups (and the 3-bit groups after them in their row)
+//   tags -> validation and escape offsets per row of 16 groups (the BF16 decoder's parts,
+//           codec/decode_avx2.hpp, with X − 2 escape bytes per raw group); then, two rows at a time,
+//           every group's mode and escape planes (one byte per plane and group), gathered with vpshufb
+//           from 16-byte windows of the row's escapes at the offsets of an in-register prefix sum
+//   one pass per register: 2-bit code + the base of the group's mode (b2, b3 or 0) + the bits of its
+//           planes, compose the FP8 byte with its sign and mantissa, permute to rows (keys: one qword
+//           interleave, a vpermd and a vpshufb per register; values: a vpshufb, three interleave rounds
+//           and a lane swap)
+//
+// Raw groups are about one in ten on real FP8 KV (section 14.3), so unlike BF16's decoder, which
+// patches its rare raw groups in scalar code afterwards, every mode is decoded in the vector pass.
 //
 // Encoding reads rows, permutes them to fragment order with the inverse networks, classifies each group
 // with vector compares and writes the streams; tags and escapes are written per group, as BF16's are.
@@ -24,6 +29,7 @@
 #include <cstring>
 #include <new>
 #include <type_traits>
+#include <utility>
 
 #include "codec/decode_avx2.hpp"
 
@@ -166,13 +172,33 @@ inline void value_to_fragment(__m256i x[8]) {
 // ----------------------------------------------------------------------------------------------
 // Bases in fragment order
 
-/// The bases of every fragment register: the narrow window's (b2) and the step b3 − b2 (modulo 256).
-/// Keys repeat per token (patterns 2h + t1, codec/decode_avx2.hpp's key_base_patterns); values per
-/// (chunk, g).
+/// The bases of every fragment register, shifted to the exponent field's place (left by M, so a
+/// decoded exponent is already where the FP8 byte keeps it): the narrow window's (b2 << M) and the step
+/// (b3 − b2) << M, modulo 256. Keys repeat per token (patterns 2h + t1, codec/decode_avx2.hpp's
+/// key_base_patterns); values per (chunk, g).
 template <class F>
 class Fp8Bases {
  public:
   explicit Fp8Bases(const Fp8TileBases& bases) {
+    shifted(bases);
+  }
+  __m256i narrow(int v) const { return load(narrow_[pattern(v)]); }
+  __m256i step(int v) const { return load(step_[pattern(v)]); }
+
+ private:
+  static constexpr int kM = mantissa_bits(F::kFormat);
+  void shifted(const Fp8TileBases& bases) {
+    store_patterns(bases);
+    for (int i = 0; i < kPatterns; ++i) {
+      store(narrow_[i], _mm256_slli_epi16(load(narrow_[i]), kM));  // bases < 2^X: nothing crosses a byte
+      // The step may be negative (modulo 256): shift its bytes apart so none leaks into the next.
+      const __m256i step = load(step_[i]);
+      const __m256i low = _mm256_and_si256(_mm256_slli_epi16(step, kM), _mm256_set1_epi16(0x00FF));
+      const __m256i high = _mm256_slli_epi16(_mm256_and_si256(step, _mm256_set1_epi16(static_cast<short>(0xFF00))), kM);
+      store(step_[i], _mm256_or_si256(low, high));
+    }
+  }
+  void store_patterns(const Fp8TileBases& bases) {
     if constexpr (F::kShape.kind == TensorKind::key) {
       for (int h = 0; h < F::kHalves; ++h) {
         __m256i b2[2], b3[2];
@@ -197,12 +223,6 @@ class Fp8Bases {
       }
     }
   }
-  __m256i narrow(int v) const { return load(narrow_[pattern(v)]); }
-  __m256i step(int v) const { return load(step_[pattern(v)]); }
-  uint64_t narrow_group(int at) const { return load_u64(narrow_[pattern(at / 32)] + at % 32); }
-  uint64_t step_group(int at) const { return load_u64(step_[pattern(at / 32)] + at % 32); }
-
- private:
   static constexpr int kPatterns = F::kShape.kind == TensorKind::key ? 2 * F::kHalves : 8 * F::kChunks;
   static constexpr int pattern(int v) {
     const auto u = static_cast<unsigned>(v);
@@ -216,51 +236,46 @@ class Fp8Bases {
 // ----------------------------------------------------------------------------------------------
 // Streams
 
-/// The `Bits`-bit fields of fragment register v (positions 32v .. 32v+31), one per byte.
-template <int Bits>
-inline __m256i read_fields(const uint8_t* stream, int v) {
+/// Calls fn(std::integral_constant<int, I>{}) for I = 0 .. N−1: loops whose index must be a constant.
+template <int N, class Fn>
+inline void static_for(Fn&& fn) {
+  [&]<int... I>(std::integer_sequence<int, I...>) { (fn(std::integral_constant<int, I>{}), ...); }(std::make_integer_sequence<int, N>{});
+}
+
+/// The `Bits`-bit fields of fragment register V (positions 32V .. 32V+31), one per byte.
+template <int Bits, int V>
+inline __m256i read_fields(const uint8_t* stream) {
   constexpr int kPerBlock = 8 / Bits;
-  const __m256i block = load(stream + 32 * (v / kPerBlock));
-  const __m256i shifted = _mm256_srl_epi16(block, _mm_cvtsi32_si128(Bits * (v % kPerBlock)));
-  return _mm256_and_si256(shifted, _mm256_set1_epi8(static_cast<char>((1 << Bits) - 1)));
+  const __m256i block = load(stream + 32 * (V / kPerBlock));
+  return _mm256_and_si256(_mm256_srli_epi16(block, Bits * (V % kPerBlock)), _mm256_set1_epi8(static_cast<char>((1 << Bits) - 1)));
 }
 
-/// The 8 fields of one group (fragment positions at .. at+7, at a multiple of 8), one per byte.
-template <int Bits>
-inline uint64_t group_fields(const uint8_t* stream, int at) {
-  const StreamField f = stream_field(Bits, at);
-  return load_u64(stream + f.byte) >> f.shift & (kByteBit0 * ((1u << Bits) - 1));
+/// The 2-bit codes of fragment register V at bits M, M + 1 of each byte (the exponent field's place).
+template <int M, int V>
+inline __m256i read_codes_at(const uint8_t* stream) {
+  constexpr int kShift = 2 * (V % 4) - M;  // the field sits at 2·(V mod 4) in its byte
+  const __m256i block = load(stream + 32 * (V / 4));
+  // Bits leaking across bytes land outside bits M, M + 1 (the shift is at most 6 − M right or M left).
+  const __m256i at = kShift >= 0 ? _mm256_srli_epi16(block, kShift > 0 ? kShift : 0) : _mm256_slli_epi16(block, kShift < 0 ? -kShift : 0);
+  return _mm256_and_si256(at, _mm256_set1_epi8(static_cast<char>(3 << M)));
 }
 
-/// FP8 bytes from the exponents (valid where they fit the format) and the stored fields of register v.
-template <class F>
-inline __m256i compose_fp8(const uint8_t* slot, int v, __m256i exponent) {
+/// FP8 bytes from the exponents (already at bits M.., every one inside the format's range) and the
+/// stored fields of register V.
+template <class F, int V>
+inline __m256i compose_fp8(const uint8_t* slot, __m256i exponent) {
   constexpr Fp8TileShape shape = F::kFp8Shape;
   if constexpr (F::kFormat == ElementFormat::e4m3) {
-    const __m256i sm = read_fields<4>(slot + shape.sign_mantissa_offset(), v);
-    const __m256i sign = _mm256_and_si256(_mm256_slli_epi16(sm, 4), _mm256_set1_epi8(static_cast<char>(0x80)));
-    const __m256i mantissa = _mm256_and_si256(sm, _mm256_set1_epi8(7));
-    const __m256i e = _mm256_and_si256(_mm256_slli_epi16(exponent, 3), _mm256_set1_epi8(0x78));
-    return _mm256_or_si256(_mm256_or_si256(sign, mantissa), e);
+    // sign+mantissa nibble [s m2 m1 m0] to s << 7 | m, by table.
+    const __m256i table = _mm256_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, -128, -127, -126, -125, -124, -123, -122, -121,  //
+                                           0, 1, 2, 3, 4, 5, 6, 7, -128, -127, -126, -125, -124, -123, -122, -121);
+    const __m256i sm = read_fields<4, V>(slot + shape.sign_mantissa_offset());
+    return _mm256_or_si256(_mm256_shuffle_epi8(table, sm), exponent);
   } else {
-    const __m256i signs = load(slot + shape.sign_mantissa_offset() + 32 * (v / 8));
-    const __m256i sign = _mm256_and_si256(_mm256_sll_epi16(signs, _mm_cvtsi32_si128(7 - v % 8)), _mm256_set1_epi8(static_cast<char>(0x80)));
-    const __m256i mantissa = read_fields<2>(slot + shape.mantissa_offset(), v);
-    const __m256i e = _mm256_and_si256(_mm256_slli_epi16(exponent, 2), _mm256_set1_epi8(0x7C));
-    return _mm256_or_si256(_mm256_or_si256(sign, mantissa), e);
-  }
-}
-
-/// The same for one group's eight bytes (exponents in bytes, each inside the format's range).
-template <class F>
-inline uint64_t compose_group(const uint8_t* slot, int at, uint64_t exponents) {
-  constexpr Fp8TileShape shape = F::kFp8Shape;
-  if constexpr (F::kFormat == ElementFormat::e4m3) {
-    const uint64_t sm = group_fields<4>(slot + shape.sign_mantissa_offset(), at);
-    return (sm & kByteBit0 * 7) | (sm & kByteBit0 * 8) << 4 | exponents << 3;
-  } else {
-    const uint64_t sign = group_fields<1>(slot + shape.sign_mantissa_offset(), at);
-    return sign << 7 | group_fields<2>(slot + shape.mantissa_offset(), at) | exponents << 2;
+    const __m256i signs = load(slot + shape.sign_mantissa_offset() + 32 * (V / 8));
+    const __m256i sign = _mm256_and_si256(_mm256_slli_epi16(signs, 7 - V % 8), _mm256_set1_epi8(static_cast<char>(0x80)));
+    const __m256i mantissa = read_fields<2, V>(slot + shape.mantissa_offset());
+    return _mm256_or_si256(_mm256_or_si256(sign, mantissa), exponent);
   }
 }
 
@@ -290,109 +305,125 @@ constexpr ByteControl kFp8ElementBit = [] {
   return bits;
 }();
 
-/// The exponents of fragment register v: 2-bit code plus b2, plus for 3-bit groups b3 − b2 and bit 2
-/// of the offset (from `EscapeRows`, whose "4-bit" entries are this format's tag-1 groups). Raw groups
-/// come out wrong; patch_escaped_groups rewrites them.
+/// Every group's mode and escape planes, in rows of 16 groups (group 16r + i at byte i of row r): 0xFF
+/// where it is 3-bit (`is3`) and where it is not raw (`based`: its exponents have a base), and plane k
+/// (bit 2 + k of each offset or exponent) where the group has one, else 0.
 template <class F>
-inline __m256i exponents_of(const uint8_t* slot, const Fp8Bases<F>& bases, const EscapeRows<F>& rows, int v) {
-  const __m256i code = read_fields<kFp8CodeBits>(slot + F::kFp8Shape.code_offset(), v);
-  const __m256i exponent = _mm256_add_epi8(code, bases.narrow(v));
-  const auto p = static_cast<unsigned>(v % 16), c = static_cast<unsigned>(v / 16);
-  const unsigned row = 2 * p * F::kGroupsPerLane / 16;
+struct EscapePlanes {
+  alignas(32) uint8_t is3[TagRows<F>::kRows][16];
+  alignas(32) uint8_t based[TagRows<F>::kRows][16];
+  alignas(32) uint8_t plane[F::kRawBytes][TagRows<F>::kRows][16];
+};
+
+/// A tile without escapes: every group 2-bit.
+template <class F>
+constexpr EscapePlanes<F> kNoPlanes = [] {
+  EscapePlanes<F> planes{};
+  for (auto& row : planes.based) {
+    for (auto& b : row) b = 0xFF;
+  }
+  return planes;
+}();
+
+/// Fills `out`, two rows (one per 128-bit lane) at a time. A group's escapes start at its row's start
+/// plus the escape bytes of the groups before it in the row (a prefix sum of 0, 1 or X − 2 per group);
+/// plane k of it is the byte k further on, picked with vpshufb from the 16-byte windows of the row's
+/// escapes (at most 16·(X − 2) bytes, so X − 2 windows), read from a copy of the escapes with room after
+/// them.
+template <class F>
+void find_escape_planes(const uint8_t* tags, const uint8_t* escapes, const TagRows<F>& rows, EscapePlanes<F>& out) {
+  constexpr int kR = F::kRawBytes;
+  alignas(32) uint8_t copy[F::kFp8Shape.max_slot_capacity() + 16 * kR + 16];
+  std::memcpy(copy, escapes, rows.used);
+  std::memset(copy + rows.used, 0, 16 * kR + 16);
+  const __m256i tag_bytes = load(kTagBytes.data());
+  const __m256i field = _mm256_set1_epi32(static_cast<int>(0xC0300C03u));  // group i's tag in byte i
+  const __m256i tag1 = _mm256_set1_epi32(0x40100401), tag2 = _mm256_set1_epi32(static_cast<int>(0x80200802u));
+  const __m256i high = _mm256_set1_epi8(static_cast<char>(0x80)), fifteen = _mm256_set1_epi8(15);
+  for (int r = 0; r < TagRows<F>::kRows; r += 2) {
+    const __m256i word = _mm256_set1_epi64x(static_cast<long long>(load_u64(tags + 4 * r)));
+    const __m256i t = _mm256_and_si256(_mm256_shuffle_epi8(word, tag_bytes), field);
+    const __m256i is3 = _mm256_cmpeq_epi8(t, tag1), raw = _mm256_cmpeq_epi8(t, tag2);
+    const __m256i size = _mm256_or_si256(_mm256_and_si256(is3, _mm256_set1_epi8(1)), _mm256_and_si256(raw, _mm256_set1_epi8(kR)));
+    __m256i before = _mm256_slli_si256(size, 1);  // exclusive prefix sum inside each row (lane)
+    before = _mm256_add_epi8(before, _mm256_slli_si256(before, 1));
+    before = _mm256_add_epi8(before, _mm256_slli_si256(before, 2));
+    before = _mm256_add_epi8(before, _mm256_slli_si256(before, 4));
+    before = _mm256_add_epi8(before, _mm256_slli_si256(before, 8));
+    __m256i windows[kR];
+    for (int w = 0; w < kR; ++w) {
+      windows[w] = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(copy + rows.start[r + 1] + 16 * w),
+                                       reinterpret_cast<const __m128i*>(copy + rows.start[r] + 16 * w));
+    }
+    for (int k = 0; k < kR; ++k) {
+      const __m256i index = _mm256_add_epi8(before, _mm256_set1_epi8(static_cast<char>(k)));
+      __m256i plane = _mm256_setzero_si256();
+      for (int w = 0; w < kR; ++w) {
+        const __m256i at = _mm256_sub_epi8(index, _mm256_set1_epi8(static_cast<char>(16 * w)));
+        const __m256i inside = _mm256_cmpeq_epi8(_mm256_min_epu8(at, fifteen), at);
+        plane = _mm256_or_si256(plane, _mm256_shuffle_epi8(windows[w], _mm256_or_si256(at, _mm256_andnot_si256(inside, high))));
+      }
+      store(out.plane[k][r], _mm256_and_si256(plane, k == 0 ? _mm256_or_si256(is3, raw) : raw));
+    }
+    store(out.is3[r], is3);
+    store(out.based[r], _mm256_xor_si256(raw, _mm256_set1_epi8(-1)));
+  }
+}
+
+/// The exponents of fragment register V at the exponent field's place (bits M..): 2-bit code, plus the
+/// base of its group's mode (b2, b3 = b2 + step, or 0 for raw groups), plus bit 2 + k of plane k.
+template <class F, int V>
+inline __m256i exponents_of(const uint8_t* slot, const Fp8Bases<F>& bases, const EscapePlanes<F>& planes) {
+  constexpr int v = V, kM = mantissa_bits(F::kFormat);
+  const __m256i code = read_codes_at<kM, V>(slot + F::kFp8Shape.code_offset());
+  constexpr unsigned p = V % 16, c = V / 16;
+  constexpr unsigned row = 2 * p * F::kGroupsPerLane / 16;
   const __m256i pick = load(kFp8GroupPick<F>[2 * c + p % 2]);
-  const auto broadcast = [](const uint8_t* r) { return _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(r))); };
-  const __m256i plane2 = _mm256_shuffle_epi8(broadcast(rows.plane3[row]), pick);
-  const __m256i is3 = _mm256_shuffle_epi8(broadcast(rows.is4[row]), pick);
+  const auto picked = [&](const uint8_t* r) {
+    return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(r))), pick);
+  };
+  const __m256i base = _mm256_and_si256(picked(planes.based[row]), _mm256_add_epi8(bases.narrow(v), _mm256_and_si256(picked(planes.is3[row]), bases.step(v))));
+  __m256i exponent = _mm256_add_epi8(code, base);
   const __m256i bit = load(kFp8ElementBit);
-  const __m256i bit2 = _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(plane2, bit), bit), _mm256_set1_epi8(4));
-  return _mm256_add_epi8(_mm256_add_epi8(exponent, _mm256_and_si256(is3, bases.step(v))), bit2);
+#pragma GCC unroll 3
+  for (int k = 0; k < F::kRawBytes; ++k) {
+    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(picked(planes.plane[k][row]), bit), bit);
+    exponent = _mm256_add_epi8(exponent, _mm256_and_si256(set, _mm256_set1_epi8(static_cast<char>(4 << (k + kM)))));
+  }
+  return exponent;
+}
+
+template <class F, int V>
+inline __m256i decode_register(const uint8_t* slot, const Fp8Bases<F>& bases, const EscapePlanes<F>& rows) {
+  return compose_fp8<F, V>(slot, exponents_of<F, V>(slot, bases, rows));
 }
 
 template <class F>
-inline __m256i decode_register(const uint8_t* slot, const Fp8Bases<F>& bases, const EscapeRows<F>& rows, int v) {
-  return compose_fp8<F>(slot, v, exponents_of(slot, bases, rows, v));
-}
-
-template <class F>
-void write_rows(const uint8_t* slot, const Fp8Bases<F>& bases, const EscapeRows<F>& rows, uint8_t* dst, size_t stride) {
-  for (int c = 0; c < F::kChunks; ++c) {
+void write_rows(const uint8_t* slot, const Fp8Bases<F>& bases, const EscapePlanes<F>& rows, uint8_t* dst, size_t stride) {
+  static_for<F::kChunks>([&](auto chunk) {
+    constexpr int c = decltype(chunk)::value;
     if constexpr (F::kShape.kind == TensorKind::key) {
       // Segment q (registers 16c + 2q, 2q + 1) is token 8·(c / kHalves) + q, channels 64·(c % kHalves) on.
-      uint8_t* row = dst + static_cast<size_t>(8 * (c / F::kHalves)) * stride + 64 * (c % F::kHalves);
-#pragma GCC unroll 2
-      for (int q = 0; q < 8; ++q, row += stride) {
-        __m256i x[2] = {decode_register(slot, bases, rows, 16 * c + 2 * q), decode_register(slot, bases, rows, 16 * c + 2 * q + 1)};
+      uint8_t* first = dst + static_cast<size_t>(8 * (c / F::kHalves)) * stride + 64 * (c % F::kHalves);
+      static_for<8>([&](auto segment) {
+        constexpr int q = decltype(segment)::value;
+        __m256i x[2] = {decode_register<F, 16 * c + 2 * q>(slot, bases, rows), decode_register<F, 16 * c + 2 * q + 1>(slot, bases, rows)};
         key_to_rows(x);
+        uint8_t* row = first + static_cast<size_t>(q) * stride;
         store(row, x[0]);
         store(row + 32, x[1]);
-      }
+      });
     } else {
-#pragma GCC unroll 1
-      for (int t1 = 0; t1 < 2; ++t1) {
+      static_for<2>([&](auto half) {
+        constexpr int t1 = decltype(half)::value;
         __m256i x[8];
-#pragma GCC unroll 8
-        for (int j = 0; j < 8; ++j) x[j] = decode_register(slot, bases, rows, 16 * c + 2 * j + t1);
+        static_for<8>([&](auto j) { x[j] = decode_register<F, 16 * c + 2 * decltype(j)::value + t1>(slot, bases, rows); });
         value_to_rows(x);
 #pragma GCC unroll 8
         for (int j = 0; j < 8; ++j) store(dst + static_cast<size_t>(value_row(j, t1)) * stride + 32 * c, x[j]);
-      }
+      });
     }
-  }
-}
-
-/// Writes the eight FP8 bytes of group (lane, pair), byte i for element i, to the rows.
-template <class F>
-void store_group(uint64_t values, int lane, int pair, uint8_t* dst, size_t stride) {
-  const int g = lane / 4, t = lane % 4;
-  const auto byte = [&](int i) { return static_cast<uint8_t>(values >> (8 * i)); };
-  if constexpr (F::kShape.kind == TensorKind::key) {
-    // Token 8h + g, channels 16s + 2t + {0, 8, 1, 9} and 16 more for the second quad.
-    constexpr int kSteps = F::kShape.channels / 16;
-    const int h = 2 * pair / kSteps, s = 2 * pair % kSteps;
-    uint8_t* row = dst + static_cast<size_t>(8 * h + g) * stride + 16 * s + 2 * t;
-    constexpr int kChannel[4] = {0, 8, 1, 9};
-    for (int i = 0; i < kGroupSize; ++i) row[16 * (i / 4) + kChannel[i % 4]] = byte(i);
-  } else {
-    // Channels 16·pair + g (elements 0..3) and 8 more (4..7), tokens 2t + {0, 8, 1, 9}.
-    constexpr int kToken[4] = {0, 8, 1, 9};
-    uint8_t* column = dst + 16 * pair + g;
-    for (int i = 0; i < kGroupSize; ++i) column[static_cast<size_t>(2 * t + kToken[i % 4]) * stride + 8 * (i / 4)] = byte(i);
-  }
-}
-
-/// Rewrites the groups the vector pass got wrong: the raw groups (it took them for 2-bit) and the
-/// 3-bit groups after a raw group in the same row (it gave them the escape byte they would have if the
-/// raw group had none). About one raw group in ten, so scalar code, one group at a time.
-template <class F>
-void patch_escaped_groups(const uint8_t* slot, const Fp8Bases<F>& bases, const TagRows<F>& rows, uint8_t* dst, size_t stride) {
-  constexpr Fp8TileShape shape = F::kFp8Shape;
-  const uint8_t* tags = slot + shape.tag_offset();
-  const uint8_t* escapes = slot + shape.escape_offset();
-  for (uint32_t pending = rows.raw_rows; pending != 0; pending &= pending - 1) {
-    const int r = __builtin_ctz(pending);
-    uint32_t word;
-    std::memcpy(&word, tags + 4 * r, sizeof word);
-    const int first = __builtin_ctz(word & 0xAAAAAAAAu) / 2;  // the row's first raw group
-    const uint32_t earlier = word & ((1u << (2 * first)) - 1);
-    const uint8_t* next = escapes + rows.start[r] + __builtin_popcount(earlier & 0x55555555u);
-    for (uint32_t groups = (word | word >> 1) & (0x55555555u << (2 * first)); groups != 0; groups &= groups - 1) {
-      const int i = __builtin_ctz(groups) / 2;
-      const bool raw = (word >> (2 * i) & 3u) == static_cast<unsigned>(Fp8GroupMode::raw);
-      const int g = 16 * r + i, lane = g / F::kGroupsPerLane, pair = g % F::kGroupsPerLane, at = F::group_offset(g);
-      const uint64_t codes = group_fields<kFp8CodeBits>(slot + shape.code_offset(), at);
-      uint64_t exponents;
-      if (raw) {
-        uint64_t high = 0;
-        for (int k = 0; k < F::kRawBytes; ++k) high |= _pdep_u64(next[k], kByteBit0) << (kFp8CodeBits + k);
-        exponents = codes | high;
-        next += F::kRawBytes;
-      } else {
-        exponents = add_bytes(add_bytes(bases.narrow_group(at), bases.step_group(at)), codes | _pdep_u64(*next, kByteBit0) << 2);
-        next += 1;
-      }
-      store_group<F>(compose_group<F>(slot, at, exponents), lane, pair, dst, stride);
-    }
-  }
+  });
 }
 
 template <class F>
@@ -403,38 +434,42 @@ DecodeStatus decode(const uint8_t* slot, size_t capacity, const Fp8Bases<F>& bas
   TagRows<F> rows;
   const DecodeStatus status = scan_tags<F, F::kRawBytes>(tags, escapes, capacity, rows);
   if (status != DecodeStatus::ok) return status;
-  EscapeRows<F> escape_rows;
-  if (rows.used != 0) find_escape_rows(tags, escapes, rows, escape_rows);
-  write_rows<F>(slot, bases, rows.used != 0 ? escape_rows : kNoEscapes<F>, dst, stride);
-  patch_escaped_groups(slot, bases, rows, dst, stride);
+  EscapePlanes<F> planes;
+  if (rows.used != 0) find_escape_planes(tags, escapes, rows, planes);
+  write_rows<F>(slot, bases, rows.used != 0 ? planes : kNoPlanes<F>, dst, stride);
   return DecodeStatus::ok;
 }
 
 // ----------------------------------------------------------------------------------------------
 // Encode
 
-/// Splits FP8 bytes into exponents and sign+mantissa fields.
+/// Splits FP8 bytes into exponents (in place, at bits M.., as Fp8Bases holds the bases) and sign+mantissa
+/// fields.
 template <class F>
 inline void split(__m256i x, __m256i& exponent, __m256i& sign_mantissa) {
   constexpr int kM = mantissa_bits(F::kFormat);
   const __m256i mantissa = _mm256_and_si256(x, _mm256_set1_epi8((1 << kM) - 1));
-  exponent = _mm256_and_si256(_mm256_srli_epi16(x, kM), _mm256_set1_epi8(static_cast<char>((1 << exponent_bits(F::kFormat)) - 1)));
+  exponent = _mm256_and_si256(x, _mm256_set1_epi8(0x7F & ~((1 << kM) - 1)));
   // The sign moves from bit 7 to bit M (one 16-bit shift right by 7 − M, masked).
   sign_mantissa = _mm256_or_si256(mantissa, _mm256_and_si256(_mm256_srli_epi16(x, 7 - kM), _mm256_set1_epi8(1 << kM)));
 }
 
 /// Chooses the modes of the four groups of fragment register v and stores their offsets (fragment
 /// order) and modes (group order), as codec_avx2.cpp's classify does for BF16.
+/// Everything is shifted left by M: an offset d is d << M, and, exponents being below 2^X with X + M = 7,
+/// a negative one is 128 or more, outside every window.
 template <class F>
 void classify(int v, __m256i exponent, const Fp8Bases<F>& bases, uint8_t* offsets, uint8_t* modes) {
+  constexpr int kM = mantissa_bits(F::kFormat);
   const __m256i b2 = bases.narrow(v);
   const __m256i d2 = _mm256_sub_epi8(exponent, b2);
   const __m256i d3 = _mm256_sub_epi8(d2, bases.step(v));
-  const __m256i in2 = _mm256_cmpeq_epi8(_mm256_min_epu8(d2, _mm256_set1_epi8(3)), d2);
-  const __m256i in3 = _mm256_cmpeq_epi8(_mm256_min_epu8(d3, _mm256_set1_epi8(7)), d3);
+  const __m256i in2 = _mm256_cmpeq_epi8(_mm256_min_epu8(d2, _mm256_set1_epi8(3 << kM)), d2);
+  const __m256i in3 = _mm256_cmpeq_epi8(_mm256_min_epu8(d3, _mm256_set1_epi8(7 << kM)), d3);
   const __m256i ones = _mm256_set1_epi8(-1);
   const __m256i group2 = _mm256_cmpeq_epi64(in2, ones), group3 = _mm256_cmpeq_epi64(in3, ones);
-  store(offsets + 32 * v, _mm256_blendv_epi8(_mm256_blendv_epi8(exponent, d3, group3), d2, group2));
+  // Every byte a multiple of 2^M: the 16-bit shift back moves no bit across bytes.
+  store(offsets + 32 * v, _mm256_srli_epi16(_mm256_blendv_epi8(_mm256_blendv_epi8(exponent, d3, group3), d2, group2), kM));
   const auto not2 = ~static_cast<unsigned>(_mm256_movemask_pd(_mm256_castsi256_pd(group2))) & 15u;
   const auto raw = not2 & ~static_cast<unsigned>(_mm256_movemask_pd(_mm256_castsi256_pd(group3)));
   const uint32_t mode_bytes = _pdep_u32(not2, 0x01010101u) + _pdep_u32(raw, 0x01010101u);  // 0, 1 or 2 per group

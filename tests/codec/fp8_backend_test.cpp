@@ -101,13 +101,21 @@ TEST(Fp8Backends, AgreeOnArbitrarySlotBytes) {
       for (int i = 0; i < 300; ++i) {
         std::vector<uint8_t> slot(scalar.slot_bytes());
         for (auto& x : slot) x = static_cast<uint8_t>(rng());
-        // Mostly valid tags and zero padding, so that many slots decode: tags of 2-bit and 3-bit groups
-        // (a few raw), escapes in their first bytes.
+        // Three slots in four have valid tags (random modes while their escapes fit, 2-bit after) and
+        // zero padding, so that they decode: random codes, fields and escape bytes.
         if (i % 4 != 0) {
-          for (size_t t = shape.tag_offset(); t < shape.escape_offset(); ++t) {
-            slot[t] = static_cast<uint8_t>(slot[t] & (i % 4 == 1 ? 0x55 : rng() % 64 == 0 ? 0xFF : 0x00));
+          size_t used = 0;
+          const int raw_bytes = exponent_bits(shape.format) - 2;
+          for (int g = 0; g < shape.groups(); ++g) {
+            const uint64_t pick = rng() % 10;
+            int mode = pick < 3 ? 0 : pick < 9 ? 1 : 2;
+            const size_t need = mode == 0 ? 0 : mode == 1 ? 1 : static_cast<size_t>(raw_bytes);
+            if (used + need > capacity) mode = 0;
+            used += mode == 0 ? 0 : need;
+            uint8_t& tag = slot[shape.tag_offset() + static_cast<size_t>(g / 4)];
+            tag = static_cast<uint8_t>((tag & ~(3u << (2 * (g % 4)))) | static_cast<unsigned>(mode) << (2 * (g % 4)));
           }
-          for (size_t e = shape.escape_offset() + 200; e < slot.size(); ++e) slot[e] = 0;
+          for (size_t e = shape.escape_offset() + used; e < slot.size(); ++e) slot[e] = 0;
         }
         std::vector<uint8_t> da(static_cast<size_t>(shape.elements()), 0), db(da.size(), 0);
         const auto stride = static_cast<size_t>(shape.tile.channels);

@@ -155,6 +155,10 @@ ElementFormat file_format(const SafetensorsFile& file) {
 /// Converts a validated safetensors file into a dump and checks it as a whole.
 KvDump read_dump(const SafetensorsFile& file) {
   refuse_calibration(file);
+  if (const ElementFormat format = file_format(file); is_fp8(format)) {
+    throw Error(std::string("this is an FP8 KV dump (k.0 is ") + dtype_name(dtype_of(format)) +
+                "), and a BF16 one is needed here; gaac never converts silently");
+  }
   KvDump dump;
   for (const LayerViews& views : complete_layers(group_layers(file, false))) {
     dump.layers.push_back({read_tensor(*views.k), read_tensor(*views.v)});

@@ -25,6 +25,7 @@
 
 #include <immintrin.h>
 
+#include <algorithm>
 #include <array>
 #include <cstring>
 #include <new>
@@ -64,7 +65,7 @@ constexpr ByteControl kKeyBytes = [] {
   return control;
 }();
 /// Values, towards rows: a register's byte at [lane t0 | cc1 cc0 b1 b0] moves to [t0 | b0 b1 cc1 cc0], so
-/// the byte, word and dword interleaves on g0, g1, g2 leave [t0 | cc0 g2 g1 g0] (see value_to_rows).
+/// the byte, word and dword interleaves on g0, g1, g2 leave [t0 | cc0 g2 g1 g0] (value_rounds_12, value_round_3).
 constexpr ByteControl kValueBytes = [] {
   ByteControl control{};
   for (int d = 0; d < 32; ++d) {
@@ -107,34 +108,35 @@ inline void key_to_fragment(__m256i x[2]) {
 
 /// Values: the eight fragment registers 16c + 2g + t1 (g = j) of one chunk half become eight token rows
 /// of the chunk's 32 channels: row value_row(j, t1) in register j. The interleave on g0 pushes b0 into
-/// the register number, on g1 b1, on g2 cc1; the lane swap trades cc1 for t0.
-inline void value_to_rows(__m256i x[8]) {
+/// the register number, on g1 b1, on g2 cc1; the lane swap trades cc1 for t0. The first two rounds work
+/// within each half (g2 = 0, 1) of four registers, so a decoder can run them on one half while it
+/// decodes the other (value_rounds_12), and the last round joins the halves (value_round_3).
+inline void value_rounds_12(__m256i x[4]) {
   const __m256i bytes = load(kValueBytes);
-#pragma GCC unroll 8
-  for (int j = 0; j < 8; ++j) x[j] = _mm256_shuffle_epi8(x[j], bytes);
 #pragma GCC unroll 4
-  for (int j = 0; j < 8; j += 2) {
+  for (int j = 0; j < 4; ++j) x[j] = _mm256_shuffle_epi8(x[j], bytes);
+#pragma GCC unroll 2
+  for (int j = 0; j < 4; j += 2) {
     const __m256i a = x[j], b = x[j + 1];
     x[j] = _mm256_unpacklo_epi8(a, b);
     x[j + 1] = _mm256_unpackhi_epi8(a, b);
   }
-#pragma GCC unroll 4
-  for (int j = 0; j < 8; ++j) {
-    if (j & 2) continue;
+#pragma GCC unroll 2
+  for (int j = 0; j < 2; ++j) {
     const __m256i a = x[j], b = x[j + 2];
     x[j] = _mm256_unpacklo_epi16(a, b);
     x[j + 2] = _mm256_unpackhi_epi16(a, b);
   }
-#pragma GCC unroll 4
-  for (int j = 0; j < 4; ++j) {
-    const __m256i a = x[j], b = x[j + 4];
-    const __m256i lo = _mm256_unpacklo_epi32(a, b), hi = _mm256_unpackhi_epi32(a, b);
-    x[j] = _mm256_permute2x128_si256(lo, hi, 0x20);
-    x[j + 4] = _mm256_permute2x128_si256(lo, hi, 0x31);
-  }
 }
 
-/// Token row of register j after value_to_rows: [b0 t1 t0 b1] with j = [t0 b1 b0].
+/// The last round: registers low[j] (g2 = 0) and high[j] (g2 = 1) become rows j and j + 4.
+inline void value_round_3(const __m256i& low, const __m256i& high, __m256i& row_j, __m256i& row_j4) {
+  const __m256i lo = _mm256_unpacklo_epi32(low, high), hi = _mm256_unpackhi_epi32(low, high);
+  row_j = _mm256_permute2x128_si256(lo, hi, 0x20);
+  row_j4 = _mm256_permute2x128_si256(lo, hi, 0x31);
+}
+
+/// Token row of register j after value_round_3 (j < 4: row_j; else row_j4 of j − 4): [b0 t1 t0 b1] with j = [t0 b1 b0].
 constexpr int value_row(int j, int t1) { return 8 * (j & 1) + 4 * t1 + 2 * (j >> 2 & 1) + (j >> 1 & 1); }
 
 inline void value_to_fragment(__m256i x[8]) {
@@ -305,25 +307,18 @@ constexpr ByteControl kFp8ElementBit = [] {
   return bits;
 }();
 
-/// Every group's mode and escape planes, in rows of 16 groups (group 16r + i at byte i of row r): 0xFF
-/// where it is 3-bit (`is3`) and where it is not raw (`based`: its exponents have a base), and plane k
-/// (bit 2 + k of each offset or exponent) where the group has one, else 0.
+/// Every group's mode and escape planes, in rows of 16 groups (group 16r + i at byte i of row r): the mode
+/// as 0x00 (2-bit), 0xFF (3-bit) or 0x80 (raw), and plane k (bit 2 + k of each offset or exponent) where
+/// the group has one, else 0.
 template <class F>
 struct EscapePlanes {
-  alignas(32) uint8_t is3[TagRows<F>::kRows][16];
-  alignas(32) uint8_t based[TagRows<F>::kRows][16];
+  alignas(32) uint8_t mode[TagRows<F>::kRows][16];
   alignas(32) uint8_t plane[F::kRawBytes][TagRows<F>::kRows][16];
 };
 
 /// A tile without escapes: every group 2-bit.
 template <class F>
-constexpr EscapePlanes<F> kNoPlanes = [] {
-  EscapePlanes<F> planes{};
-  for (auto& row : planes.based) {
-    for (auto& b : row) b = 0xFF;
-  }
-  return planes;
-}();
+constexpr EscapePlanes<F> kNoPlanes{};
 
 /// Fills `out`, two rows (one per 128-bit lane) at a time. A group's escapes start at its row's start
 /// plus the escape bytes of the groups before it in the row (a prefix sum of 0, 1 or X − 2 per group);
@@ -339,7 +334,9 @@ void find_escape_planes(const uint8_t* tags, const uint8_t* escapes, const TagRo
   const __m256i tag_bytes = load(kTagBytes.data());
   const __m256i field = _mm256_set1_epi32(static_cast<int>(0xC0300C03u));  // group i's tag in byte i
   const __m256i tag1 = _mm256_set1_epi32(0x40100401), tag2 = _mm256_set1_epi32(static_cast<int>(0x80200802u));
-  const __m256i high = _mm256_set1_epi8(static_cast<char>(0x80)), fifteen = _mm256_set1_epi8(15);
+  // vpshufb reads a byte's low four bits, or gives 0 when bit 7 is set: adding 112 with unsigned saturation
+  // keeps 0..15 (as 112..127) and sends 16 and more, and the negative, to 128 and more.
+  const __m256i bias = _mm256_set1_epi8(112);
   for (int r = 0; r < TagRows<F>::kRows; r += 2) {
     const __m256i word = _mm256_set1_epi64x(static_cast<long long>(load_u64(tags + 4 * r)));
     const __m256i t = _mm256_and_si256(_mm256_shuffle_epi8(word, tag_bytes), field);
@@ -360,13 +357,11 @@ void find_escape_planes(const uint8_t* tags, const uint8_t* escapes, const TagRo
       __m256i plane = _mm256_setzero_si256();
       for (int w = 0; w < kR; ++w) {
         const __m256i at = _mm256_sub_epi8(index, _mm256_set1_epi8(static_cast<char>(16 * w)));
-        const __m256i inside = _mm256_cmpeq_epi8(_mm256_min_epu8(at, fifteen), at);
-        plane = _mm256_or_si256(plane, _mm256_shuffle_epi8(windows[w], _mm256_or_si256(at, _mm256_andnot_si256(inside, high))));
+        plane = _mm256_or_si256(plane, _mm256_shuffle_epi8(windows[w], _mm256_adds_epu8(at, bias)));
       }
       store(out.plane[k][r], _mm256_and_si256(plane, k == 0 ? _mm256_or_si256(is3, raw) : raw));
     }
-    store(out.is3[r], is3);
-    store(out.based[r], _mm256_xor_si256(raw, _mm256_set1_epi8(-1)));
+    store(out.mode[r], _mm256_or_si256(is3, _mm256_and_si256(raw, _mm256_set1_epi8(static_cast<char>(0x80)))));
   }
 }
 
@@ -382,7 +377,11 @@ inline __m256i exponents_of(const uint8_t* slot, const Fp8Bases<F>& bases, const
   const auto picked = [&](const uint8_t* r) {
     return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(r))), pick);
   };
-  const __m256i base = _mm256_and_si256(picked(planes.based[row]), _mm256_add_epi8(bases.narrow(v), _mm256_and_si256(picked(planes.is3[row]), bases.step(v))));
+  // One pick gives the mode: 0xFF selects the step to b3 (0x80, a raw group, a part of it, dropped with the
+  // whole base by the signed compare that is false only for 0x80).
+  const __m256i mode = picked(planes.mode[row]);
+  const __m256i based = _mm256_cmpgt_epi8(mode, _mm256_set1_epi8(static_cast<char>(0x80)));
+  const __m256i base = _mm256_and_si256(based, _mm256_add_epi8(bases.narrow(v), _mm256_and_si256(mode, bases.step(v))));
   __m256i exponent = _mm256_add_epi8(code, base);
   const __m256i bit = load(kFp8ElementBit);
 #pragma GCC unroll 3
@@ -416,14 +415,45 @@ void write_rows(const uint8_t* slot, const Fp8Bases<F>& bases, const EscapePlane
     } else {
       static_for<2>([&](auto half) {
         constexpr int t1 = decltype(half)::value;
-        __m256i x[8];
-        static_for<8>([&](auto j) { x[j] = decode_register<F, 16 * c + 2 * decltype(j)::value + t1>(slot, bases, rows); });
-        value_to_rows(x);
-#pragma GCC unroll 8
-        for (int j = 0; j < 8; ++j) store(dst + static_cast<size_t>(value_row(j, t1)) * stride + 32 * c, x[j]);
+        // Half g2 = 0 is decoded, interleaved and parked; half g2 = 1 meets it in the last round. Four
+        // registers live at a time leave room for the decoder's constants (eight would spill them).
+        alignas(32) __m256i parked[4];
+        __m256i x[4];
+        static_for<4>([&](auto j) { x[j] = decode_register<F, 16 * c + 2 * decltype(j)::value + t1>(slot, bases, rows); });
+        value_rounds_12(x);
+        for (int j = 0; j < 4; ++j) _mm256_store_si256(&parked[j], x[j]);
+        static_for<4>([&](auto j) { x[j] = decode_register<F, 16 * c + 2 * (decltype(j)::value + 4) + t1>(slot, bases, rows); });
+        value_rounds_12(x);
+#pragma GCC unroll 4
+        for (int j = 0; j < 4; ++j) {
+          __m256i row_j, row_j4;
+          value_round_3(_mm256_load_si256(&parked[j]), x[j], row_j, row_j4);
+          store(dst + static_cast<size_t>(value_row(j, t1)) * stride + 32 * c, row_j);
+          store(dst + static_cast<size_t>(value_row(j + 4, t1)) * stride + 32 * c, row_j4);
+        }
       });
     }
   });
+}
+
+/// True when escape bytes [from, capacity) are all zero (capacity a multiple of 16): 32-byte blocks from
+/// the one holding `from`, the bytes before it masked off. FP8 slots use a few hundred escape bytes of a
+/// capacity of several hundred, so starting at `from` skips most of the slot (decode_avx2.hpp's BF16
+/// version scans the whole capacity, which there is small).
+inline bool padding_after_is_zero(const uint8_t* escapes, size_t from, size_t capacity) {
+  if (from >= capacity) return true;
+  const __m256i index = _mm256_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24,
+                                         25, 26, 27, 28, 29, 30, 31);
+  size_t block = from / 32 * 32;
+  __m256i any = _mm256_setzero_si256();
+  if (block + 32 <= capacity) {
+    const __m256i keep = _mm256_cmpgt_epi8(index, _mm256_set1_epi8(static_cast<char>(from - block - 1)));
+    any = _mm256_and_si256(load(escapes + block), keep);
+    for (block += 32; block + 32 <= capacity; block += 32) any = _mm256_or_si256(any, load(escapes + block));
+  }
+  bool zero = _mm256_testz_si256(any, any) != 0;
+  for (size_t i = std::max(block, from); i < capacity; ++i) zero &= escapes[i] == 0;  // the last 16 bytes, if any
+  return zero;
 }
 
 template <class F>
@@ -432,8 +462,9 @@ DecodeStatus decode(const uint8_t* slot, size_t capacity, const Fp8Bases<F>& bas
   const uint8_t* tags = slot + shape.tag_offset();
   const uint8_t* escapes = slot + shape.escape_offset();
   TagRows<F> rows;
-  const DecodeStatus status = scan_tags<F, F::kRawBytes>(tags, escapes, capacity, rows);
-  if (status != DecodeStatus::ok) return status;
+  const bool no_invalid_tag = read_tag_rows<F, F::kRawBytes>(tags, capacity, rows);
+  if (!no_invalid_tag || rows.used > capacity) return first_tag_problem<F, F::kRawBytes>(tags, capacity);
+  if (!padding_after_is_zero(escapes, rows.used, capacity)) return DecodeStatus::nonzero_padding;
   EscapePlanes<F> planes;
   if (rows.used != 0) find_escape_planes(tags, escapes, rows, planes);
   write_rows<F>(slot, bases, rows.used != 0 ? planes : kNoPlanes<F>, dst, stride);

@@ -169,6 +169,8 @@ def fp8():
         check(f"stats {fmt}: bits per element", abs(stats["bits_per_element"] - 8 / stats["ratio"]) < 1e-9, stats)
         r = run("study", "schemes", out)
         check(f"study schemes {fmt}", r.returncode == 0 and "2+3+raw" in r.stdout, r.stdout + r.stderr)
+        r = run("study", "drift", out, "--calib", calib, "--segment", "32", "--layer", "1")
+        check(f"study drift {fmt}", r.returncode == 0 and "| 0–32 |" in r.stdout, r.stdout + r.stderr)
         packed, restored = path(f"kv-{fmt}.gaac"), path(f"restored-{fmt}.safetensors")
         check(f"compress {fmt}", run("compress", out, "--calib", calib, "-o", packed).returncode == 0)
         r = run("decompress", packed, "-o", restored)

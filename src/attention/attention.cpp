@@ -9,7 +9,6 @@
 #include <vector>
 
 #include "attention/attention_internal.hpp"
-#include "attention/expf.hpp"
 #include "gaac/bf16.hpp"
 #include "gaac/error.hpp"
 
@@ -30,10 +29,13 @@ struct QuerySequence {
   int first, last;       ///< positions attended, inclusive
 };
 
-/// The running state of the online softmax of one query head, and its accumulator.
-struct Partial {
-  float max = -INFINITY;
-  float sum = 0.0f;
+/// Most consecutive queries of one sequence attended together as one tile.
+constexpr int kTileQueries = 16;
+
+/// Queries [begin, end) of the call: one, or consecutive positions of one sequence with the same
+/// rows not yet cached (a prefill's), whose blocks are read once for all of them.
+struct QueryRange {
+  size_t begin, end;
 };
 
 /// Scratch of one worker.
@@ -42,6 +44,8 @@ struct Scratch {
   std::vector<float> q_compressed;  // q as the compressed key kernel reads it (Kernels::prepare_compressed_query)
   std::vector<uint16_t> tiles;  // decoded tiles of the reference path: [K/V][half][16 × C]
   std::vector<Partial> partials;
+  std::vector<TileQuery> tile_queries;  // a query tile's queries (their q, acc and partials above)
+  std::vector<float> tile_scratch;      // the query-tile kernel's
 };
 
 class Runner {
@@ -82,14 +86,26 @@ class Runner {
   }
 
   void run() {
-    const size_t jobs = queries_.size() * static_cast<size_t>(view_.geometry.kv_heads) * static_cast<size_t>(o_.splits);
-    if (o_.splits > 1) {
-      partials_.resize(jobs * static_cast<size_t>(group_));
-      partial_acc_.resize(jobs * static_cast<size_t>(group_) * static_cast<size_t>(view_.geometry.head_dim));
+    const size_t heads = static_cast<size_t>(view_.geometry.kv_heads), splits = static_cast<size_t>(o_.splits);
+    if (splits > 1) {
+      partials_.resize(queries_.size() * heads * splits * static_cast<size_t>(group_));
+      partial_acc_.resize(partials_.size() * static_cast<size_t>(view_.geometry.head_dim));
     }
+    const std::vector<QueryRange> ranges = query_ranges();
+    // Jobs: (range, KV head, split), the last ranges first: in a prefill they attend the most
+    // positions, and taken first they leave the short ones to even out the threads' shares.
+    const size_t jobs = ranges.size() * heads * splits;
     const auto body = [&](size_t begin, size_t end) {
       Scratch scratch;
-      for (size_t j = begin; j < end; ++j) run_job(j, scratch);
+      for (size_t j = begin; j < end; ++j) {
+        const QueryRange& r = ranges[ranges.size() - 1 - j / (heads * splits)];
+        const auto head = static_cast<int>(j / splits % heads);
+        if (r.end - r.begin == 1) {
+          run_job((r.begin * heads + static_cast<size_t>(head)) * splits + j % splits, scratch);
+        } else {
+          run_tile(r, head, scratch);
+        }
+      }
     };
     if (o_.parallel && jobs > 1) {
       o_.parallel(jobs, body);
@@ -100,9 +116,30 @@ class Runner {
   }
 
  private:
+  /// The calls' queries cut into ranges: with one split, runs of consecutive positions of one
+  /// sequence sharing their extra rows, up to kTileQueries each; otherwise one query each.
+  std::vector<QueryRange> query_ranges() const {
+    std::vector<QueryRange> ranges;
+    for (size_t i = 0; i < queries_.size(); ++i) {
+      if (o_.splits == 1 && !ranges.empty() && ranges.back().end - ranges.back().begin < kTileQueries) {
+        const AttentionQuery& a = queries_[i - 1];
+        const AttentionQuery& b = queries_[i];
+        const bool same_rows = a.extra_k.data == b.extra_k.data && a.extra_v.data == b.extra_v.data &&
+                               a.extra_k.tokens == b.extra_k.tokens && a.extra_v.tokens == b.extra_v.tokens;
+        if (a.sequence == b.sequence && b.position == a.position + 1 && same_rows) {
+          ranges.back().end = i + 1;
+          continue;
+        }
+      }
+      ranges.push_back({i, i + 1});
+    }
+    return ranges;
+  }
+
   /// Sources of the K or V tiles of one block of one head (null when the position range needs none).
+  /// With `rows_only`, compressed tiles are always decoded (the query-tile kernels read rows).
   void block_sources(const QuerySequence& p, int block, int head, TensorKind kind, int t0, int t1, TileSource* out, Scratch& s,
-                     int scratch_slot) const {
+                     int scratch_slot, bool rows_only = false) const {
     const PagedGeometry& g = view_.geometry;
     const uint32_t row = p.rows[block];
     const int channels = g.tile_channels();
@@ -113,7 +150,7 @@ class Runner {
       const uint8_t* a = view_.units + g.unit_offset(entry_unit(e));
       if (entry_class(e) == TileClass::compressed) {
         const TileCodec& codec = cache_.codecs()->codec(kind, layer_, head, half);
-        if (o_.path == AttentionPath::fused && !mixed_halves(row, head, kind)) {
+        if (o_.path == AttentionPath::fused && !rows_only && !mixed_halves(row, head, kind)) {
           src.codec = &codec;
           src.slot = a;
           continue;
@@ -163,36 +200,8 @@ class Runner {
       kernels_.key_scores_raw(task, s.q.data(), o_.scale, s.scores.data());
     }
     for (int h = 0; h < group_; ++h) {
-      // The online softmax of position order: first the exponentials' arguments against the running
-      // maximum, all exponentials at once, then the factors and the sum.
-      Partial& part = s.partials[static_cast<size_t>(h)];
-      float* score = s.scores.data() + h * kTileTokens;
-      float* e = s.rescale.data() + h * kTileTokens;
-      float* w = s.weight.data() + h * kTileTokens;
-      float m = part.max;
-      for (int t = t0; t < t1; ++t) {
-        if (score[t] > m) {
-          e[t] = m - score[t];
-          m = score[t];
-        } else {
-          e[t] = score[t] - m;
-        }
-      }
-      expf_in_place(e + t0, static_cast<size_t>(t1 - t0));
-      m = part.max;
-      for (int t = t0; t < t1; ++t) {
-        float rescale = 1.0f, weight = 1.0f;
-        if (score[t] > m) {
-          m = score[t];
-          rescale = e[t];
-        } else {
-          weight = e[t];
-        }
-        e[t] = rescale;
-        w[t] = weight;
-        part.sum = std::fma(part.sum, rescale, weight);
-      }
-      part.max = m;
+      online_softmax(s.scores.data() + h * kTileTokens, t0, t1, s.partials[static_cast<size_t>(h)], s.rescale.data() + h * kTileTokens,
+                     s.weight.data() + h * kTileTokens);
     }
     task.halves = v;
     const bool compressed_v = v[0].codec != nullptr;
@@ -263,6 +272,67 @@ class Runner {
     }
     std::copy(s.partials.begin(), s.partials.end(), partials_.begin() + static_cast<std::ptrdiff_t>(job * group_));
     std::copy(s.acc.begin(), s.acc.end(), partial_acc_.begin() + static_cast<std::ptrdiff_t>(job * gd));
+  }
+
+  /// Queries `r` (consecutive positions of one sequence) over KV head `head`: block by block, the
+  /// block's rows gathered once (compressed tiles decoded) and handed with every query's positions
+  /// in it to the query-tile kernel. Each query's arithmetic is run_job's with one split.
+  void run_tile(const QueryRange& r, int head, Scratch& s) const {
+    const PagedGeometry& g = view_.geometry;
+    const int d = g.head_dim, n = static_cast<int>(r.end - r.begin);
+    const size_t gd = static_cast<size_t>(group_) * d;
+    s.q.resize(static_cast<size_t>(n) * gd);
+    s.acc.assign(static_cast<size_t>(n) * gd, 0.0f);
+    s.partials.assign(static_cast<size_t>(n) * group_, Partial{});
+    s.tiles.resize(static_cast<size_t>(4 * kTileTokens) * g.tile_channels());
+    s.tile_scratch.resize(query_tile_scratch_floats(d, group_));
+    s.tile_queries.resize(static_cast<size_t>(n));
+    for (int i = 0; i < n; ++i) {
+      const float* q = queries_[r.begin + static_cast<size_t>(i)].q + static_cast<size_t>(head) * gd;
+      float* rounded = s.q.data() + static_cast<size_t>(i) * gd;
+      for (size_t c = 0; c < gd; ++c) rounded[c] = bf16_to_float(float_to_bf16(q[c]));
+    }
+    const QuerySequence& p = sequences_[r.begin];  // the first attended position is the earliest
+    const AttentionQuery& rows = queries_[r.begin];  // every query of the range has these extra rows
+    const int last = sequences_[r.end - 1].last;
+    TileSource k[2], v[2];
+    for (int block = p.first / kTileTokens; block <= last / kTileTokens; ++block) {
+      const int base = block * kTileTokens;
+      const int lo = std::max(p.first, base) - base, hi = std::min(last, base + kTileTokens - 1) - base + 1;
+      const int cached_end = std::clamp(p.length - base, lo, hi);  // tokens lo .. cached_end-1 are in the cache
+      if (lo < cached_end) {
+        block_sources(p, block, head, TensorKind::key, lo, cached_end, k, s, 0, true);
+        block_sources(p, block, head, TensorKind::value, lo, cached_end, v, s, 1, true);
+      }
+      for (int t = cached_end; t < hi; ++t) {
+        const int e = base + t - p.length;
+        for (int half = 0; half < g.halves(); ++half) {
+          k[half].rows[t] = rows.extra_k.at(e, head) + half * kMaxTileChannels;
+          v[half].rows[t] = rows.extra_v.at(e, head) + half * kMaxTileChannels;
+        }
+      }
+      for (int i = 0; i < n; ++i) {
+        const QuerySequence& qp = sequences_[r.begin + static_cast<size_t>(i)];
+        TileQuery& tq = s.tile_queries[static_cast<size_t>(i)];
+        tq.first = std::max(qp.first - base, 0);
+        tq.end = std::min(qp.last - base + 1, kTileTokens);
+        tq.q = s.q.data() + static_cast<size_t>(i) * gd;
+        tq.acc = s.acc.data() + static_cast<size_t>(i) * gd;
+        tq.partials = s.partials.data() + static_cast<size_t>(i) * group_;
+      }
+      const QueryTileTask task{k,  v,      g.halves(), g.tile_channels(), lo, hi, group_, o_.scale, s.tile_queries.data(), n,
+                               s.tile_scratch.data()};
+      kernels_.query_tile(task);
+    }
+    for (int i = 0; i < n; ++i) {
+      for (int h = 0; h < group_; ++h) {
+        const float sum = s.partials[static_cast<size_t>(i) * group_ + h].sum;
+        const float inverse = sum == 0.0f ? 0.0f : 1.0f / sum;
+        float* out = queries_[r.begin + static_cast<size_t>(i)].out + (static_cast<size_t>(head) * group_ + h) * d;
+        const float* acc = s.acc.data() + static_cast<size_t>(i) * gd + static_cast<size_t>(h) * d;
+        for (int c = 0; c < d; ++c) out[c] = acc[c] * inverse;
+      }
+    }
   }
 
   /// Combines the ranges of every (query, KV head) in range order: M = max M_i, S = Σ S_i·e^(M_i − M),

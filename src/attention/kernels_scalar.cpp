@@ -176,10 +176,30 @@ void fold_values_compressed(const BlockTask& task, const float* rescale, const f
   }
 }
 
+/// Each query of the tile on its own: its scores, its online softmax, its fold.
+void query_tile(const QueryTileTask& task) {
+  float* scores = task.scratch;
+  float* rescale = scores + kTileTokens * task.heads;
+  float* weight = rescale + kTileTokens * task.heads;
+  for (int i = 0; i < task.count; ++i) {
+    const TileQuery& query = task.queries[i];
+    if (query.end <= query.first) continue;
+    BlockTask block{task.k, task.halves_count, task.tile_channels, query.first, query.end, task.heads};
+    key_scores_raw(block, query.q, task.scale, scores);
+    for (int h = 0; h < task.heads; ++h) {
+      online_softmax(scores + h * kTileTokens, query.first, query.end, query.partials[h], rescale + h * kTileTokens,
+                     weight + h * kTileTokens);
+    }
+    block.halves = task.v;
+    fold_values_raw(block, rescale, weight, query.acc);
+  }
+}
+
 }  // namespace
 
 const Kernels& scalar_kernels() {
-  static const Kernels kernels{key_scores_raw, fold_values_raw, key_scores_compressed, fold_values_compressed, nullptr, "scalar"};
+  static const Kernels kernels{key_scores_raw, fold_values_raw, key_scores_compressed, fold_values_compressed, nullptr, query_tile,
+                               "scalar"};
   return kernels;
 }
 

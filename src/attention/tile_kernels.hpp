@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "attention/online_softmax.hpp"
 #include "gaac/tile_codec.hpp"
 
 namespace gaac::attention {
@@ -47,6 +48,39 @@ using FoldValuesFn = void (*)(const BlockTask& task, const float* rescale, const
 /// to `out` (as many floats): done once per query, not once per block.
 using PrepareQueryFn = void (*)(int heads, int head_dim, const float* q, float* out);
 
+/// One query of a QueryTileTask: its heads' queries and running state, and the positions of the
+/// block it attends.
+struct TileQuery {
+  int first = 0, end = 0;    ///< tokens first .. end-1 of the block (none when end <= first)
+  const float* q = nullptr;  ///< heads × head_dim, already rounded to BF16
+  float* acc = nullptr;      ///< heads × head_dim accumulators
+  Partial* partials = nullptr;  ///< heads running softmax states
+};
+
+/// One block of positions for a tile of queries of one KV head (consecutive tokens of a sequence,
+/// as a prefill has them): each query's result is what one query alone gets from key_scores_raw,
+/// online_softmax and fold_values_raw over its positions in order, bit for bit.
+struct QueryTileTask {
+  const TileSource* k = nullptr;  ///< `halves_count` raw sources each (rows of every token first .. end-1)
+  const TileSource* v = nullptr;
+  int halves_count = 1;
+  int tile_channels = 128;
+  int first = 0, end = 0;  ///< the block's tokens any query attends
+  int heads = 1;           ///< query heads per query, 1 .. kMaxQueryHeads
+  float scale = 1.0f;
+  const TileQuery* queries = nullptr;
+  int count = 0;
+  float* scratch = nullptr;  ///< query_tile_scratch_floats(head_dim, heads) floats
+};
+
+/// Floats of scratch a QueryTileTask needs.
+constexpr size_t query_tile_scratch_floats(int head_dim, int heads) {
+  return 2 * static_cast<size_t>(kTileTokens) * head_dim + 3 * static_cast<size_t>(kTileTokens) * heads;
+}
+
+/// Runs one block of a query tile.
+using QueryTileFn = void (*)(const QueryTileTask& task);
+
 /// One implementation of both kernels for raw and for compressed sources.
 struct Kernels {
   KeyScoresFn key_scores_raw;
@@ -55,6 +89,7 @@ struct Kernels {
   KeyScoresFn key_scores_compressed;
   FoldValuesFn fold_values_compressed;
   PrepareQueryFn prepare_compressed_query;
+  QueryTileFn query_tile;
   const char* name;
 };
 

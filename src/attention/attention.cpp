@@ -29,9 +29,6 @@ struct QuerySequence {
   int first, last;       ///< positions attended, inclusive
 };
 
-/// Most consecutive queries of one sequence attended together as one tile.
-constexpr int kTileQueries = 16;
-
 /// Queries [begin, end) of the call: one, or consecutive positions of one sequence with the same
 /// rows not yet cached (a prefill's), whose blocks are read once for all of them.
 struct QueryRange {
@@ -44,8 +41,9 @@ struct Scratch {
   std::vector<float> q_compressed;  // q as the compressed key kernel reads it (Kernels::prepare_compressed_query)
   std::vector<uint16_t> tiles;  // decoded tiles of the reference path: [K/V][half][16 × C]
   std::vector<Partial> partials;
-  std::vector<TileQuery> tile_queries;  // a query tile's queries (their q, acc and partials above)
-  std::vector<float> tile_scratch;      // the query-tile kernel's
+  std::vector<float> max, sum;       // a query tile's softmax states, per lane
+  std::vector<TokenRange> ranges;    // a query tile's queries' positions in the current block
+  std::vector<float> tile_scratch;  // the query-tile kernel's
 };
 
 class Runner {
@@ -117,11 +115,11 @@ class Runner {
 
  private:
   /// The calls' queries cut into ranges: with one split, runs of consecutive positions of one
-  /// sequence sharing their extra rows, up to kTileQueries each; otherwise one query each.
+  /// sequence sharing their extra rows, up to kMaxTileQueries each; otherwise one query each.
   std::vector<QueryRange> query_ranges() const {
     std::vector<QueryRange> ranges;
     for (size_t i = 0; i < queries_.size(); ++i) {
-      if (o_.splits == 1 && !ranges.empty() && ranges.back().end - ranges.back().begin < kTileQueries) {
+      if (o_.splits == 1 && !ranges.empty() && ranges.back().end - ranges.back().begin < kMaxTileQueries) {
         const AttentionQuery& a = queries_[i - 1];
         const AttentionQuery& b = queries_[i];
         const bool same_rows = a.extra_k.data == b.extra_k.data && a.extra_v.data == b.extra_v.data &&
@@ -279,14 +277,15 @@ class Runner {
   /// in it to the query-tile kernel. Each query's arithmetic is run_job's with one split.
   void run_tile(const QueryRange& r, int head, Scratch& s) const {
     const PagedGeometry& g = view_.geometry;
-    const int d = g.head_dim, n = static_cast<int>(r.end - r.begin);
+    const int d = g.head_dim, n = static_cast<int>(r.end - r.begin), lanes = n * group_;
     const size_t gd = static_cast<size_t>(group_) * d;
     s.q.resize(static_cast<size_t>(n) * gd);
     s.acc.assign(static_cast<size_t>(n) * gd, 0.0f);
-    s.partials.assign(static_cast<size_t>(n) * group_, Partial{});
+    s.max.assign(static_cast<size_t>(lanes), -INFINITY);
+    s.sum.assign(static_cast<size_t>(lanes), 0.0f);
+    s.ranges.resize(static_cast<size_t>(n));
     s.tiles.resize(static_cast<size_t>(4 * kTileTokens) * g.tile_channels());
-    s.tile_scratch.resize(query_tile_scratch_floats(d, group_));
-    s.tile_queries.resize(static_cast<size_t>(n));
+    s.tile_scratch.resize(query_tile_scratch_floats(d, lanes));
     for (int i = 0; i < n; ++i) {
       const float* q = queries_[r.begin + static_cast<size_t>(i)].q + static_cast<size_t>(head) * gd;
       float* rounded = s.q.data() + static_cast<size_t>(i) * gd;
@@ -313,25 +312,19 @@ class Runner {
       }
       for (int i = 0; i < n; ++i) {
         const QuerySequence& qp = sequences_[r.begin + static_cast<size_t>(i)];
-        TileQuery& tq = s.tile_queries[static_cast<size_t>(i)];
-        tq.first = std::max(qp.first - base, 0);
-        tq.end = std::min(qp.last - base + 1, kTileTokens);
-        tq.q = s.q.data() + static_cast<size_t>(i) * gd;
-        tq.acc = s.acc.data() + static_cast<size_t>(i) * gd;
-        tq.partials = s.partials.data() + static_cast<size_t>(i) * group_;
+        s.ranges[static_cast<size_t>(i)] = {std::max(qp.first - base, 0), std::min(qp.last - base + 1, kTileTokens)};
       }
-      const QueryTileTask task{k,  v,      g.halves(), g.tile_channels(), lo, hi, group_, o_.scale, s.tile_queries.data(), n,
-                               s.tile_scratch.data()};
+      QueryTileTask task{k, v, g.halves(), g.tile_channels(), lo, hi, group_, o_.scale, n, s.ranges.data(), s.q.data(),
+                         s.acc.data(), s.max.data(), s.sum.data(), s.tile_scratch.data()};
       kernels_.query_tile(task);
     }
-    for (int i = 0; i < n; ++i) {
-      for (int h = 0; h < group_; ++h) {
-        const float sum = s.partials[static_cast<size_t>(i) * group_ + h].sum;
-        const float inverse = sum == 0.0f ? 0.0f : 1.0f / sum;
-        float* out = queries_[r.begin + static_cast<size_t>(i)].out + (static_cast<size_t>(head) * group_ + h) * d;
-        const float* acc = s.acc.data() + static_cast<size_t>(i) * gd + static_cast<size_t>(h) * d;
-        for (int c = 0; c < d; ++c) out[c] = acc[c] * inverse;
-      }
+    for (int j = 0; j < lanes; ++j) {
+      const float sum = s.sum[static_cast<size_t>(j)];
+      const float inverse = sum == 0.0f ? 0.0f : 1.0f / sum;
+      const int i = j / group_, h = j % group_;
+      float* out = queries_[r.begin + static_cast<size_t>(i)].out + (static_cast<size_t>(head) * group_ + h) * d;
+      const float* acc = s.acc.data() + static_cast<size_t>(j) * d;
+      for (int c = 0; c < d; ++c) out[c] = acc[c] * inverse;
     }
   }
 

@@ -33,6 +33,7 @@ inline void online_softmax(const float* score, int t0, int t1, Partial& part, fl
   }
   expf_in_place(rescale + t0, static_cast<size_t>(t1 - t0));
   m = part.max;
+  float sum = part.sum;  // a local: the stores below may not alias it
   for (int t = t0; t < t1; ++t) {
     float r = 1.0f, w = 1.0f;
     if (score[t] > m) {
@@ -43,9 +44,10 @@ inline void online_softmax(const float* score, int t0, int t1, Partial& part, fl
     }
     rescale[t] = r;
     weight[t] = w;
-    part.sum = std::fma(part.sum, r, w);
+    sum = std::fma(sum, r, w);
   }
   part.max = m;
+  part.sum = sum;
 }
 
 }  // namespace gaac::attention

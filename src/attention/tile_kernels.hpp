@@ -48,18 +48,15 @@ using FoldValuesFn = void (*)(const BlockTask& task, const float* rescale, const
 /// to `out` (as many floats): done once per query, not once per block.
 using PrepareQueryFn = void (*)(int heads, int head_dim, const float* q, float* out);
 
-/// One query of a QueryTileTask: its heads' queries and running state, and the positions of the
-/// block it attends.
-struct TileQuery {
-  int first = 0, end = 0;    ///< tokens first .. end-1 of the block (none when end <= first)
-  const float* q = nullptr;  ///< heads × head_dim, already rounded to BF16
-  float* acc = nullptr;      ///< heads × head_dim accumulators
-  Partial* partials = nullptr;  ///< heads running softmax states
+/// Tokens first .. end-1 of a block (none when end <= first).
+struct TokenRange {
+  int first = 0, end = 0;
 };
 
 /// One block of positions for a tile of queries of one KV head (consecutive tokens of a sequence,
-/// as a prefill has them): each query's result is what one query alone gets from key_scores_raw,
-/// online_softmax and fold_values_raw over its positions in order, bit for bit.
+/// as a prefill has them). Lane j is query j / heads, query head j % heads. Each query's result is
+/// what it gets alone from key_scores_raw, online_softmax and fold_values_raw over its positions in
+/// order, bit for bit.
 struct QueryTileTask {
   const TileSource* k = nullptr;  ///< `halves_count` raw sources each (rows of every token first .. end-1)
   const TileSource* v = nullptr;
@@ -68,14 +65,22 @@ struct QueryTileTask {
   int first = 0, end = 0;  ///< the block's tokens any query attends
   int heads = 1;           ///< query heads per query, 1 .. kMaxQueryHeads
   float scale = 1.0f;
-  const TileQuery* queries = nullptr;
-  int count = 0;
-  float* scratch = nullptr;  ///< query_tile_scratch_floats(head_dim, heads) floats
+  int count = 0;                       ///< queries, at most kMaxTileQueries
+  const TokenRange* ranges = nullptr;  ///< per query: the tokens it attends, within first .. end-1
+  const float* q = nullptr;            ///< per lane: head_dim floats, already rounded to BF16
+  float* acc = nullptr;                ///< per lane: head_dim accumulators
+  float* max = nullptr;                ///< per lane: the online softmax's running maximum ...
+  float* sum = nullptr;                ///< ... and sum
+  float* scratch = nullptr;            ///< query_tile_scratch_floats(head_dim, count · heads) floats
 };
 
-/// Floats of scratch a QueryTileTask needs.
-constexpr size_t query_tile_scratch_floats(int head_dim, int heads) {
-  return 2 * static_cast<size_t>(kTileTokens) * head_dim + 3 * static_cast<size_t>(kTileTokens) * heads;
+/// Most queries in one QueryTileTask.
+inline constexpr int kMaxTileQueries = 16;
+
+/// Floats of scratch a QueryTileTask of `lanes` lanes needs: K and V rows widened to float, and
+/// per lane (rounded up to a multiple of eight) scores, factors and softmax states.
+constexpr size_t query_tile_scratch_floats(int head_dim, int lanes) {
+  return 2 * static_cast<size_t>(kTileTokens) * head_dim + (3 * static_cast<size_t>(kTileTokens) + 2) * (static_cast<size_t>(lanes) + 8);
 }
 
 /// Runs one block of a query tile.

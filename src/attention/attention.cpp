@@ -35,6 +35,16 @@ struct QueryRange {
   size_t begin, end;
 };
 
+/// The compressed tiles of the cached blocks that several query tiles of one sequence read, decoded
+/// once per call (a prefill in passes reads every earlier block from each of its tiles).
+struct DecodedBlocks {
+  SequenceId sequence = 0;
+  int first_block = 0, blocks = 0;
+  /// [block − first_block][KV head][K, V][half]: 16 × tile_channels BF16 rows, where that tile is
+  /// compressed (raw tiles are read where they are).
+  std::vector<uint16_t> rows;
+};
+
 /// Scratch of one worker.
 struct Scratch {
   std::vector<float> q, acc, scores, rescale, weight;
@@ -90,6 +100,7 @@ class Runner {
       partial_acc_.resize(partials_.size() * static_cast<size_t>(view_.geometry.head_dim));
     }
     const std::vector<QueryRange> ranges = query_ranges();
+    decode_shared_blocks(ranges);
     // Jobs: (range, KV head, split), the last ranges first: in a prefill they attend the most
     // positions, and taken first they leave the short ones to even out the threads' shares.
     const size_t jobs = ranges.size() * heads * splits;
@@ -134,10 +145,83 @@ class Runner {
     return ranges;
   }
 
+  /// Fills decoded_ for every sequence that two or more query tiles read: the compressed tiles of
+  /// the cached blocks those tiles attend, decoded in parallel.
+  void decode_shared_blocks(const std::vector<QueryRange>& ranges) {
+    const PagedGeometry& g = view_.geometry;
+    for (const QueryRange& r : ranges) {
+      if (r.end - r.begin < 2) continue;
+      const QuerySequence& p = sequences_[r.begin];
+      const int last = std::min(p.length - 1, sequences_[r.end - 1].last);
+      if (last < p.first) continue;
+      const SequenceId id = queries_[r.begin].sequence;
+      auto it = std::find_if(shared_.begin(), shared_.end(), [&](const auto& x) { return x.first.sequence == id; });
+      if (it == shared_.end()) {
+        shared_.push_back({DecodedBlocks{id, p.first / kTileTokens, 0, {}}, {r.begin, 0}});
+        it = shared_.end() - 1;
+      }
+      DecodedBlocks& d = it->first;
+      const int end_block = std::max(d.first_block + d.blocks, last / kTileTokens + 1);
+      d.first_block = std::min(d.first_block, p.first / kTileTokens);
+      d.blocks = end_block - d.first_block;
+      ++it->second.second;
+    }
+    std::erase_if(shared_, [](const auto& x) { return x.second.second < 2; });
+    if (shared_.empty()) return;
+    const size_t tile = static_cast<size_t>(kTileTokens) * g.tile_channels();
+    const size_t per_block = static_cast<size_t>(g.kv_heads) * 2 * g.halves() * tile;
+    std::vector<std::pair<size_t, int>> jobs;  // (sequence, block)
+    for (size_t i = 0; i < shared_.size(); ++i) {
+      DecodedBlocks& d = shared_[i].first;
+      d.rows.resize(static_cast<size_t>(d.blocks) * per_block);
+      for (int b = 0; b < d.blocks; ++b) jobs.emplace_back(i, b);
+    }
+    const auto body = [&](size_t begin, size_t end) {
+      for (size_t j = begin; j < end; ++j) {
+        DecodedBlocks& d = shared_[jobs[j].first].first;
+        const QuerySequence& p = sequences_[shared_[jobs[j].first].second.first];
+        const int block = d.first_block + jobs[j].second;
+        for (int head = 0; head < g.kv_heads; ++head) {
+          for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
+            for (int half = 0; half < g.halves(); ++half) {
+              const uint32_t e = view_.entries[g.entry_index(layer_, p.rows[block], head, kind, half)];
+              if (entry_class(e) != TileClass::compressed) continue;
+              uint16_t* out = d.rows.data() + static_cast<size_t>(jobs[j].second) * per_block +
+                              ((static_cast<size_t>(head) * 2 + (kind == TensorKind::key ? 0 : 1)) * g.halves() + half) * tile;
+              decode_tile(e, kind, head, half, out);
+            }
+          }
+        }
+      }
+    };
+    if (o_.parallel && jobs.size() > 1) {
+      o_.parallel(jobs.size(), body);
+    } else {
+      body(0, jobs.size());
+    }
+  }
+
+  /// Decodes the compressed tile of entry `e` (kind, head, half of this layer) to 16 BF16 rows.
+  void decode_tile(uint32_t e, TensorKind kind, int head, int half, uint16_t* out) const {
+    const TileCodec& codec = cache_.codecs()->codec(kind, layer_, head, half);
+    const uint8_t* slot = view_.units + view_.geometry.unit_offset(entry_unit(e));
+    const BlockDecodeResult r = codec.decode_blocks(slot, 0, 1, out, static_cast<size_t>(view_.geometry.tile_channels()), 0);
+    if (r.status != DecodeStatus::ok) throw Error(std::string("attention: a compressed tile does not decode: ") + to_string(r.status));
+  }
+
+  /// The decoded tiles of `sequence` when several query tiles share them, else null.
+  const DecodedBlocks* shared_blocks(SequenceId sequence) const {
+    for (const auto& x : shared_) {
+      if (x.first.sequence == sequence) return &x.first;
+    }
+    return nullptr;
+  }
+
   /// Sources of the K or V tiles of one block of one head (null when the position range needs none).
-  /// With `rows_only`, compressed tiles are always decoded (the query-tile kernels read rows).
+  /// With `rows_only`, compressed tiles are always read as rows (the query-tile kernels read rows):
+  /// from `decoded` where it holds the block, else decoded here.
   void block_sources(const QuerySequence& p, int block, int head, TensorKind kind, int t0, int t1, TileSource* out, Scratch& s,
-                     int scratch_slot, bool rows_only = false) const {
+                     int scratch_slot, bool rows_only = false, const DecodedBlocks* decoded = nullptr) const {
     const PagedGeometry& g = view_.geometry;
     const uint32_t row = p.rows[block];
     const int channels = g.tile_channels();
@@ -147,15 +231,21 @@ class Runner {
       const uint32_t e = view_.entries[g.entry_index(layer_, row, head, kind, half)];
       const uint8_t* a = view_.units + g.unit_offset(entry_unit(e));
       if (entry_class(e) == TileClass::compressed) {
-        const TileCodec& codec = cache_.codecs()->codec(kind, layer_, head, half);
         if (o_.path == AttentionPath::fused && !rows_only && !mixed_halves(row, head, kind)) {
-          src.codec = &codec;
+          src.codec = &cache_.codecs()->codec(kind, layer_, head, half);
           src.slot = a;
           continue;
         }
-        uint16_t* tile = s.tiles.data() + static_cast<size_t>(scratch_slot * 2 + half) * kTileTokens * channels;
-        const BlockDecodeResult r = codec.decode_blocks(a, 0, 1, tile, static_cast<size_t>(channels), 0);
-        if (r.status != DecodeStatus::ok) throw Error(std::string("attention: a compressed tile does not decode: ") + to_string(r.status));
+        const uint16_t* tile;
+        if (decoded != nullptr && block >= decoded->first_block && block < decoded->first_block + decoded->blocks) {
+          const size_t size = static_cast<size_t>(kTileTokens) * channels;
+          tile = decoded->rows.data() + static_cast<size_t>(block - decoded->first_block) * g.kv_heads * 2 * g.halves() * size +
+                 ((static_cast<size_t>(head) * 2 + (kind == TensorKind::key ? 0 : 1)) * g.halves() + half) * size;
+        } else {
+          uint16_t* into = s.tiles.data() + static_cast<size_t>(scratch_slot * 2 + half) * kTileTokens * channels;
+          decode_tile(e, kind, head, half, into);
+          tile = into;
+        }
         for (int t = t0; t < t1; ++t) src.rows[t] = tile + static_cast<size_t>(t) * channels;
       } else if (entry_class(e) == TileClass::raw) {
         const size_t row_bytes = static_cast<size_t>(channels) * 2;
@@ -293,6 +383,7 @@ class Runner {
     }
     const QuerySequence& p = sequences_[r.begin];  // the first attended position is the earliest
     const AttentionQuery& rows = queries_[r.begin];  // every query of the range has these extra rows
+    const DecodedBlocks* decoded = shared_blocks(rows.sequence);
     const int last = sequences_[r.end - 1].last;
     TileSource k[2], v[2];
     for (int block = p.first / kTileTokens; block <= last / kTileTokens; ++block) {
@@ -300,8 +391,8 @@ class Runner {
       const int lo = std::max(p.first, base) - base, hi = std::min(last, base + kTileTokens - 1) - base + 1;
       const int cached_end = std::clamp(p.length - base, lo, hi);  // tokens lo .. cached_end-1 are in the cache
       if (lo < cached_end) {
-        block_sources(p, block, head, TensorKind::key, lo, cached_end, k, s, 0, true);
-        block_sources(p, block, head, TensorKind::value, lo, cached_end, v, s, 1, true);
+        block_sources(p, block, head, TensorKind::key, lo, cached_end, k, s, 0, true, decoded);
+        block_sources(p, block, head, TensorKind::value, lo, cached_end, v, s, 1, true, decoded);
       }
       for (int t = cached_end; t < hi; ++t) {
         const int e = base + t - p.length;
@@ -367,6 +458,8 @@ class Runner {
   std::vector<QuerySequence> sequences_;
   std::vector<Partial> partials_;
   std::vector<float> partial_acc_;
+  /// Sequences whose shared cached blocks are decoded, each with (a query of it, its query tiles).
+  std::vector<std::pair<DecodedBlocks, std::pair<size_t, int>>> shared_;
 };
 
 }  // namespace

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Engine prefill speed beside llama.cpp, one run: `gaac generate` prefilling the first N tokens of the
-# licence concatenation (raw text) over a BF16 and over a GAAC cache, and llama.cpp (llama-cpp-python,
+# licence concatenation (raw text; 8,191 tokens for "8K": SmolLM2's context is 8,192 and generate keeps room for
+# one answer token) over a BF16 and over a GAAC cache, and llama.cpp (llama-cpp-python,
 # see scripts/reference_logits.py) prefilling the same token ids with a BF16 KV cache (the arithmetic
 # gaac's engine follows) and with its default F16 KV cache (which its tiled prefill attention takes),
 # all on the same number of threads. The engines take turns, length by length and round by round, so
@@ -8,14 +9,14 @@
 # JSON line per measurement and the table (docs/performance.md records it).
 #   scripts/bench_engine_prefill.sh [OUT_DIR]
 #   PYTHON=/tmp/venv/bin/python (llama.cpp; skipped if absent)  GAAC=build/tools/gaac/gaac
-#   GAAC_THREADS=2  GAAC_PREFILL_LENGTHS="512 2048 8192"  GAAC_ROUNDS=2  GAAC_MODEL=smollm2
+#   GAAC_THREADS=2  GAAC_PREFILL_LENGTHS="512 2048 8191"  GAAC_ROUNDS=2  GAAC_MODEL=smollm2
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${1:-$root/build/bench-prefill}
 python=${PYTHON:-/tmp/venv/bin/python}
 gaac=${GAAC:-$root/build/tools/gaac/gaac}
 threads=${GAAC_THREADS:-2}
-lengths=${GAAC_PREFILL_LENGTHS:-512 2048 8192}
+lengths=${GAAC_PREFILL_LENGTHS:-512 2048 8191}
 rounds=${GAAC_ROUNDS:-2}
 model=${GAAC_MODEL:-smollm2}
 mkdir -p "$out"

@@ -6,7 +6,8 @@
 # gaac's engine follows) and with its default F16 KV cache (which its tiled prefill attention takes),
 # all on the same number of threads. The engines take turns, length by length and round by round, so
 # that on a shared machine they see the same load; the table keeps each one's best round. Prints one
-# JSON line per measurement and the table (docs/performance.md records it).
+# JSON line per measurement (with the machine's 1-minute load average when it ended) and the table
+# (docs/performance.md records it).
 #   scripts/bench_engine_prefill.sh [OUT_DIR]
 #   PYTHON=/tmp/venv/bin/python (llama.cpp; skipped if absent)  GAAC=build/tools/gaac/gaac
 #   GAAC_THREADS=2  GAAC_PREFILL_LENGTHS="512 2048 8191"  GAAC_ROUNDS=2  GAAC_MODEL=smollm2
@@ -40,13 +41,19 @@ for round in $(seq "$rounds"); do
 import json, sys
 r = json.load(sys.stdin)
 print(json.dumps({'round': $round, 'engine': 'gaac', 'kv': r['kv'], 'threads': $threads, 'prompt_tokens': r['prompt_tokens'],
-                  'prompt_seconds': r['prompt_seconds'], 'prompt_tokens_per_s': r['prompt_tokens_per_s']}))" >> "$results"
+                  'prompt_seconds': r['prompt_seconds'], 'prompt_tokens_per_s': r['prompt_tokens_per_s'],
+                  'load_average': float(open('/proc/loadavg').read().split()[0])}))" >> "$results"
       tail -1 "$results"
     done
     if [ -x "$python" ]; then
       for kv in bf16 f16; do
         "$python" "$root/scripts/reference_logits.py" prefill "$m" "$model-$n.txt" $kv "$threads" |
-          python3 -c "import json, sys; r = json.loads(sys.stdin.read()); r['round'] = $round; print(json.dumps(r))" >> "$results"
+          python3 -c "
+import json, sys
+r = json.loads(sys.stdin.read())
+r['round'] = $round
+r['load_average'] = float(open('/proc/loadavg').read().split()[0])
+print(json.dumps(r))" >> "$results"
         tail -1 "$results"
       done
     fi

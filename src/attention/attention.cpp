@@ -1,5 +1,6 @@
 // CPU decode attention over a paged cache: (query, KV head, range) jobs walk the block table, score
-// and fold block by block under one online softmax, and merge their ranges.
+// and fold block by block under one online softmax, and merge their ranges; a prefill's consecutive
+// queries go as (query tile, KV head) jobs that read each block once for the whole tile.
 #include "gaac/attention.hpp"
 
 #include <algorithm>
@@ -43,6 +44,8 @@ struct DecodedBlocks {
   /// [block − first_block][KV head][K, V][half]: 16 × tile_channels BF16 rows, where that tile is
   /// compressed (raw tiles are read where they are).
   std::vector<uint16_t> rows;
+  size_t query = 0;  ///< one of the sequence's queries (its block rows)
+  int tiles = 0;     ///< query tiles of the call that read them
 };
 
 /// Scratch of one worker.
@@ -145,7 +148,7 @@ class Runner {
     return ranges;
   }
 
-  /// Fills decoded_ for every sequence that two or more query tiles read: the compressed tiles of
+  /// Fills shared_ for every sequence that two or more query tiles read: the compressed tiles of
   /// the cached blocks those tiles attend, decoded in parallel.
   void decode_shared_blocks(const std::vector<QueryRange>& ranges) {
     const PagedGeometry& g = view_.geometry;
@@ -155,31 +158,30 @@ class Runner {
       const int last = std::min(p.length - 1, sequences_[r.end - 1].last);
       if (last < p.first) continue;
       const SequenceId id = queries_[r.begin].sequence;
-      auto it = std::find_if(shared_.begin(), shared_.end(), [&](const auto& x) { return x.first.sequence == id; });
+      auto it = std::find_if(shared_.begin(), shared_.end(), [&](const DecodedBlocks& x) { return x.sequence == id; });
       if (it == shared_.end()) {
-        shared_.push_back({DecodedBlocks{id, p.first / kTileTokens, 0, {}}, {r.begin, 0}});
+        shared_.push_back(DecodedBlocks{id, p.first / kTileTokens, 0, {}, r.begin, 0});
         it = shared_.end() - 1;
       }
-      DecodedBlocks& d = it->first;
-      const int end_block = std::max(d.first_block + d.blocks, last / kTileTokens + 1);
-      d.first_block = std::min(d.first_block, p.first / kTileTokens);
-      d.blocks = end_block - d.first_block;
-      ++it->second.second;
+      const int end_block = std::max(it->first_block + it->blocks, last / kTileTokens + 1);
+      it->first_block = std::min(it->first_block, p.first / kTileTokens);
+      it->blocks = end_block - it->first_block;
+      ++it->tiles;
     }
-    std::erase_if(shared_, [](const auto& x) { return x.second.second < 2; });
+    std::erase_if(shared_, [](const DecodedBlocks& x) { return x.tiles < 2; });
     if (shared_.empty()) return;
     const size_t tile = static_cast<size_t>(kTileTokens) * g.tile_channels();
     const size_t per_block = static_cast<size_t>(g.kv_heads) * 2 * g.halves() * tile;
     std::vector<std::pair<size_t, int>> jobs;  // (sequence, block)
     for (size_t i = 0; i < shared_.size(); ++i) {
-      DecodedBlocks& d = shared_[i].first;
+      DecodedBlocks& d = shared_[i];
       d.rows.resize(static_cast<size_t>(d.blocks) * per_block);
       for (int b = 0; b < d.blocks; ++b) jobs.emplace_back(i, b);
     }
     const auto body = [&](size_t begin, size_t end) {
       for (size_t j = begin; j < end; ++j) {
-        DecodedBlocks& d = shared_[jobs[j].first].first;
-        const QuerySequence& p = sequences_[shared_[jobs[j].first].second.first];
+        DecodedBlocks& d = shared_[jobs[j].first];
+        const QuerySequence& p = sequences_[d.query];
         const int block = d.first_block + jobs[j].second;
         for (int head = 0; head < g.kv_heads; ++head) {
           for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
@@ -211,8 +213,8 @@ class Runner {
 
   /// The decoded tiles of `sequence` when several query tiles share them, else null.
   const DecodedBlocks* shared_blocks(SequenceId sequence) const {
-    for (const auto& x : shared_) {
-      if (x.first.sequence == sequence) return &x.first;
+    for (const DecodedBlocks& x : shared_) {
+      if (x.sequence == sequence) return &x;
     }
     return nullptr;
   }
@@ -458,8 +460,8 @@ class Runner {
   std::vector<QuerySequence> sequences_;
   std::vector<Partial> partials_;
   std::vector<float> partial_acc_;
-  /// Sequences whose shared cached blocks are decoded, each with (a query of it, its query tiles).
-  std::vector<std::pair<DecodedBlocks, std::pair<size_t, int>>> shared_;
+  /// The decoded blocks of the sequences several query tiles read.
+  std::vector<DecodedBlocks> shared_;
 };
 
 }  // namespace

@@ -11,9 +11,12 @@ llama-cpp-python==0.3.36 numpy`) with a BF16 KV cache. Nothing of llama.cpp is p
       n_tokens × vocab, for `gaac validate --reference OUT.f32`.
   reference_logits.py greedy MODEL.gguf TOKENS.txt N
       prints the first N greedy (arg-max) continuation token ids of the token ids in TOKENS.txt.
-  reference_logits.py prefill MODEL.gguf TOKENS.txt
+  reference_logits.py prefill MODEL.gguf TOKENS.txt [KV [THREADS]]
       times llama.cpp's prefill of the token ids with its own defaults (micro-batches of 512, weights
-      repacked where it does so), as the peer of `gaac capture` in docs/performance.md.
+      repacked where it does so, flash attention) and a KV cache of type KV: bf16 (the default; the cache
+      whose arithmetic gaac's engine follows) or f16 (llama.cpp's own default type, which its tiled
+      prefill attention takes), on THREADS threads (default 2): the peer of gaac's prefill in
+      docs/performance.md. Prints one JSON line.
   reference_logits.py decode MODEL.gguf TOKENS.txt FEED.txt
       prefills the token ids (llama.cpp's defaults), then times decoding steps of one token each, feeding
       the ids of FEED.txt in turn (gaac's greedy continuation, so both engines do the same work): the
@@ -28,7 +31,9 @@ import numpy as np
 import llama_cpp.llama_cpp as llama_cpp  # the bindings module the Llama class reads its defaults from
 from llama_cpp import Llama
 
+GGML_TYPE_F16 = 1
 GGML_TYPE_BF16 = 30
+KV_TYPES = {"bf16": GGML_TYPE_BF16, "f16": GGML_TYPE_F16}
 # llama.cpp's CPU backend multiplies K-quant weights (Q4_K, Q6_K) by micro-batches of eight or more tokens
 # with another kernel, whose float sums are ordered differently (a few ulps apart). Micro-batches of four
 # tokens keep it on ggml's plain dot products, the arithmetic gaac's engine follows.
@@ -44,15 +49,15 @@ def _plain_weight_params(default_params=llama_cpp.llama_model_default_params):
     return params
 
 
-def load(model, n_ctx, exact=True):
-    """llama.cpp with a BF16 KV cache and flash attention; `exact`: on ggml's plain kernels (see above)."""
+def load(model, n_ctx, exact=True, kv_type=GGML_TYPE_BF16, threads=2):
+    """llama.cpp with a BF16 (or `kv_type`) KV cache and flash attention; `exact`: on ggml's plain kernels (see above)."""
     default_params = llama_cpp.llama_model_default_params
     if exact:
         llama_cpp.llama_model_default_params = lambda: _plain_weight_params(default_params)
     try:
         batch = MICRO_BATCH if exact else 512
-        return Llama(model_path=model, n_ctx=n_ctx, n_batch=batch, n_ubatch=batch, logits_all=exact, n_threads=2,
-                     verbose=False, type_k=GGML_TYPE_BF16, type_v=GGML_TYPE_BF16, flash_attn=True)
+        return Llama(model_path=model, n_ctx=n_ctx, n_batch=batch, n_ubatch=batch, logits_all=exact, n_threads=threads,
+                     n_threads_batch=threads, verbose=False, type_k=kv_type, type_v=kv_type, flash_attn=True)
     finally:
         llama_cpp.llama_model_default_params = default_params
 
@@ -82,11 +87,16 @@ def main():
             llm.eval([nxt])
         print(" ".join(map(str, out)))
     elif mode == "prefill":
-        llm = load(model, len(tokens) + 8, exact=False)
-        start = time.time()
+        kv = sys.argv[4] if len(sys.argv) > 4 else "bf16"
+        threads = int(sys.argv[5]) if len(sys.argv) > 5 else 2
+        if kv not in KV_TYPES:
+            sys.exit(f"KV type {kv!r}: expected one of {', '.join(KV_TYPES)}")
+        llm = load(model, len(tokens) + 8, exact=False, kv_type=KV_TYPES[kv], threads=threads)
+        start = time.perf_counter()
         llm.eval(tokens)
-        seconds = time.time() - start
-        print(f"llama.cpp prefill: {len(tokens)} tokens in {seconds:.1f} s ({len(tokens) / seconds:.0f} tokens/s)")
+        seconds = time.perf_counter() - start
+        print(json.dumps({"engine": "llama.cpp", "kv": kv, "threads": threads, "prompt_tokens": len(tokens),
+                          "prompt_seconds": seconds, "prompt_tokens_per_s": len(tokens) / seconds}))
     elif mode == "decode":
         feed = read_tokens(sys.argv[4])
         n = len(feed)

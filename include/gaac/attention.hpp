@@ -53,10 +53,13 @@ struct AttentionOptions {
   /// Ranges the positions of each (query, KV head) are cut into, worked on in parallel and merged; 1
   /// keeps one pass in position order (llama.cpp's arithmetic). Ranges are whole blocks.
   int splits = 1;
-  ParallelFor parallel;  ///< optional: spreads (query, KV head, range) jobs over threads
+  ParallelFor parallel;  ///< optional: spreads (query, KV head, range) jobs over threads (the longest first)
 };
 
-/// Attends `queries` over layer `layer` of `cache` (the positions each needs must be held). Throws
+/// Attends `queries` over layer `layer` of `cache` (the positions each needs must be held). With one
+/// split, consecutive queries of one sequence at consecutive positions with the same extra rows (a
+/// prefill pass's) are attended together, up to 16 at a time, each block read once for all of them;
+/// every query's result is the same bits as when it is attended alone. Throws
 /// gaac::Error on a bad argument (unknown sequence, position past the rows given, heads that do not
 /// divide, a released position).
 GAAC_API void attend(const KvCache& cache, int layer, std::span<const AttentionQuery> queries, const AttentionOptions& options);

@@ -1,5 +1,6 @@
 // CPU decode attention over a paged cache: (query, KV head, range) jobs walk the block table, score
-// and fold block by block under one online softmax, and merge their ranges.
+// and fold block by block under one online softmax, and merge their ranges; a prefill's consecutive
+// queries go as (query tile, KV head) jobs that read each block once for the whole tile.
 #include "gaac/attention.hpp"
 
 #include <algorithm>
@@ -9,7 +10,6 @@
 #include <vector>
 
 #include "attention/attention_internal.hpp"
-#include "attention/expf.hpp"
 #include "gaac/bf16.hpp"
 #include "gaac/error.hpp"
 
@@ -30,10 +30,22 @@ struct QuerySequence {
   int first, last;       ///< positions attended, inclusive
 };
 
-/// The running state of the online softmax of one query head, and its accumulator.
-struct Partial {
-  float max = -INFINITY;
-  float sum = 0.0f;
+/// Queries [begin, end) of the call: one, or consecutive positions of one sequence with the same
+/// rows not yet cached (a prefill's), whose blocks are read once for all of them.
+struct QueryRange {
+  size_t begin, end;
+};
+
+/// The compressed tiles of the cached blocks that several query tiles of one sequence read, decoded
+/// once per call (a prefill in passes reads every earlier block from each of its tiles).
+struct DecodedBlocks {
+  SequenceId sequence = 0;
+  int first_block = 0, blocks = 0;
+  /// [block − first_block][KV head][K, V][half]: 16 × tile_channels BF16 rows, where that tile is
+  /// compressed (raw tiles are read where they are).
+  std::vector<uint16_t> rows;
+  size_t query = 0;  ///< one of the sequence's queries (its block rows)
+  int tiles = 0;     ///< query tiles of the call that read them
 };
 
 /// Scratch of one worker.
@@ -42,6 +54,9 @@ struct Scratch {
   std::vector<float> q_compressed;  // q as the compressed key kernel reads it (Kernels::prepare_compressed_query)
   std::vector<uint16_t> tiles;  // decoded tiles of the reference path: [K/V][half][16 × C]
   std::vector<Partial> partials;
+  std::vector<float> max, sum;       // a query tile's softmax states, per lane
+  std::vector<TokenRange> ranges;    // a query tile's queries' positions in the current block
+  std::vector<float> tile_scratch;  // the query-tile kernel's
 };
 
 class Runner {
@@ -82,14 +97,27 @@ class Runner {
   }
 
   void run() {
-    const size_t jobs = queries_.size() * static_cast<size_t>(view_.geometry.kv_heads) * static_cast<size_t>(o_.splits);
-    if (o_.splits > 1) {
-      partials_.resize(jobs * static_cast<size_t>(group_));
-      partial_acc_.resize(jobs * static_cast<size_t>(group_) * static_cast<size_t>(view_.geometry.head_dim));
+    const size_t heads = static_cast<size_t>(view_.geometry.kv_heads), splits = static_cast<size_t>(o_.splits);
+    if (splits > 1) {
+      partials_.resize(queries_.size() * heads * splits * static_cast<size_t>(group_));
+      partial_acc_.resize(partials_.size() * static_cast<size_t>(view_.geometry.head_dim));
     }
+    const std::vector<QueryRange> ranges = query_ranges();
+    decode_shared_blocks(ranges);
+    // Jobs: (range, KV head, split), the last ranges first: in a prefill they attend the most
+    // positions, and taken first they leave the short ones to even out the threads' shares.
+    const size_t jobs = ranges.size() * heads * splits;
     const auto body = [&](size_t begin, size_t end) {
       Scratch scratch;
-      for (size_t j = begin; j < end; ++j) run_job(j, scratch);
+      for (size_t j = begin; j < end; ++j) {
+        const QueryRange& r = ranges[ranges.size() - 1 - j / (heads * splits)];
+        const auto head = static_cast<int>(j / splits % heads);
+        if (r.end - r.begin == 1) {
+          run_job((r.begin * heads + static_cast<size_t>(head)) * splits + j % splits, scratch);
+        } else {
+          run_tile(r, head, scratch);
+        }
+      }
     };
     if (o_.parallel && jobs > 1) {
       o_.parallel(jobs, body);
@@ -100,9 +128,102 @@ class Runner {
   }
 
  private:
+  /// The calls' queries cut into ranges: with one split, runs of consecutive positions of one
+  /// sequence sharing their extra rows, up to kMaxTileQueries each; otherwise one query each.
+  std::vector<QueryRange> query_ranges() const {
+    std::vector<QueryRange> ranges;
+    for (size_t i = 0; i < queries_.size(); ++i) {
+      if (o_.splits == 1 && !ranges.empty() && ranges.back().end - ranges.back().begin < kMaxTileQueries) {
+        const AttentionQuery& a = queries_[i - 1];
+        const AttentionQuery& b = queries_[i];
+        const bool same_rows = a.extra_k.data == b.extra_k.data && a.extra_v.data == b.extra_v.data &&
+                               a.extra_k.tokens == b.extra_k.tokens && a.extra_v.tokens == b.extra_v.tokens;
+        if (a.sequence == b.sequence && b.position == a.position + 1 && same_rows) {
+          ranges.back().end = i + 1;
+          continue;
+        }
+      }
+      ranges.push_back({i, i + 1});
+    }
+    return ranges;
+  }
+
+  /// Fills shared_ for every sequence that two or more query tiles read: the compressed tiles of
+  /// the cached blocks those tiles attend, decoded in parallel.
+  void decode_shared_blocks(const std::vector<QueryRange>& ranges) {
+    const PagedGeometry& g = view_.geometry;
+    for (const QueryRange& r : ranges) {
+      if (r.end - r.begin < 2) continue;
+      const QuerySequence& p = sequences_[r.begin];
+      const int last = std::min(p.length - 1, sequences_[r.end - 1].last);
+      if (last < p.first) continue;
+      const SequenceId id = queries_[r.begin].sequence;
+      auto it = std::find_if(shared_.begin(), shared_.end(), [&](const DecodedBlocks& x) { return x.sequence == id; });
+      if (it == shared_.end()) {
+        shared_.push_back(DecodedBlocks{id, p.first / kTileTokens, 0, {}, r.begin, 0});
+        it = shared_.end() - 1;
+      }
+      const int end_block = std::max(it->first_block + it->blocks, last / kTileTokens + 1);
+      it->first_block = std::min(it->first_block, p.first / kTileTokens);
+      it->blocks = end_block - it->first_block;
+      ++it->tiles;
+    }
+    std::erase_if(shared_, [](const DecodedBlocks& x) { return x.tiles < 2; });
+    if (shared_.empty()) return;
+    const size_t tile = static_cast<size_t>(kTileTokens) * g.tile_channels();
+    const size_t per_block = static_cast<size_t>(g.kv_heads) * 2 * g.halves() * tile;
+    std::vector<std::pair<size_t, int>> jobs;  // (sequence, block)
+    for (size_t i = 0; i < shared_.size(); ++i) {
+      DecodedBlocks& d = shared_[i];
+      d.rows.resize(static_cast<size_t>(d.blocks) * per_block);
+      for (int b = 0; b < d.blocks; ++b) jobs.emplace_back(i, b);
+    }
+    const auto body = [&](size_t begin, size_t end) {
+      for (size_t j = begin; j < end; ++j) {
+        DecodedBlocks& d = shared_[jobs[j].first];
+        const QuerySequence& p = sequences_[d.query];
+        const int block = d.first_block + jobs[j].second;
+        for (int head = 0; head < g.kv_heads; ++head) {
+          for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
+            for (int half = 0; half < g.halves(); ++half) {
+              const uint32_t e = view_.entries[g.entry_index(layer_, p.rows[block], head, kind, half)];
+              if (entry_class(e) != TileClass::compressed) continue;
+              uint16_t* out = d.rows.data() + static_cast<size_t>(jobs[j].second) * per_block +
+                              ((static_cast<size_t>(head) * 2 + (kind == TensorKind::key ? 0 : 1)) * g.halves() + half) * tile;
+              decode_tile(e, kind, head, half, out);
+            }
+          }
+        }
+      }
+    };
+    if (o_.parallel && jobs.size() > 1) {
+      o_.parallel(jobs.size(), body);
+    } else {
+      body(0, jobs.size());
+    }
+  }
+
+  /// Decodes the compressed tile of entry `e` (kind, head, half of this layer) to 16 BF16 rows.
+  void decode_tile(uint32_t e, TensorKind kind, int head, int half, uint16_t* out) const {
+    const TileCodec& codec = cache_.codecs()->codec(kind, layer_, head, half);
+    const uint8_t* slot = view_.units + view_.geometry.unit_offset(entry_unit(e));
+    const BlockDecodeResult r = codec.decode_blocks(slot, 0, 1, out, static_cast<size_t>(view_.geometry.tile_channels()), 0);
+    if (r.status != DecodeStatus::ok) throw Error(std::string("attention: a compressed tile does not decode: ") + to_string(r.status));
+  }
+
+  /// The decoded tiles of `sequence` when several query tiles share them, else null.
+  const DecodedBlocks* shared_blocks(SequenceId sequence) const {
+    for (const DecodedBlocks& x : shared_) {
+      if (x.sequence == sequence) return &x;
+    }
+    return nullptr;
+  }
+
   /// Sources of the K or V tiles of one block of one head (null when the position range needs none).
+  /// With `rows_only`, compressed tiles are always read as rows (the query-tile kernels read rows):
+  /// from `decoded` where it holds the block, else decoded here.
   void block_sources(const QuerySequence& p, int block, int head, TensorKind kind, int t0, int t1, TileSource* out, Scratch& s,
-                     int scratch_slot) const {
+                     int scratch_slot, bool rows_only = false, const DecodedBlocks* decoded = nullptr) const {
     const PagedGeometry& g = view_.geometry;
     const uint32_t row = p.rows[block];
     const int channels = g.tile_channels();
@@ -112,15 +233,21 @@ class Runner {
       const uint32_t e = view_.entries[g.entry_index(layer_, row, head, kind, half)];
       const uint8_t* a = view_.units + g.unit_offset(entry_unit(e));
       if (entry_class(e) == TileClass::compressed) {
-        const TileCodec& codec = cache_.codecs()->codec(kind, layer_, head, half);
-        if (o_.path == AttentionPath::fused && !mixed_halves(row, head, kind)) {
-          src.codec = &codec;
+        if (o_.path == AttentionPath::fused && !rows_only && !mixed_halves(row, head, kind)) {
+          src.codec = &cache_.codecs()->codec(kind, layer_, head, half);
           src.slot = a;
           continue;
         }
-        uint16_t* tile = s.tiles.data() + static_cast<size_t>(scratch_slot * 2 + half) * kTileTokens * channels;
-        const BlockDecodeResult r = codec.decode_blocks(a, 0, 1, tile, static_cast<size_t>(channels), 0);
-        if (r.status != DecodeStatus::ok) throw Error(std::string("attention: a compressed tile does not decode: ") + to_string(r.status));
+        const uint16_t* tile;
+        if (decoded != nullptr && block >= decoded->first_block && block < decoded->first_block + decoded->blocks) {
+          const size_t size = static_cast<size_t>(kTileTokens) * channels;
+          tile = decoded->rows.data() + static_cast<size_t>(block - decoded->first_block) * g.kv_heads * 2 * g.halves() * size +
+                 ((static_cast<size_t>(head) * 2 + (kind == TensorKind::key ? 0 : 1)) * g.halves() + half) * size;
+        } else {
+          uint16_t* into = s.tiles.data() + static_cast<size_t>(scratch_slot * 2 + half) * kTileTokens * channels;
+          decode_tile(e, kind, head, half, into);
+          tile = into;
+        }
         for (int t = t0; t < t1; ++t) src.rows[t] = tile + static_cast<size_t>(t) * channels;
       } else if (entry_class(e) == TileClass::raw) {
         const size_t row_bytes = static_cast<size_t>(channels) * 2;
@@ -163,36 +290,8 @@ class Runner {
       kernels_.key_scores_raw(task, s.q.data(), o_.scale, s.scores.data());
     }
     for (int h = 0; h < group_; ++h) {
-      // The online softmax of position order: first the exponentials' arguments against the running
-      // maximum, all exponentials at once, then the factors and the sum.
-      Partial& part = s.partials[static_cast<size_t>(h)];
-      float* score = s.scores.data() + h * kTileTokens;
-      float* e = s.rescale.data() + h * kTileTokens;
-      float* w = s.weight.data() + h * kTileTokens;
-      float m = part.max;
-      for (int t = t0; t < t1; ++t) {
-        if (score[t] > m) {
-          e[t] = m - score[t];
-          m = score[t];
-        } else {
-          e[t] = score[t] - m;
-        }
-      }
-      expf_in_place(e + t0, static_cast<size_t>(t1 - t0));
-      m = part.max;
-      for (int t = t0; t < t1; ++t) {
-        float rescale = 1.0f, weight = 1.0f;
-        if (score[t] > m) {
-          m = score[t];
-          rescale = e[t];
-        } else {
-          weight = e[t];
-        }
-        e[t] = rescale;
-        w[t] = weight;
-        part.sum = std::fma(part.sum, rescale, weight);
-      }
-      part.max = m;
+      online_softmax(s.scores.data() + h * kTileTokens, t0, t1, s.partials[static_cast<size_t>(h)], s.rescale.data() + h * kTileTokens,
+                     s.weight.data() + h * kTileTokens);
     }
     task.halves = v;
     const bool compressed_v = v[0].codec != nullptr;
@@ -265,6 +364,63 @@ class Runner {
     std::copy(s.acc.begin(), s.acc.end(), partial_acc_.begin() + static_cast<std::ptrdiff_t>(job * gd));
   }
 
+  /// Queries `r` (consecutive positions of one sequence) over KV head `head`: block by block, the
+  /// block's rows gathered once (compressed tiles decoded) and handed with every query's positions
+  /// in it to the query-tile kernel. Each query's arithmetic is run_job's with one split.
+  void run_tile(const QueryRange& r, int head, Scratch& s) const {
+    const PagedGeometry& g = view_.geometry;
+    const int d = g.head_dim, n = static_cast<int>(r.end - r.begin), lanes = n * group_;
+    const size_t gd = static_cast<size_t>(group_) * d;
+    s.q.resize(static_cast<size_t>(n) * gd);
+    s.acc.assign(static_cast<size_t>(n) * gd, 0.0f);
+    s.max.assign(static_cast<size_t>(lanes), -INFINITY);
+    s.sum.assign(static_cast<size_t>(lanes), 0.0f);
+    s.ranges.resize(static_cast<size_t>(n));
+    s.tiles.resize(static_cast<size_t>(4 * kTileTokens) * g.tile_channels());
+    s.tile_scratch.resize(query_tile_scratch_floats(d, lanes));
+    for (int i = 0; i < n; ++i) {
+      const float* q = queries_[r.begin + static_cast<size_t>(i)].q + static_cast<size_t>(head) * gd;
+      float* rounded = s.q.data() + static_cast<size_t>(i) * gd;
+      for (size_t c = 0; c < gd; ++c) rounded[c] = bf16_to_float(float_to_bf16(q[c]));
+    }
+    const QuerySequence& p = sequences_[r.begin];  // the first attended position is the earliest
+    const AttentionQuery& rows = queries_[r.begin];  // every query of the range has these extra rows
+    const DecodedBlocks* decoded = shared_blocks(rows.sequence);
+    const int last = sequences_[r.end - 1].last;
+    TileSource k[2], v[2];
+    for (int block = p.first / kTileTokens; block <= last / kTileTokens; ++block) {
+      const int base = block * kTileTokens;
+      const int lo = std::max(p.first, base) - base, hi = std::min(last, base + kTileTokens - 1) - base + 1;
+      const int cached_end = std::clamp(p.length - base, lo, hi);  // tokens lo .. cached_end-1 are in the cache
+      if (lo < cached_end) {
+        block_sources(p, block, head, TensorKind::key, lo, cached_end, k, s, 0, true, decoded);
+        block_sources(p, block, head, TensorKind::value, lo, cached_end, v, s, 1, true, decoded);
+      }
+      for (int t = cached_end; t < hi; ++t) {
+        const int e = base + t - p.length;
+        for (int half = 0; half < g.halves(); ++half) {
+          k[half].rows[t] = rows.extra_k.at(e, head) + half * kMaxTileChannels;
+          v[half].rows[t] = rows.extra_v.at(e, head) + half * kMaxTileChannels;
+        }
+      }
+      for (int i = 0; i < n; ++i) {
+        const QuerySequence& qp = sequences_[r.begin + static_cast<size_t>(i)];
+        s.ranges[static_cast<size_t>(i)] = {std::max(qp.first - base, 0), std::min(qp.last - base + 1, kTileTokens)};
+      }
+      QueryTileTask task{k, v, g.halves(), g.tile_channels(), lo, hi, group_, o_.scale, n, s.ranges.data(), s.q.data(),
+                         s.acc.data(), s.max.data(), s.sum.data(), s.tile_scratch.data()};
+      kernels_.query_tile(task);
+    }
+    for (int j = 0; j < lanes; ++j) {
+      const float sum = s.sum[static_cast<size_t>(j)];
+      const float inverse = sum == 0.0f ? 0.0f : 1.0f / sum;
+      const int i = j / group_, h = j % group_;
+      float* out = queries_[r.begin + static_cast<size_t>(i)].out + (static_cast<size_t>(head) * group_ + h) * d;
+      const float* acc = s.acc.data() + static_cast<size_t>(j) * d;
+      for (int c = 0; c < d; ++c) out[c] = acc[c] * inverse;
+    }
+  }
+
   /// Combines the ranges of every (query, KV head) in range order: M = max M_i, S = Σ S_i·e^(M_i − M),
   /// acc = Σ acc_i·e^(M_i − M), each sum a chain of fused multiply-adds; empty ranges are skipped.
   void merge() {
@@ -304,6 +460,8 @@ class Runner {
   std::vector<QuerySequence> sequences_;
   std::vector<Partial> partials_;
   std::vector<float> partial_acc_;
+  /// The decoded blocks of the sequences several query tiles read.
+  std::vector<DecodedBlocks> shared_;
 };
 
 }  // namespace

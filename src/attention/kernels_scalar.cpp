@@ -176,10 +176,34 @@ void fold_values_compressed(const BlockTask& task, const float* rescale, const f
   }
 }
 
+/// Each query of the tile on its own: its scores, its online softmax, its fold.
+void query_tile(const QueryTileTask& task) {
+  const int head_dim = task.halves_count * task.tile_channels;
+  float* scores = task.scratch;
+  float* rescale = scores + kTileTokens * task.heads;
+  float* weight = rescale + kTileTokens * task.heads;
+  for (int i = 0; i < task.count; ++i) {
+    const TokenRange r = task.ranges[i];
+    if (r.end <= r.first) continue;
+    const size_t lane = static_cast<size_t>(i) * task.heads;
+    BlockTask block{task.k, task.halves_count, task.tile_channels, r.first, r.end, task.heads};
+    key_scores_raw(block, task.q + lane * head_dim, task.scale, scores);
+    for (int h = 0; h < task.heads; ++h) {
+      Partial part{task.max[lane + h], task.sum[lane + h]};
+      online_softmax(scores + h * kTileTokens, r.first, r.end, part, rescale + h * kTileTokens, weight + h * kTileTokens);
+      task.max[lane + h] = part.max;
+      task.sum[lane + h] = part.sum;
+    }
+    block.halves = task.v;
+    fold_values_raw(block, rescale, weight, task.acc + lane * head_dim);
+  }
+}
+
 }  // namespace
 
 const Kernels& scalar_kernels() {
-  static const Kernels kernels{key_scores_raw, fold_values_raw, key_scores_compressed, fold_values_compressed, nullptr, "scalar"};
+  static const Kernels kernels{key_scores_raw, fold_values_raw, key_scores_compressed, fold_values_compressed, nullptr, query_tile,
+                               "scalar"};
   return kernels;
 }
 

@@ -14,6 +14,7 @@
 #include <cstddef>
 #include <cstdint>
 
+#include "attention/online_softmax.hpp"
 #include "gaac/tile_codec.hpp"
 
 namespace gaac::attention {
@@ -47,6 +48,44 @@ using FoldValuesFn = void (*)(const BlockTask& task, const float* rescale, const
 /// to `out` (as many floats): done once per query, not once per block.
 using PrepareQueryFn = void (*)(int heads, int head_dim, const float* q, float* out);
 
+/// Tokens first .. end-1 of a block (none when end <= first).
+struct TokenRange {
+  int first = 0, end = 0;
+};
+
+/// One block of positions for a tile of queries of one KV head (consecutive tokens of a sequence,
+/// as a prefill has them). Lane j is query j / heads, query head j % heads. Each query's result is
+/// what it gets alone from key_scores_raw, online_softmax and fold_values_raw over its positions in
+/// order, bit for bit.
+struct QueryTileTask {
+  const TileSource* k = nullptr;  ///< `halves_count` raw sources each (rows of every token first .. end-1)
+  const TileSource* v = nullptr;
+  int halves_count = 1;
+  int tile_channels = 128;
+  int first = 0, end = 0;  ///< the block's tokens any query attends
+  int heads = 1;           ///< query heads per query, 1 .. kMaxQueryHeads
+  float scale = 1.0f;
+  int count = 0;                       ///< queries, at most kMaxTileQueries
+  const TokenRange* ranges = nullptr;  ///< per query: the tokens it attends, within first .. end-1
+  const float* q = nullptr;            ///< per lane: head_dim floats, already rounded to BF16
+  float* acc = nullptr;                ///< per lane: head_dim accumulators
+  float* max = nullptr;                ///< per lane: the online softmax's running maximum ...
+  float* sum = nullptr;                ///< ... and sum
+  float* scratch = nullptr;            ///< query_tile_scratch_floats(head_dim, count · heads) floats
+};
+
+/// Most queries in one QueryTileTask.
+inline constexpr int kMaxTileQueries = 16;
+
+/// Floats of scratch a QueryTileTask of `lanes` lanes needs: K and V rows widened to float, and
+/// per lane (rounded up to a multiple of eight) scores, factors and softmax states.
+constexpr size_t query_tile_scratch_floats(int head_dim, int lanes) {
+  return 2 * static_cast<size_t>(kTileTokens) * head_dim + (3 * static_cast<size_t>(kTileTokens) + 2) * (static_cast<size_t>(lanes) + 8);
+}
+
+/// Runs one block of a query tile.
+using QueryTileFn = void (*)(const QueryTileTask& task);
+
 /// One implementation of both kernels for raw and for compressed sources.
 struct Kernels {
   KeyScoresFn key_scores_raw;
@@ -55,6 +94,7 @@ struct Kernels {
   KeyScoresFn key_scores_compressed;
   FoldValuesFn fold_values_compressed;
   PrepareQueryFn prepare_compressed_query;
+  QueryTileFn query_tile;
   const char* name;
 };
 

@@ -6,6 +6,7 @@
 #include <bit>
 #include <cmath>
 #include <memory>
+#include <vector>
 
 #include "gaac/bf16.hpp"
 #include "model/ops_avx2.hpp"
@@ -52,10 +53,23 @@ void rms_norm(const float* x, const float* w, int n, float eps, float* y) {
 }
 
 void rope(float* x, int d, int pos, float base, bool neox) {
+  std::vector<float> cs(static_cast<size_t>(d / 2) * 2);
+  rope_angles(d, pos, base, cs.data());
+  rope_rotate(x, d, cs.data(), neox);
+}
+
+void rope_angles(int d, int pos, float base, float* cs) {
   const float theta_scale = std::pow(base, -2.0f / static_cast<float>(d));
   float theta = static_cast<float>(pos);
   for (int i = 0; i < d / 2; ++i, theta *= theta_scale) {
-    const float c = std::cos(theta), s = std::sin(theta);
+    cs[2 * i] = std::cos(theta);
+    cs[2 * i + 1] = std::sin(theta);
+  }
+}
+
+void rope_rotate(float* x, int d, const float* cs, bool neox) {
+  for (int i = 0; i < d / 2; ++i) {
+    const float c = cs[2 * i], s = cs[2 * i + 1];
     float& a = neox ? x[i] : x[2 * i];
     float& b = neox ? x[i + d / 2] : x[2 * i + 1];
     const float a0 = a, b0 = b;

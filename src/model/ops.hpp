@@ -33,8 +33,15 @@ namespace gaac::model::ops {
 void rms_norm(const float* x, const float* w, int n, float eps, float* y);
 
 /// Rotates one head of `d` elements in place for position `pos` with rotary base `base`: pairs
-/// (2i, 2i+1), or (i, i + d/2) when `neox`.
+/// (2i, 2i+1), or (i, i + d/2) when `neox`. The same as rope_angles then rope_rotate.
 void rope(float* x, int d, int pos, float base, bool neox);
+
+/// The angles rope() turns the pairs of a `d`-element head by at position `pos`: cs[2i] = cos θ_i and
+/// cs[2i + 1] = sin θ_i for i < d/2. They depend on the position only, so a pass computes them once
+/// per token and rotates every head with them.
+void rope_angles(int d, int pos, float base, float* cs);
+/// Rotates one head of `d` elements in place by the angles of rope_angles.
+void rope_rotate(float* x, int d, const float* cs, bool neox);
 
 /// e^x by ggml's vectorised polynomial (exposed for tests; the activations use it).
 float exp_polynomial(float x);

@@ -444,6 +444,16 @@ void check_quantized_matmul(GgmlType type, const uint8_t* w, size_t row_bytes, i
   check_matmul(type, w, row_bytes, cols, row_begin, row_end, data, x.tokens, y, y_stride);
 }
 
+void check_quantized_tile(GgmlType type, const uint8_t* w, size_t row_bytes, int64_t cols, int64_t row_begin,
+                          int64_t row_end, const QuantizedActivations& x, int64_t token_begin, int64_t token_end,
+                          const float* y, int64_t y_stride) {
+  check_quantized_matmul(type, w, row_bytes, cols, row_begin, row_end, x, y, y_stride);
+  if (token_begin < 0 || token_end < token_begin || token_end > x.tokens) {
+    throw Error("quantized matmul: bad token range [" + std::to_string(token_begin) + ", " + std::to_string(token_end) +
+                ") of " + std::to_string(x.tokens) + " tokens");
+  }
+}
+
 }  // namespace detail
 
 // ----------------------------------------------------------------------------------------------
@@ -529,13 +539,21 @@ float dot_row(GgmlType type, const uint8_t* w, const uint8_t* xq, int64_t cols) 
 
 void matmul_rows_quantized(GgmlType type, const uint8_t* w, size_t row_bytes, int64_t cols, int64_t row_begin,
                            int64_t row_end, const QuantizedActivations& x, float* y, int64_t y_stride) {
-  detail::check_quantized_matmul(type, w, row_bytes, cols, row_begin, row_end, x, y, y_stride);
+  scalar::matmul_tile_quantized(type, w, row_bytes, cols, row_begin, row_end, x, 0, x.tokens, y, y_stride);
+}
+
+void matmul_tile_quantized(GgmlType type, const uint8_t* w, size_t row_bytes, int64_t cols, int64_t row_begin,
+                           int64_t row_end, const QuantizedActivations& x, int64_t token_begin, int64_t token_end,
+                           float* y, int64_t y_stride) {
+  detail::check_quantized_tile(type, w, row_bytes, cols, row_begin, row_end, x, token_begin, token_end, y, y_stride);
   if (activation_block_elements(x.type) == 1) {
-    scalar::matmul_rows(type, w, row_bytes, cols, row_begin, row_end, x.values.data(), x.tokens, y, y_stride);
+    const auto first = static_cast<size_t>(token_begin) * static_cast<size_t>(cols);
+    scalar::matmul_rows(type, w, row_bytes, cols, row_begin, row_end, x.values.data() + first, token_end - token_begin,
+                        y + token_begin * y_stride, y_stride);
     return;
   }
   for (int64_t r = row_begin; r < row_end; ++r) {
-    for (int64_t t = 0; t < x.tokens; ++t) {
+    for (int64_t t = token_begin; t < token_end; ++t) {
       y[t * y_stride + r] = cols == 0 ? 0.0f
                                       : dot_row(type, w + static_cast<size_t>(r) * row_bytes,
                                                 x.blocks.data() + static_cast<size_t>(t) * x.row_bytes, cols);
@@ -580,10 +598,16 @@ void quantize_activations(GgmlType weight_type, const float* x, int64_t cols, in
 
 void matmul_rows_quantized(GgmlType type, const uint8_t* w, size_t row_bytes, int64_t cols, int64_t row_begin,
                            int64_t row_end, const QuantizedActivations& x, float* y, int64_t y_stride) {
+  matmul_tile_quantized(type, w, row_bytes, cols, row_begin, row_end, x, 0, x.tokens, y, y_stride);
+}
+
+void matmul_tile_quantized(GgmlType type, const uint8_t* w, size_t row_bytes, int64_t cols, int64_t row_begin,
+                           int64_t row_end, const QuantizedActivations& x, int64_t token_begin, int64_t token_end,
+                           float* y, int64_t y_stride) {
   if (use_avx2()) {
-    avx2::matmul_rows_quantized(type, w, row_bytes, cols, row_begin, row_end, x, y, y_stride);
+    avx2::matmul_tile_quantized(type, w, row_bytes, cols, row_begin, row_end, x, token_begin, token_end, y, y_stride);
   } else {
-    scalar::matmul_rows_quantized(type, w, row_bytes, cols, row_begin, row_end, x, y, y_stride);
+    scalar::matmul_tile_quantized(type, w, row_bytes, cols, row_begin, row_end, x, token_begin, token_end, y, y_stride);
   }
 }
 

@@ -144,6 +144,13 @@ void matmul_rows_quantized(GgmlType type, const uint8_t* w, size_t row_bytes, in
 /// the token count is `x.tokens`). Does not modify `x`, so threads can share it.
 void matmul_rows_quantized(GgmlType type, const uint8_t* w, size_t row_bytes, int64_t cols, int64_t row_begin,
                            int64_t row_end, const QuantizedActivations& x, float* y, int64_t y_stride);
+/// One tile of that product: rows [row_begin, row_end) by tokens [token_begin, token_end) of `x`
+/// (0 ≤ token_begin ≤ token_end ≤ x.tokens), each value the same bits as matmul_rows_quantized
+/// gives it; nothing else of Y is written. A product with many tokens is cut into tiles that
+/// threads take as they become free. Throws like matmul_rows_quantized, and on a bad token range.
+void matmul_tile_quantized(GgmlType type, const uint8_t* w, size_t row_bytes, int64_t cols, int64_t row_begin,
+                           int64_t row_end, const QuantizedActivations& x, int64_t token_begin, int64_t token_end,
+                           float* y, int64_t y_stride);
 
 namespace scalar {
 /// Scalar quantizers (the oracle for the AVX2 ones).
@@ -157,6 +164,10 @@ float dot_row(GgmlType type, const uint8_t* w, const uint8_t* xq, int64_t cols);
 /// rounded, then scalar::matmul_rows).
 void matmul_rows_quantized(GgmlType type, const uint8_t* w, size_t row_bytes, int64_t cols, int64_t row_begin,
                            int64_t row_end, const QuantizedActivations& x, float* y, int64_t y_stride);
+/// Scalar matmul_tile_quantized.
+void matmul_tile_quantized(GgmlType type, const uint8_t* w, size_t row_bytes, int64_t cols, int64_t row_begin,
+                           int64_t row_end, const QuantizedActivations& x, int64_t token_begin, int64_t token_end,
+                           float* y, int64_t y_stride);
 }  // namespace scalar
 
 namespace avx2 {
@@ -173,12 +184,20 @@ void quantize_activation_rows(const float* x, int64_t t_begin, int64_t t_end, Qu
 /// where the type has a min term). Float types: avx2::matmul_rows on the rounded X.
 void matmul_rows_quantized(GgmlType type, const uint8_t* w, size_t row_bytes, int64_t cols, int64_t row_begin,
                            int64_t row_end, const QuantizedActivations& x, float* y, int64_t y_stride);
+/// AVX2 matmul_tile_quantized.
+void matmul_tile_quantized(GgmlType type, const uint8_t* w, size_t row_bytes, int64_t cols, int64_t row_begin,
+                           int64_t row_end, const QuantizedActivations& x, int64_t token_begin, int64_t token_end,
+                           float* y, int64_t y_stride);
 }  // namespace avx2
 
 namespace detail {
 /// Argument checks shared by the implementations (throw gaac::Error naming the problem).
 void check_quantized_matmul(GgmlType type, const uint8_t* w, size_t row_bytes, int64_t cols, int64_t row_begin,
                             int64_t row_end, const QuantizedActivations& x, const float* y, int64_t y_stride);
+/// check_quantized_matmul, and that [token_begin, token_end) lies within x's tokens.
+void check_quantized_tile(GgmlType type, const uint8_t* w, size_t row_bytes, int64_t cols, int64_t row_begin,
+                          int64_t row_end, const QuantizedActivations& x, int64_t token_begin, int64_t token_end,
+                          const float* y, int64_t y_stride);
 void check_activation_rows(const float* x, int64_t t_begin, int64_t t_end, const QuantizedActivations& out);
 }  // namespace detail
 

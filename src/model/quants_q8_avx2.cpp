@@ -488,9 +488,9 @@ void token_groups(int64_t t0, int64_t t1, Run&& run) {
 
 template <class K>
 void matmul_a(const uint8_t* w, size_t row_bytes, int64_t cols, int64_t row_begin, int64_t row_end,
-              const QuantizedActivations& x, float* y, int64_t y_stride) {
+              const QuantizedActivations& x, int64_t token_begin, int64_t token_end, float* y, int64_t y_stride) {
   const int64_t blocks = cols / 32;
-  RowA rows[2];
+  thread_local RowA rows[2];  // kept between calls: a product cut into many tiles allocates once per thread
   for (RowA& row : rows) row.resize(cols);
   const auto decode = [&](int64_t r, RowA& row) {
     const uint8_t* src = w + static_cast<size_t>(r) * row_bytes;
@@ -499,8 +499,8 @@ void matmul_a(const uint8_t* w, size_t row_bytes, int64_t cols, int64_t row_begi
                 row.m[static_cast<size_t>(b)]);
     }
   };
-  for (int64_t t0 = 0; t0 < x.tokens; t0 += kTokenBlock) {
-    const int64_t t1 = std::min(x.tokens, t0 + kTokenBlock);
+  for (int64_t t0 = token_begin; t0 < token_end; t0 += kTokenBlock) {
+    const int64_t t1 = std::min(token_end, t0 + kTokenBlock);
     int64_t r = row_begin;
     for (; r + 2 <= row_end; r += 2) {
       decode(r, rows[0]);
@@ -516,11 +516,12 @@ void matmul_a(const uint8_t* w, size_t row_bytes, int64_t cols, int64_t row_begi
 
 template <class K>
 void matmul_k(const uint8_t* w, size_t row_bytes, int64_t cols, int64_t row_begin, int64_t row_end,
-              const QuantizedActivations& x, float* y, int64_t y_stride) {
+              const QuantizedActivations& x, int64_t token_begin, int64_t token_end, float* y, int64_t y_stride) {
   const int64_t blocks = cols / 256;
-  std::vector<KBlock> row(static_cast<size_t>(blocks));
-  for (int64_t t0 = 0; t0 < x.tokens; t0 += kTokenBlock) {
-    const int64_t t1 = std::min(x.tokens, t0 + kTokenBlock);
+  thread_local std::vector<KBlock> row;  // as matmul_a's rows
+  row.resize(static_cast<size_t>(blocks));
+  for (int64_t t0 = token_begin; t0 < token_end; t0 += kTokenBlock) {
+    const int64_t t1 = std::min(token_end, t0 + kTokenBlock);
     for (int64_t r = row_begin; r < row_end; ++r) {
       const uint8_t* src = w + static_cast<size_t>(r) * row_bytes;
       for (int64_t b = 0; b < blocks; ++b) K::decode(src + K::kBytes * static_cast<size_t>(b), row[static_cast<size_t>(b)]);
@@ -587,26 +588,35 @@ void quantize_activation_rows(const float* x, int64_t t_begin, int64_t t_end, Qu
 
 void matmul_rows_quantized(GgmlType type, const uint8_t* w, size_t row_bytes, int64_t cols, int64_t row_begin,
                            int64_t row_end, const QuantizedActivations& x, float* y, int64_t y_stride) {
+  avx2::matmul_tile_quantized(type, w, row_bytes, cols, row_begin, row_end, x, 0, x.tokens, y, y_stride);
+}
+
+void matmul_tile_quantized(GgmlType type, const uint8_t* w, size_t row_bytes, int64_t cols, int64_t row_begin,
+                           int64_t row_end, const QuantizedActivations& x, int64_t token_begin, int64_t token_end,
+                           float* y, int64_t y_stride) {
   require();
-  detail::check_quantized_matmul(type, w, row_bytes, cols, row_begin, row_end, x, y, y_stride);
+  detail::check_quantized_tile(type, w, row_bytes, cols, row_begin, row_end, x, token_begin, token_end, y, y_stride);
   if (activation_block_elements(x.type) == 1) {
-    avx2::matmul_rows(type, w, row_bytes, cols, row_begin, row_end, x.values.data(), x.tokens, y, y_stride);
+    const auto first = static_cast<size_t>(token_begin) * static_cast<size_t>(cols);
+    avx2::matmul_rows(type, w, row_bytes, cols, row_begin, row_end, x.values.data() + first, token_end - token_begin,
+                      y + token_begin * y_stride, y_stride);
     return;
   }
-  if (row_end == row_begin || x.tokens == 0) return;
+  if (row_end == row_begin || token_end == token_begin) return;
   if (cols == 0) {
-    for (int64_t t = 0; t < x.tokens; ++t) std::fill(y + t * y_stride + row_begin, y + t * y_stride + row_end, 0.0f);
+    for (int64_t t = token_begin; t < token_end; ++t) std::fill(y + t * y_stride + row_begin, y + t * y_stride + row_end, 0.0f);
     return;
   }
+  const int64_t t0 = token_begin, t1 = token_end;
   switch (type) {
-    case GgmlType::q4_0: matmul_a<Q4_0>(w, row_bytes, cols, row_begin, row_end, x, y, y_stride); return;
-    case GgmlType::q4_1: matmul_a<Q4_1>(w, row_bytes, cols, row_begin, row_end, x, y, y_stride); return;
-    case GgmlType::q5_0: matmul_a<Q5_0>(w, row_bytes, cols, row_begin, row_end, x, y, y_stride); return;
-    case GgmlType::q5_1: matmul_a<Q5_1>(w, row_bytes, cols, row_begin, row_end, x, y, y_stride); return;
-    case GgmlType::q8_0: matmul_a<Q8_0>(w, row_bytes, cols, row_begin, row_end, x, y, y_stride); return;
-    case GgmlType::q4_k: matmul_k<Q4_K>(w, row_bytes, cols, row_begin, row_end, x, y, y_stride); return;
-    case GgmlType::q5_k: matmul_k<Q5_K>(w, row_bytes, cols, row_begin, row_end, x, y, y_stride); return;
-    case GgmlType::q6_k: matmul_k<Q6_K>(w, row_bytes, cols, row_begin, row_end, x, y, y_stride); return;
+    case GgmlType::q4_0: matmul_a<Q4_0>(w, row_bytes, cols, row_begin, row_end, x, t0, t1, y, y_stride); return;
+    case GgmlType::q4_1: matmul_a<Q4_1>(w, row_bytes, cols, row_begin, row_end, x, t0, t1, y, y_stride); return;
+    case GgmlType::q5_0: matmul_a<Q5_0>(w, row_bytes, cols, row_begin, row_end, x, t0, t1, y, y_stride); return;
+    case GgmlType::q5_1: matmul_a<Q5_1>(w, row_bytes, cols, row_begin, row_end, x, t0, t1, y, y_stride); return;
+    case GgmlType::q8_0: matmul_a<Q8_0>(w, row_bytes, cols, row_begin, row_end, x, t0, t1, y, y_stride); return;
+    case GgmlType::q4_k: matmul_k<Q4_K>(w, row_bytes, cols, row_begin, row_end, x, t0, t1, y, y_stride); return;
+    case GgmlType::q5_k: matmul_k<Q5_K>(w, row_bytes, cols, row_begin, row_end, x, t0, t1, y, y_stride); return;
+    case GgmlType::q6_k: matmul_k<Q6_K>(w, row_bytes, cols, row_begin, row_end, x, t0, t1, y, y_stride); return;
     default: return;  // float types handled above
   }
 }
@@ -621,6 +631,10 @@ void quantize_activation_rows(const float*, int64_t, int64_t, QuantizedActivatio
 }
 void matmul_rows_quantized(GgmlType, const uint8_t*, size_t, int64_t, int64_t, int64_t, const QuantizedActivations&, float*,
                            int64_t) {
+  throw Error("the AVX2 quantized kernels are not compiled into this build");
+}
+void matmul_tile_quantized(GgmlType, const uint8_t*, size_t, int64_t, int64_t, int64_t, const QuantizedActivations&, int64_t,
+                           int64_t, float*, int64_t) {
   throw Error("the AVX2 quantized kernels are not compiled into this build");
 }
 

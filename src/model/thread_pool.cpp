@@ -32,7 +32,7 @@ ThreadPool::ThreadPool(int threads, const ThreadStarter& start) {
   workers_.reserve(static_cast<size_t>(threads - 1));
   for (int i = 1; i < threads; ++i) {
     try {
-      workers_.push_back(start([this, i] { work(i); }));
+      workers_.push_back(start([this] { work(); }));
     } catch (const std::exception& e) {
       // Without this the members would be destroyed under the running workers (a condition
       // variable with waiters: a hang in its destructor).
@@ -57,23 +57,25 @@ void ThreadPool::stop_workers() {
   workers_.clear();
 }
 
-void ThreadPool::run_chunk(int index) {
-  // Thread `index` of size() takes the index-th share of the grains.
+void ThreadPool::run_chunks() {
+  // Grains are handed out one at a time to whichever thread is free: uneven grains (causal attention,
+  // a thread the system preempts) balance themselves.
   const int64_t grains = (n_ + grain_ - 1) / grain_;
-  const int64_t per = grains / size(), extra = grains % size();
-  const int64_t first = index * per + std::min<int64_t>(index, extra);
-  const int64_t count = per + (index < extra ? 1 : 0);
-  const int64_t begin = first * grain_, end = std::min(n_, (first + count) * grain_);
-  if (begin >= end) return;
-  try {
-    (*body_)(begin, end);
-  } catch (...) {
-    std::lock_guard lock(mutex_);
-    if (!error_) error_ = std::current_exception();
+  for (;;) {
+    const int64_t g = next_grain_.fetch_add(1, std::memory_order_relaxed);
+    if (g >= grains) return;
+    try {
+      (*body_)(g * grain_, std::min(n_, (g + 1) * grain_));
+    } catch (...) {
+      next_grain_.store(grains, std::memory_order_relaxed);  // the others stop at their next grain
+      std::lock_guard lock(mutex_);
+      if (!error_) error_ = std::current_exception();
+      return;
+    }
   }
 }
 
-void ThreadPool::work(int index) {
+void ThreadPool::work() {
   uint64_t seen = 0;
   for (;;) {
     {
@@ -82,7 +84,7 @@ void ThreadPool::work(int index) {
       if (stop_) return;
       seen = generation_;
     }
-    run_chunk(index);
+    run_chunks();
     std::lock_guard lock(mutex_);
     if (--pending_ == 0) done_.notify_one();
   }
@@ -101,10 +103,11 @@ void ThreadPool::parallel_for(int64_t n, int64_t grain, const std::function<void
     grain_ = std::max<int64_t>(1, grain);
     pending_ = static_cast<int>(workers_.size());
     error_ = nullptr;
+    next_grain_.store(0, std::memory_order_relaxed);
     ++generation_;
   }
   wake_.notify_all();
-  run_chunk(0);
+  run_chunks();
   std::unique_lock lock(mutex_);
   done_.wait(lock, [&] { return pending_ == 0; });
   body_ = nullptr;

@@ -1,6 +1,7 @@
 // A fixed pool of worker threads running parallel loops.
 #pragma once
 
+#include <atomic>
 #include <condition_variable>
 #include <cstdint>
 #include <functional>
@@ -42,13 +43,15 @@ class ThreadPool {
   /// Number of threads taking part in a loop.
   int size() const { return static_cast<int>(workers_.size()) + 1; }
 
-  /// Calls body(begin, end) over disjoint chunks covering [0, n), chunk boundaries at multiples of
-  /// `grain`, and returns when all are done. Exceptions from a body are rethrown here.
+  /// Calls body(begin, end) once per grain of [0, n) — [0, grain), [grain, 2·grain), ..., the last
+  /// one shorter — each on whichever thread is free next, and returns when all are done. The first
+  /// exception from a body is rethrown here (grains not yet started are then skipped).
   void parallel_for(int64_t n, int64_t grain, const std::function<void(int64_t, int64_t)>& body);
 
  private:
-  void work(int index);
-  void run_chunk(int index);
+  void work();
+  /// Runs grains of the current loop until none is left.
+  void run_chunks();
   /// Tells the workers to finish and joins them.
   void stop_workers();
 
@@ -58,6 +61,7 @@ class ThreadPool {
   const std::function<void(int64_t, int64_t)>* body_ = nullptr;
   int64_t n_ = 0, grain_ = 1;
   uint64_t generation_ = 0;
+  std::atomic<int64_t> next_grain_{0};
   int pending_ = 0;
   bool stop_ = false;
   std::exception_ptr error_;

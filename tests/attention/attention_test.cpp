@@ -9,7 +9,9 @@
 #include <cstring>
 #include <cmath>
 #include <random>
+#include <functional>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "attention/attention_internal.hpp"
@@ -357,6 +359,92 @@ TEST(Attention, ABatchEqualsOneCallPerSequence) {
     const std::vector<float> want = f.oracle(std::vector<float>(q.begin() + i * 576, q.begin() + (i + 1) * 576), i == 0 ? 69 : 2, 0);
     for (size_t j = 0; j < want.size(); ++j) ASSERT_TRUE(same_bits(out[static_cast<size_t>(i) * 576 + j], want[j])) << i << " " << j;
   }
+}
+
+/// Queries at positions `first` .. `last` of `f`'s sequence in one call (those from f.cached on with
+/// the extra rows), through every kernel set and cache: each query's output equals the oracle's bit
+/// for bit, as when it is attended alone. Consecutive queries are attended together as tiles.
+void check_consecutive_queries(const Filled& f, int first, int last, int window, uint64_t seed) {
+  const size_t width = static_cast<size_t>(f.shape.q_heads) * f.shape.head_dim;
+  const int n = last - first + 1;
+  const std::vector<float> q = random_q(static_cast<size_t>(n) * width, seed);
+  std::vector<std::vector<float>> want;
+  for (int i = 0; i < n; ++i) {
+    want.push_back(f.oracle(std::vector<float>(q.begin() + static_cast<ptrdiff_t>(i * width), q.begin() + static_cast<ptrdiff_t>((i + 1) * width)),
+                            first + i, window));
+  }
+  std::vector<std::pair<std::string, const attention::Kernels*>> kernels{{"scalar", &attention::scalar_kernels()}};
+  if (attention::avx2_kernels() != nullptr) kernels.emplace_back("avx2", attention::avx2_kernels());
+  if (attention::avx512_kernels() != nullptr) kernels.emplace_back("avx512", attention::avx512_kernels());
+  for (const auto& [name, k] : kernels) {
+    for (const auto& [cache_name, cache, id, path] :
+         {std::tuple{"gaac fused", &f.gaac, f.gaac_id, AttentionPath::fused}, std::tuple{"gaac reference", &f.gaac, f.gaac_id, AttentionPath::reference},
+          std::tuple{"bf16", &f.bf16, f.bf16_id, AttentionPath::fused}}) {
+      std::vector<float> out(q.size(), std::nanf(""));
+      std::vector<AttentionQuery> queries;
+      for (int i = 0; i < n; ++i) {
+        AttentionQuery query{id, first + i, q.data() + i * width, out.data() + i * width, {}, {}};
+        if (first + i >= f.cached) {
+          query.extra_k = f.extra_k();
+          query.extra_v = f.extra_v();
+        }
+        queries.push_back(query);
+      }
+      AttentionOptions o;
+      o.q_heads = f.shape.q_heads;
+      o.scale = 1.0f / std::sqrt(static_cast<float>(f.shape.head_dim));
+      o.path = path;
+      o.window = window;
+      o.parallel = [](size_t jobs, const std::function<void(size_t, size_t)>& body) {
+        for (size_t j = jobs; j-- > 0;) body(j, j + 1);  // one job at a time, last first
+      };
+      attention::attend_with(*k, *cache, 0, queries, o);
+      for (int i = 0; i < n; ++i) {
+        for (size_t c = 0; c < width; ++c) {
+          const float got = out[static_cast<size_t>(i) * width + c];
+          ASSERT_TRUE(same_bits(got, want[static_cast<size_t>(i)][c]))
+              << name << ", " << cache_name << ": position " << first + i << " element " << c << ": " << got << " vs oracle "
+              << want[static_cast<size_t>(i)][c];
+        }
+      }
+    }
+  }
+}
+
+TEST(Attention, ConsecutiveQueriesInOneCallGiveEachQuerysBits) {
+  for (const Shape s : {kSmolLM2, kGemma3, kLlama8B}) {
+    SCOPED_TRACE("shape " + std::to_string(s.q_heads) + "/" + std::to_string(s.kv_heads) + "/" + std::to_string(s.head_dim));
+    // 75 cached tokens (blocks of compressed tiles, a tail), 45 given with the queries: tiles that
+    // start off a block edge and cross the cache's end, blocks attended whole and in part.
+    const Filled f(s, 120, 45, 90, 0.0005);
+    check_consecutive_queries(f, 0, 119, 0, 91);
+    check_consecutive_queries(f, 70, 89, 0, 92);
+    check_consecutive_queries(f, 99, 99, 0, 93);
+  }
+  // Sliding windows: each query of a tile starts elsewhere.
+  const Filled w(kSmolLM2, 150, 60, 94, 0.0, 40);
+  check_consecutive_queries(w, 110, 149, 40, 95);
+}
+
+TEST(Attention, ConsecutiveQueriesWithZerosAndExtremes) {
+  // Zero and negative-zero keys, values and queries, huge and tiny values: the tiles' lane-wise
+  // reductions and softmax take the oracle's steps for every one of them.
+  KvDump dump = Filled::make_dump(kSmolLM2, 80, 96, 0.0);
+  std::mt19937_64 rng(97);
+  for (KvTensor* t : {&dump.layers[0].k, &dump.layers[0].v}) {
+    for (uint16_t& x : t->data) {
+      switch (rng() % 16) {
+        case 0: x = 0x0000; break;
+        case 1: x = 0x8000; break;
+        case 2: x = static_cast<uint16_t>(0x4780 | (rng() & 0x807F)); break;  // about ±2^16
+        case 3: x = static_cast<uint16_t>(0x0080 | (rng() & 0x807F)); break;  // near the smallest normal
+        default: break;
+      }
+    }
+  }
+  const KvDump* dumps[] = {&dump};
+  const Filled f(kSmolLM2, std::move(dump), 30, calibrate(dumps));
+  check_consecutive_queries(f, 0, 79, 0, 98);
 }
 
 TEST(Attention, RejectsBadArguments) {

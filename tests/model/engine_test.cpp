@@ -2,6 +2,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <chrono>
+#include <thread>
 #include <stdexcept>
 
 #include "gaac/calibration.hpp"
@@ -21,12 +23,31 @@ TEST(ThreadPool, ParallelForCoversTheRangeExactlyOnce) {
     for (const int64_t grain : {1, 4, 16, 5000}) {
       std::vector<std::atomic<int>> hits(static_cast<size_t>(n));
       pool.parallel_for(n, grain, [&](int64_t begin, int64_t end) {
-        EXPECT_TRUE(begin % grain == 0 || begin == 0);
+        EXPECT_EQ(begin % grain, 0);                 // one grain per call ...
+        EXPECT_EQ(end, std::min(n, begin + grain));  // ... the last one shorter
         for (int64_t i = begin; i < end; ++i) ++hits[static_cast<size_t>(i)];
       });
       for (int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[static_cast<size_t>(i)].load(), 1) << n << " " << grain << " " << i;
     }
   }
+}
+
+TEST(ThreadPool, AThreadHeldUpLeavesItsGrainsToTheOthers) {
+  // Grains go to whichever thread is free: while one grain holds a thread, the other threads take
+  // every remaining grain (a static share would leave half of them waiting for the held thread).
+  ThreadPool pool(2);
+  std::atomic<int> done{0};
+  std::atomic<bool> release{false};
+  pool.parallel_for(100, 1, [&](int64_t begin, int64_t) {
+    if (begin == 0) {  // held until the other thread has done the rest (or, failing that, for 30 s)
+      const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+      while (done.load() < 99 && std::chrono::steady_clock::now() < deadline) std::this_thread::yield();
+      release = done.load() == 99;
+    }
+    ++done;
+  });
+  EXPECT_TRUE(release.load());
+  EXPECT_EQ(done.load(), 100);
 }
 
 TEST(ThreadPool, ExceptionsReachTheCaller) {
@@ -211,6 +232,38 @@ TEST(Engine, SmolLm2LogitsAreIdenticalWithEitherCache) {
 TEST(Engine, Gemma3LogitsAreIdenticalWithEitherCache) {
   GAAC_REQUIRE_MODEL(path, "gemma3");
   identical_logits(path, 560, 413, 20);  // past 512 tokens: the sliding layers release blocks
+}
+
+/// A prompt in one pass and in passes of uneven sizes (query tiles that cross the cache's end, cached
+/// blocks that several tiles read), over a BF16 and a GAAC cache: every logit identical.
+void passes_equal_one_pass(const std::string& path, size_t n) {
+  const auto model = Model::load(path);
+  ThreadPool pool(2);
+  const CalibrationTable table = test_calibration(*model, pool);
+  const std::vector<Token> tokens = text_tokens(*model, n);
+  ASSERT_EQ(tokens.size(), n);
+  KvCache whole = test_cache(*model, static_cast<int>(n), CacheFormat::bf16, false);
+  const std::vector<float> want = Session(*model, pool, whole).forward(tokens, true);
+  for (const CacheFormat format : {CacheFormat::bf16, CacheFormat::gaac}) {
+    SCOPED_TRACE(to_string(format));
+    KvCache cache = test_cache(*model, static_cast<int>(n), format, false, &table);
+    Session session(*model, pool, cache);
+    std::vector<float> got;
+    for (size_t at = 0, i = 0; at < n; ++i) {
+      const size_t sizes[] = {37, 1, 70, 16, 3};
+      const size_t take = std::min(sizes[i % 5], n - at);
+      const std::vector<float> logits = session.forward(std::span(tokens).subspan(at, take), true);
+      got.insert(got.end(), logits.begin(), logits.end());
+      at += take;
+    }
+    ASSERT_EQ(got.size(), want.size());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.size() * sizeof(float)), 0);
+  }
+}
+
+TEST(Engine, SmolLm2PromptInPassesEqualsOnePass) {
+  GAAC_REQUIRE_MODEL(path, "smollm2");
+  passes_equal_one_pass(path, 200);
 }
 
 TEST(Engine, SmolLm2CaptureRoundTripsBitExact) {

@@ -665,6 +665,49 @@ TEST(QuantsQ8, Avx2ResultsIndependentOfGrouping) {
   }
 }
 
+using QuantizedTile = void (*)(GgmlType, const uint8_t*, size_t, int64_t, int64_t, int64_t, const QuantizedActivations&, int64_t,
+                               int64_t, float*, int64_t);
+
+TEST(QuantsQ8, TilesGiveTheWholeProductsBits) {
+  // A product cut into tiles of tokens by rows (as the engine's threads take them) writes each value
+  // once, with the bits of the whole product, and nothing outside its tile.
+  std::vector<std::pair<std::string, QuantizedTile>> impls = {{"reference", &scalar::matmul_tile_quantized},
+                                                             {"dispatch", &matmul_tile_quantized}};
+  if (avx2::available()) impls.emplace_back("avx2", &avx2::matmul_tile_quantized);
+  std::vector<GgmlType> types(std::begin(kQuantTypes), std::end(kQuantTypes));
+  types.insert(types.end(), std::begin(kFloatTypes), std::end(kFloatTypes));
+  for (GgmlType type : types) {
+    const int64_t cols = k_quant(type) ? 512 : 256, rows = 13, tokens = 150;
+    Case c = make_case(type, rows, cols, tokens, 41, 2);
+    if (ggml_type_info(type).block_elements == 1) {
+      for (uint8_t& b : c.w) b &= 0x3F;  // float weights: small, finite values in every format
+    }
+    for (const auto& [label, tile] : impls) {
+      SCOPED_TRACE(name(type) + " " + label);
+      std::vector<float> whole(static_cast<size_t>(tokens * rows)), tiled(whole.size(), std::nanf(""));
+      tile(type, c.w.data(), c.row_bytes(), cols, 0, rows, c.q, 0, tokens, whole.data(), rows);
+      for (int64_t t0 = 0; t0 < tokens; t0 += 64) {
+        for (int64_t r0 = 0; r0 < rows; r0 += 5) {
+          tile(type, c.w.data(), c.row_bytes(), cols, r0, std::min(rows, r0 + 5), c.q, t0, std::min(tokens, t0 + 64), tiled.data(), rows);
+        }
+      }
+      for (size_t i = 0; i < whole.size(); ++i) ASSERT_EQ(bits_of(tiled[i]), bits_of(whole[i])) << i;
+      std::vector<float> y(whole.size(), 7.0f);
+      tile(type, c.w.data(), c.row_bytes(), cols, 2, 4, c.q, 10, 12, y.data(), rows);
+      for (int64_t t = 0; t < tokens; ++t) {
+        for (int64_t r = 0; r < rows; ++r) {
+          const bool inside = t >= 10 && t < 12 && r >= 2 && r < 4;
+          const float want = inside ? whole[static_cast<size_t>(t * rows + r)] : 7.0f;
+          ASSERT_EQ(bits_of(y[static_cast<size_t>(t * rows + r)]), bits_of(want)) << "t " << t << " r " << r;
+        }
+      }
+      EXPECT_THROW(tile(type, c.w.data(), c.row_bytes(), cols, 0, rows, c.q, 10, 9, y.data(), rows), Error);
+      EXPECT_THROW(tile(type, c.w.data(), c.row_bytes(), cols, 0, rows, c.q, 0, tokens + 1, y.data(), rows), Error);
+      EXPECT_THROW(tile(type, c.w.data(), c.row_bytes(), cols, 0, rows, c.q, -1, 3, y.data(), rows), Error);
+    }
+  }
+}
+
 TEST(QuantsQ8, FloatWeightsRoundTheActivations) {
   std::mt19937 rng(5);
   for (GgmlType type : kFloatTypes) {

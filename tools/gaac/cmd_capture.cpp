@@ -18,11 +18,10 @@
 namespace gaac::cli {
 namespace {
 
-/// Prefills `tokens` in chunks so a progress bar can follow long texts.
+/// Prefills `tokens` in passes of kPrefillChunk so a progress bar can follow long texts.
 void prefill(model::Session& session, const std::vector<model::Token>& tokens, ProgressBar& bar) {
-  constexpr size_t kChunk = 64;
-  for (size_t i = 0; i < tokens.size(); i += kChunk) {
-    const size_t n = std::min(kChunk, tokens.size() - i);
+  for (size_t i = 0; i < tokens.size(); i += kPrefillChunk) {
+    const size_t n = std::min(kPrefillChunk, tokens.size() - i);
     session.forward(std::span(tokens).subspan(i, n));
     bar(i + n, tokens.size());
   }

@@ -19,6 +19,7 @@
 #include "io/output_file.hpp"
 #include "model/model.hpp"
 #include "numbers.hpp"
+#include "progress.hpp"
 #include "standard_output.hpp"
 #include "terminal_text.hpp"
 
@@ -127,22 +128,40 @@ void run_generate(const GenerateOptions& o) {
   const bool terminal = ::isatty(STDOUT_FILENO) == 1;  // untrusted text: a terminal sees its controls escaped
   uint64_t peak_resident = 0;
 
-  // The prompts, every one in one pass; then one token per unfinished answer per step. A budget that
-  // runs out stops the unfinished answers where they are; the finished ones are kept and printed.
+  // The prompts, all of them together in passes of up to kPrefillChunk tokens each (a progress bar on
+  // stderr follows a long prefill); then one token per unfinished answer per step. A budget that runs
+  // out stops the unfinished answers where they are; the finished ones are kept and printed.
   std::optional<Error> ran_out;
   const auto start = Clock::now();
   double prefill_s = 0;
   int generated = 0;
   auto decode_start = start;
   try {
-    std::vector<model::Session*> batch;
-    std::vector<std::span<const model::Token>> tokens;
-    for (Answer& a : answers) {
-      batch.push_back(a.session);
-      tokens.emplace_back(a.prompt);
+    {
+      const Activity prefilling(fmt::format("prefilling {} prompt tokens", prompt_tokens));
+      ProgressBar bar("prefill");
+      size_t done = 0;
+      for (size_t from = 0; done < prompt_tokens; from += kPrefillChunk) {
+        std::vector<model::Session*> sessions_now;
+        std::vector<std::span<const model::Token>> pieces;
+        std::vector<Answer*> owners;
+        for (Answer& a : answers) {
+          if (a.prompt.size() <= from) continue;
+          const size_t n = std::min(kPrefillChunk, a.prompt.size() - from);
+          sessions_now.push_back(a.session);
+          pieces.push_back(std::span<const model::Token>(a.prompt).subspan(from, n));
+          owners.push_back(&a);
+          done += n;
+        }
+        std::vector<std::vector<float>> logits = model::forward_batch(sessions_now, pieces);
+        for (size_t i = 0; i < owners.size(); ++i) {
+          if (pieces[i].data() + pieces[i].size() == owners[i]->prompt.data() + owners[i]->prompt.size()) {
+            owners[i]->logits = std::move(logits[i]);  // its prompt's last token
+          }
+        }
+        bar(done, prompt_tokens);
+      }
     }
-    std::vector<std::vector<float>> logits = model::forward_batch(batch, tokens);
-    for (size_t i = 0; i < answers.size(); ++i) answers[i].logits = std::move(logits[i]);
     prefill_s = seconds_since(start);
     peak_resident = cache.resident_bytes();
     decode_start = Clock::now();

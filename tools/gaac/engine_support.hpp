@@ -3,6 +3,7 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <span>
@@ -12,6 +13,10 @@
 #include "model/model.hpp"
 
 namespace gaac::cli {
+
+/// Tokens per forward pass of a long prompt: a progress bar follows the prefill pass by pass and
+/// a pass's activations stay bounded. The logits and the cache do not depend on it, bit for bit.
+inline constexpr size_t kPrefillChunk = 512;
 
 /// Loads a model, saying so while it takes time.
 std::unique_ptr<model::Model> load_model(const std::string& path);

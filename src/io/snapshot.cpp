@@ -2,8 +2,6 @@
 // (layer, K/V). Every read is bounds-checked against the image before it happens.
 #include "gaac/snapshot.hpp"
 
-#include <xxhash.h>
-
 #include <algorithm>
 #include <array>
 #include <cstring>
@@ -14,18 +12,19 @@
 
 #include "gaac/error.hpp"
 #include "gaac/tile_codec.hpp"
+#include "io/container.hpp"
 #include "io/files.hpp"
 
 namespace gaac {
 namespace {
 
-constexpr std::array<uint8_t, 8> kMagic = {0x89, 'G', 'A', 'A', 'C', '\r', '\n', 0x1A};
-constexpr size_t kHeaderBytes = 32;
-constexpr size_t kSectionEntryBytes = 32;
-constexpr size_t kSectionAlignment = 64;
-constexpr uint32_t kMetadataSection = 1;
-constexpr uint32_t kCalibrationSection = 2;
-constexpr uint32_t kTensorSection = 3;
+using io::ContainerReader;
+using io::get_le;
+using io::kMetadataSection;
+using io::kCalibrationSection;
+using io::kTensorSection;
+using io::SectionRef;
+using Reader = ContainerReader;
 constexpr uint8_t kStoredSlot = 0;
 constexpr uint8_t kStoredRaw = 1;
 // Geometry limits a reader accepts: far beyond any model, small enough that sizes cannot overflow.
@@ -37,17 +36,6 @@ const char* kind_name(TensorKind kind) { return kind == TensorKind::key ? "K" : 
 
 void put_u16(std::vector<uint8_t>& out, uint16_t v) {
   for (int i = 0; i < 2; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
-}
-void put_u32(std::vector<uint8_t>& out, uint32_t v) {
-  for (int i = 0; i < 4; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
-}
-void put_u64(std::vector<uint8_t>& out, uint64_t v) {
-  for (int i = 0; i < 8; ++i) out.push_back(static_cast<uint8_t>(v >> (8 * i)));
-}
-uint64_t get_le(const uint8_t* p, int bytes) {
-  uint64_t v = 0;
-  for (int i = 0; i < bytes; ++i) v |= static_cast<uint64_t>(p[i]) << (8 * i);
-  return v;
 }
 void put_bf16(std::vector<uint8_t>& out, const uint16_t* x, size_t n) {
   for (size_t i = 0; i < n; ++i) put_u16(out, x[i]);
@@ -139,97 +127,16 @@ std::vector<Section> build_sections(const KvDump& dump, const CalibrationTable& 
 
 /// Header and section table for sections laid out one after another, each 64-byte aligned.
 std::vector<uint8_t> header_for(const std::vector<Section>& sections) {
-  std::vector<uint8_t> table;
-  uint64_t offset = (kHeaderBytes + kSectionEntryBytes * sections.size() + kSectionAlignment - 1) / kSectionAlignment *
-                    kSectionAlignment;
+  std::vector<io::SectionEntry> entries;
+  uint64_t offset = io::first_section_offset(sections.size());
   for (const Section& s : sections) {
-    put_u32(table, s.type);
-    put_u32(table, s.index);
-    put_u64(table, offset);
-    put_u64(table, s.bytes.size());
-    put_u64(table, XXH64(s.bytes.data(), s.bytes.size(), 0));
-    offset += (s.bytes.size() + kSectionAlignment - 1) / kSectionAlignment * kSectionAlignment;
+    entries.push_back({s.type, s.index, offset, s.bytes.size(), io::section_checksum(s.bytes, io::kWholeChecksumContainer)});
+    offset += io::align_section(s.bytes.size());
   }
-  std::vector<uint8_t> header(kMagic.begin(), kMagic.end());
-  put_u16(header, kSnapshotVersion);
-  put_u16(header, static_cast<uint16_t>(kTileFormatVersion));
-  put_u32(header, static_cast<uint32_t>(sections.size()));
-  put_u64(header, offset);  // file bytes
-  put_u64(header, XXH64(table.data(), table.size(), 0));
-  header.insert(header.end(), table.begin(), table.end());
-  pad_to(header, kSectionAlignment);
+  std::vector<uint8_t> header(io::first_section_offset(sections.size()));
+  io::write_container_header(kSnapshotVersion, entries, offset, header.data());
   return header;
 }
-
-// ---- reading -------------------------------------------------------------------------------------
-
-struct SectionRef {
-  uint32_t type;
-  uint32_t index;
-  std::span<const uint8_t> bytes;
-};
-
-class Reader {
- public:
-  Reader(std::span<const uint8_t> image, std::string label) : image_(image), label_(std::move(label)) {}
-
-  [[noreturn]] void fail(const std::string& what) const { throw Error(label_ + ": " + what); }
-
-  std::vector<SectionRef> sections() const {
-    if (image_.size() < kHeaderBytes) fail("too short to be a .gaac file (" + std::to_string(image_.size()) + " bytes)");
-    if (!std::equal(kMagic.begin(), kMagic.end(), image_.begin())) fail("not a .gaac file (bad magic)");
-    const auto version = get_le(&image_[8], 2);
-    if (version != kSnapshotVersion) fail("container version " + std::to_string(version) + " is not supported");
-    const auto tile_version = get_le(&image_[10], 2);
-    if (tile_version != kTileFormatVersion) fail("tile format version " + std::to_string(tile_version) + " is not supported");
-    const uint64_t count = get_le(&image_[12], 4);
-    const uint64_t file_bytes = get_le(&image_[16], 8);
-    if (file_bytes != image_.size()) {
-      fail("file is " + std::to_string(image_.size()) + " bytes, its header says " + std::to_string(file_bytes) +
-           " (truncated or padded)");
-    }
-    if (count > (image_.size() - kHeaderBytes) / kSectionEntryBytes) fail("section table runs past the end of the file");
-    const auto table = image_.subspan(kHeaderBytes, count * kSectionEntryBytes);
-    if (XXH64(table.data(), table.size(), 0) != get_le(&image_[24], 8)) fail("section table checksum mismatch");
-    std::vector<SectionRef> out;
-    uint64_t previous_end = kHeaderBytes + table.size();
-    for (uint64_t i = 0; i < count; ++i) {
-      const uint8_t* e = table.data() + i * kSectionEntryBytes;
-      const uint64_t offset = get_le(e + 8, 8);
-      const uint64_t bytes = get_le(e + 16, 8);
-      if (offset < previous_end || offset > image_.size() || bytes > image_.size() - offset) {
-        fail("section " + std::to_string(i) + " lies outside the file or overlaps another");
-      }
-      if (offset != align(previous_end)) fail("section " + std::to_string(i) + " does not start at the next 64-byte boundary");
-      const auto data = image_.subspan(offset, bytes);
-      if (XXH64(data.data(), data.size(), 0) != get_le(e + 24, 8)) fail("section " + std::to_string(i) + " checksum mismatch");
-      out.push_back({static_cast<uint32_t>(get_le(e, 4)), static_cast<uint32_t>(get_le(e + 4, 4)), data});
-      previous_end = offset + bytes;
-    }
-    if (image_.size() != align(previous_end)) fail("file does not end at the 64-byte boundary after its last section");
-    return out;
-  }
-
-  /// Fails unless every byte outside the header, the section table and the sections is zero. Run
-  /// after the sections have been validated, so their own errors are reported first; with it, every
-  /// byte of a snapshot is either covered by a checksum or known to be zero.
-  void check_padding(const std::vector<SectionRef>& sections) const {
-    const uint8_t* from = image_.data() + kHeaderBytes + sections.size() * kSectionEntryBytes;
-    for (const SectionRef& s : sections) {
-      if (std::any_of(from, s.bytes.data(), [](uint8_t b) { return b != 0; })) fail("padding between sections is not zero");
-      from = s.bytes.data() + s.bytes.size();
-    }
-    if (std::any_of(from, image_.data() + image_.size(), [](uint8_t b) { return b != 0; })) {
-      fail("padding after the last section is not zero");
-    }
-  }
-
- private:
-  static uint64_t align(uint64_t n) { return (n + kSectionAlignment - 1) / kSectionAlignment * kSectionAlignment; }
-
-  std::span<const uint8_t> image_;
-  std::string label_;
-};
 
 int64_t json_int(const Reader& r, const nlohmann::json& j, const char* key, int64_t lo, int64_t hi) {
   const auto it = j.find(key);
@@ -385,7 +292,7 @@ std::vector<uint8_t> snapshot_image(const KvDump& dump, const CalibrationTable& 
   std::vector<uint8_t> image = header_for(sections);
   for (const Section& s : sections) {
     image.insert(image.end(), s.bytes.begin(), s.bytes.end());
-    pad_to(image, kSectionAlignment);
+    pad_to(image, io::kSectionAlignment);
   }
   return image;
 }
@@ -398,8 +305,8 @@ void write_snapshot(const KvDump& dump, const CalibrationTable& calibration, con
 }
 
 Snapshot parse_snapshot(std::span<const uint8_t> image, const std::string& label, const Progress& progress) {
-  const Reader reader(image, label);
-  const std::vector<SectionRef> sections = reader.sections();
+  const Reader reader(image, label, kSnapshotVersion);
+  const std::vector<SectionRef> sections = reader.sections(true);
   if (sections.size() < 2 || sections[0].type != kMetadataSection || sections[1].type != kCalibrationSection) {
     reader.fail("sections must start with metadata and calibration");
   }
@@ -425,7 +332,7 @@ Snapshot parse_snapshot(std::span<const uint8_t> image, const std::string& label
 }
 
 std::vector<uint8_t> read_snapshot_image(const std::string& path) {
-  return io::read_file(path, {kMagic, "a .gaac snapshot"});
+  return io::read_file(path, {io::kContainerMagic, "a .gaac snapshot"});
 }
 
 Snapshot read_snapshot(const std::string& path, const Progress& progress) {

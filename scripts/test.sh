@@ -65,10 +65,10 @@ cmake -S . -B build-fuzz "${sanitizer_flags[@]}" -DCMAKE_C_COMPILER=clang -DCMAK
 cmake --build build-fuzz -j"$jobs"
 corpus=build-fuzz/corpus
 rm -rf "$corpus"
-mkdir -p "$corpus/snapshot" "$corpus/tile_decode" "$corpus/safetensors" "$corpus/gguf"
-build-fuzz/fuzz/gaac_fuzz_corpus "$corpus/snapshot" "$corpus/tile_decode" "$corpus/safetensors" "$corpus/gguf"
+mkdir -p "$corpus/snapshot" "$corpus/tile_decode" "$corpus/safetensors" "$corpus/gguf" "$corpus/chunk"
+build-fuzz/fuzz/gaac_fuzz_corpus "$corpus/snapshot" "$corpus/tile_decode" "$corpus/safetensors" "$corpus/gguf" "$corpus/chunk"
 # The targets run side by side, as many at once as there are jobs, each for its full time.
-targets=(snapshot tile_decode safetensors gguf)
+targets=(snapshot tile_decode safetensors gguf chunk)
 for ((first = 0; first < ${#targets[@]}; first += jobs)); do
   pids=()
   for target in "${targets[@]:first:jobs}"; do

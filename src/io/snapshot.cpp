@@ -12,10 +12,38 @@
 
 #include "gaac/error.hpp"
 #include "gaac/tile_codec.hpp"
+#include "io/calibration_section.hpp"
 #include "io/container.hpp"
 #include "io/files.hpp"
 
 namespace gaac {
+
+namespace io {
+
+std::vector<uint8_t> calibration_section(const CalibrationTable& c) {
+  std::vector<uint8_t> out;
+  for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
+    for (int window = 0; window < 2; ++window) {
+      for (int l = 0; l < c.layers(); ++l) {
+        for (int h = 0; h < c.kv_heads(); ++h) {
+          const auto bases = window == 0 ? c.b3(kind, l, h) : c.b4(kind, l, h);
+          out.insert(out.end(), bases.begin(), bases.end());
+        }
+      }
+    }
+  }
+  for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
+    for (int l = 0; l < c.layers(); ++l) {
+      const auto capacity = static_cast<uint16_t>(c.escape_capacity(kind, l));
+      out.push_back(static_cast<uint8_t>(capacity));
+      out.push_back(static_cast<uint8_t>(capacity >> 8));
+    }
+  }
+  return out;
+}
+
+}  // namespace io
+
 namespace {
 
 using io::ContainerReader;
@@ -70,24 +98,6 @@ std::vector<uint8_t> metadata_section(const KvDump& dump, const CalibrationTable
   return {text.begin(), text.end()};
 }
 
-std::vector<uint8_t> calibration_section(const CalibrationTable& c) {
-  std::vector<uint8_t> out;
-  for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
-    for (int window = 0; window < 2; ++window) {
-      for (int l = 0; l < c.layers(); ++l) {
-        for (int h = 0; h < c.kv_heads(); ++h) {
-          const auto bases = window == 0 ? c.b3(kind, l, h) : c.b4(kind, l, h);
-          out.insert(out.end(), bases.begin(), bases.end());
-        }
-      }
-    }
-  }
-  for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
-    for (int l = 0; l < c.layers(); ++l) put_u16(out, static_cast<uint16_t>(c.escape_capacity(kind, l)));
-  }
-  return out;
-}
-
 std::vector<uint8_t> tensor_section(const KvTensor& tensor, std::span<const TileCodec> codecs) {
   const KvView t = view_of(tensor);
   std::vector<uint8_t> out(storage_map_bytes(tile_count(t)), 0);
@@ -114,7 +124,7 @@ std::vector<Section> build_sections(const KvDump& dump, const CalibrationTable& 
   calibration.check_matches(dump);
   std::vector<Section> sections;
   sections.push_back({kMetadataSection, 0, metadata_section(dump, calibration)});
-  sections.push_back({kCalibrationSection, 0, calibration_section(calibration)});
+  sections.push_back({kCalibrationSection, 0, io::calibration_section(calibration)});
   for (size_t l = 0; l < dump.layers.size(); ++l) {
     for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
       sections.push_back({kTensorSection, static_cast<uint32_t>(2 * l + (kind == TensorKind::key ? 0 : 1)),

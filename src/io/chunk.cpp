@@ -1,0 +1,520 @@
+// KV chunk objects on the CPU (docs/format.md, section 14). Encoding runs in phases on the codec's
+// threads: (1) each thread encodes a contiguous run of tiles (in section order) straight into their
+// fixed places, its escape bytes into a stream of its own; (2) the streams' sizes give each its place
+// in the escape section; (3) the streams are copied there and the padding zeroed; (4) the sections'
+// checksum pieces are hashed; the header goes last. Decoding mirrors it: the structure and the
+// metadata first, then every checksum piece and every tile's escape bytes counted from its tags, then
+// the tiles decoded from their places.
+#include "gaac/chunk.hpp"
+
+#include <xxhash.h>
+
+#include <algorithm>
+#include <bit>
+#include <cmath>
+#include <cstring>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "common/parallel.hpp"
+#include "gaac/error.hpp"
+#include "gaac/tile_codec.hpp"
+#include "gaac/tiling.hpp"
+#include "io/calibration_section.hpp"
+#include "io/container.hpp"
+
+namespace gaac {
+
+static_assert(std::endian::native == std::endian::little, "chunk objects store BF16 little-endian, as the host does");
+
+namespace {
+
+using io::get_le;
+
+constexpr int kMaxThreads = 256;
+constexpr uint8_t kCodedTile = 0;
+constexpr uint8_t kRawTile = 1;
+
+const char* kind_name(TensorKind kind) { return kind == TensorKind::key ? "K" : "V"; }
+
+std::string hex16(uint64_t v) {
+  static const char* digits = "0123456789abcdef";
+  std::string s(16, '0');
+  for (int i = 15; i >= 0; --i, v >>= 4) s[static_cast<size_t>(i)] = digits[v & 15];
+  return s;
+}
+
+/// Escape bytes a coded tile's tags ask for: one per 4-bit group, five per raw group (tag 3 counts
+/// nothing here; the decoder rejects it).
+size_t escapes_of_tags(const uint8_t* tags, size_t tag_bytes) {
+  size_t n = 0;
+  for (size_t i = 0; i < tag_bytes; i += 4) {
+    uint32_t w;
+    std::memcpy(&w, tags + i, 4);
+    const uint32_t lo = w & 0x55555555u, hi = (w >> 1) & 0x55555555u;
+    n += static_cast<size_t>(std::popcount(lo & ~hi)) + 5 * static_cast<size_t>(std::popcount(hi & ~lo));
+  }
+  return n;
+}
+
+/// A byte buffer that grows without initialising what it adds.
+class Stream {
+ public:
+  uint8_t* end_with_room(size_t room) {
+    if (used_ + room > capacity_) {
+      const size_t capacity = std::max(2 * capacity_, used_ + room);
+      auto bigger = std::make_unique_for_overwrite<uint8_t[]>(capacity);
+      if (used_ > 0) std::memcpy(bigger.get(), data_.get(), used_);
+      data_ = std::move(bigger);
+      capacity_ = capacity;
+    }
+    return data_.get() + used_;
+  }
+  void grow(size_t n) { used_ += n; }
+  const uint8_t* data() const { return data_.get(); }
+  size_t size() const { return used_; }
+
+ private:
+  std::unique_ptr<uint8_t[]> data_;
+  size_t capacity_ = 0, used_ = 0;
+};
+
+/// Which tile of the chunk global tile number `g` is: tensor section s = 2·layer + kind, tile i in it.
+struct TileRef {
+  int layer;
+  TensorKind kind;
+  size_t tile;
+};
+TileRef tile_ref(const ChunkLayout& layout, size_t g) {
+  const size_t s = g / layout.tiles_per_tensor;
+  return {static_cast<int>(s / 2), s % 2 == 0 ? TensorKind::key : TensorKind::value, g % layout.tiles_per_tensor};
+}
+
+/// Copies the 16 rows of a tile (row-major, C channels, rows `stride` elements apart) into a raw image.
+void gather_raw(const uint16_t* origin, size_t stride, int channels, uint8_t* raw) {
+  for (int r = 0; r < kTileTokens; ++r) {
+    std::memcpy(raw + static_cast<size_t>(r) * channels * 2, origin + static_cast<size_t>(r) * stride, static_cast<size_t>(channels) * 2);
+  }
+}
+void scatter_raw(const uint8_t* raw, int channels, uint16_t* origin, size_t stride) {
+  for (int r = 0; r < kTileTokens; ++r) {
+    std::memcpy(origin + static_cast<size_t>(r) * stride, raw + static_cast<size_t>(r) * channels * 2, static_cast<size_t>(channels) * 2);
+  }
+}
+
+/// Rows `from .. from + count − 1` of a tensor as dense BF16 bytes `[token, head, channel]`.
+void copy_rows_out(const KvView& t, int from, int count, uint8_t* out) {
+  const size_t row = static_cast<size_t>(t.heads) * t.head_dim * 2;
+  for (int r = 0; r < count; ++r) std::memcpy(out + static_cast<size_t>(r) * row, t.at(from + r, 0), row);
+}
+void copy_rows_in(const uint8_t* in, int from, int count, const MutableKvView& t) {
+  const size_t row = static_cast<size_t>(t.heads) * t.head_dim * 2;
+  for (int r = 0; r < count; ++r) std::memcpy(t.at(from + r, 0), in + static_cast<size_t>(r) * row, row);
+}
+
+/// Every (section, piece) pair of a list of sections, flattened, for hashing pieces in parallel.
+struct Pieces {
+  std::vector<size_t> first;  ///< first piece of each section; first[sections] = total
+  explicit Pieces(const std::vector<std::span<const uint8_t>>& sections) {
+    first.push_back(0);
+    for (const auto& s : sections) first.push_back(first.back() + io::checksum_pieces(s.size()));
+  }
+  size_t total() const { return first.back(); }
+};
+
+void hash_pieces(const std::vector<std::span<const uint8_t>>& sections, const Pieces& pieces, size_t begin, size_t end,
+                 std::vector<uint64_t>& out) {
+  size_t s = static_cast<size_t>(std::upper_bound(pieces.first.begin(), pieces.first.end(), begin) - pieces.first.begin()) - 1;
+  for (size_t p = begin; p < end; ++p) {
+    while (p >= pieces.first[s + 1]) ++s;
+    out[p] = io::piece_checksum(sections[s], p - pieces.first[s]);
+  }
+}
+
+uint64_t section_checksum_from(const Pieces& pieces, const std::vector<uint64_t>& hashes, size_t section) {
+  return io::combine_piece_checksums(std::span<const uint64_t>(hashes).subspan(
+      pieces.first[section], pieces.first[section + 1] - pieces.first[section]));
+}
+
+std::string section_name(const ChunkLayout& layout, size_t s) {
+  if (s == 0) return "metadata section";
+  if (s + 1 == layout.sections()) return "escape section";
+  return "section of layer " + std::to_string((s - 1) / 2) + " " + kind_name((s - 1) % 2 == 0 ? TensorKind::key : TensorKind::value);
+}
+
+int checked_threads(int threads) {
+  if (threads < 1 || threads > kMaxThreads) {
+    throw Error("chunk codec threads must be 1.." + std::to_string(kMaxThreads) + ", got " + std::to_string(threads));
+  }
+  return threads;
+}
+
+}  // namespace
+
+std::string ChunkGeometry::describe() const {
+  return std::to_string(layers) + " layers × " + std::to_string(tokens) + " tokens × " + std::to_string(kv_heads) +
+         " KV heads × " + std::to_string(head_dim) + " channels";
+}
+
+void validate(const ChunkGeometry& g) {
+  if (g.layers < 1 || g.layers > 100000 || g.kv_heads < 1 || g.kv_heads > 4096 || g.tokens < 0 ||
+      (g.head_dim != 64 && g.head_dim != 128 && g.head_dim != 256)) {
+    throw Error("chunk geometry out of range (layers 1..100000, KV heads 1..4096, head_dim 64, 128 or 256, tokens ≥ 0): " +
+                g.describe());
+  }
+}
+
+std::string chunk_metadata(const ChunkGeometry& g, uint64_t calibration_id, uint64_t key_id) {
+  nlohmann::json meta;  // an object keeps its keys sorted: the order docs/format.md gives
+  meta["format"] = "gaac-chunk";
+  meta["layers"] = g.layers;
+  meta["kv_heads"] = g.kv_heads;
+  meta["head_dim"] = g.head_dim;
+  meta["tokens"] = g.tokens;
+  meta["calibration"] = hex16(calibration_id);
+  meta["key"] = hex16(key_id);
+  return meta.dump();
+}
+
+ChunkLayout chunk_layout(const ChunkGeometry& g) {
+  validate(g);
+  ChunkLayout l;
+  l.geometry = g;
+  l.shape = tile_shape_for(TensorKind::key, g.head_dim);
+  l.tiles_per_tensor = static_cast<size_t>(full_blocks(g.tokens)) * g.kv_heads * tiles_per_head(g.head_dim);
+  l.fixed_bytes = l.shape.fixed_bytes();
+  l.map_bytes = (l.tiles_per_tensor + 15) / 16 * 16;
+  l.tail_bytes = static_cast<size_t>(g.tokens % kTileTokens) * g.kv_heads * g.head_dim * 2;
+  l.tensor_bytes = l.map_bytes + l.tiles_per_tensor * l.fixed_bytes + l.tail_bytes;
+  l.metadata_bytes = chunk_metadata(g, 0, 0).size();
+  l.metadata_offset = io::first_section_offset(l.sections());
+  l.first_tensor_offset = l.metadata_offset + io::align_section(l.metadata_bytes);
+  l.tensor_stride = io::align_section(l.tensor_bytes);
+  l.escape_offset = l.first_tensor_offset + 2 * static_cast<uint64_t>(g.layers) * l.tensor_stride;
+  return l;
+}
+
+uint64_t calibration_id(const CalibrationTable& calibration) {
+  const std::vector<uint8_t> bytes = io::calibration_section(calibration);
+  return XXH64(bytes.data(), bytes.size(), 0);
+}
+
+uint64_t chunk_key_id(std::string_view key) { return XXH64(key.data(), key.size(), 0); }
+
+ChunkCodec::ChunkCodec(const CalibrationTable& calibration, ChunkOptions options)
+    : calibration_(calibration),
+      options_(options),
+      calibration_id_(gaac::calibration_id(calibration)),
+      codecs_(calibration, tile_shape_for(TensorKind::key, calibration.head_dim()).max_slot_capacity()) {
+  checked_threads(options.threads);
+  if (options.object_ratio != 0 && !(options.object_ratio >= 1 && std::isfinite(options.object_ratio))) {
+    throw Error("chunk object_ratio must be 0 (objects of their own size) or a finite number ≥ 1, got " +
+                std::to_string(options.object_ratio));
+  }
+}
+
+ChunkGeometry ChunkCodec::geometry(int tokens) const {
+  return {calibration_.layers(), calibration_.kv_heads(), calibration_.head_dim(), tokens};
+}
+
+size_t ChunkCodec::object_bytes(int tokens) const {
+  const ChunkLayout layout = chunk_layout(geometry(tokens));
+  if (options_.object_ratio == 0) return layout.max_object_bytes();
+  const auto fixed = io::align_section(static_cast<uint64_t>(std::ceil(static_cast<double>(layout.geometry.bf16_bytes()) / options_.object_ratio)));
+  return std::min<uint64_t>(std::max<uint64_t>(fixed, layout.escape_offset), layout.max_object_bytes());
+}
+
+size_t ChunkCodec::encode(const ChunkView& chunk, std::string_view key, std::span<uint8_t> out) const {
+  if (chunk.geometry != geometry(chunk.geometry.tokens)) {
+    throw Error("chunk of " + chunk.geometry.describe() + " does not match the calibration's geometry (" +
+                geometry(chunk.geometry.tokens).describe() + ")");
+  }
+  const ChunkLayout layout = chunk_layout(chunk.geometry);
+  const size_t row = static_cast<size_t>(layout.geometry.kv_heads) * layout.geometry.head_dim;
+  if (chunk.data == nullptr && layout.geometry.elements() > 0) throw Error("chunk has no data");
+  if (chunk.token_stride < row) throw Error("chunk token stride shorter than a token's row");
+  const size_t object_bytes = this->object_bytes(chunk.geometry.tokens);
+  if (out.size() < object_bytes) {
+    throw Error("output of " + std::to_string(out.size()) + " bytes is smaller than the " + std::to_string(object_bytes) +
+                " a chunk object of " + layout.geometry.describe() + " may take");
+  }
+  const bool fixed_size = options_.object_ratio != 0;
+  uint8_t* const base = out.data();
+  const int threads = options_.threads;
+  const size_t tiles = layout.tiles();
+  const int channels = layout.shape.channels;
+  const size_t max_escapes = layout.shape.max_slot_capacity();
+  const size_t raw_rest = layout.raw_stream_bytes();
+  std::vector<Stream> streams(static_cast<size_t>(threads));
+  std::vector<uint64_t> stream_at(static_cast<size_t>(threads) + 1, 0);
+  uint64_t object_end = 0;
+  std::vector<std::span<const uint8_t>> sections;
+  std::unique_ptr<Pieces> pieces;
+  std::vector<uint64_t> hashes;
+
+  // Everything but tiles and escapes, on the calling thread: metadata, maps' padding, tails, the
+  // zero padding between sections. Cheap (bytes per section, not per tile).
+  const std::string meta = chunk_metadata(layout.geometry, calibration_id_, chunk_key_id(key));
+  std::memset(base + layout.metadata_offset, 0, layout.first_tensor_offset - layout.metadata_offset);
+  std::memcpy(base + layout.metadata_offset, meta.data(), meta.size());
+  const int tail_rows = layout.geometry.tokens % kTileTokens;
+  for (int l = 0; l < layout.geometry.layers; ++l) {
+    for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
+      uint8_t* section = base + layout.tensor_offset(l, kind);
+      std::memset(section + layout.tiles_per_tensor, 0, layout.map_bytes - layout.tiles_per_tensor);
+      copy_rows_out(chunk.tensor(kind, l), layout.geometry.tokens - tail_rows, tail_rows,
+                    section + layout.fixed_offset(layout.tiles_per_tensor));
+      std::memset(section + layout.tensor_bytes, 0, layout.tensor_stride - layout.tensor_bytes);
+    }
+  }
+
+  const auto work = [&](int phase, int t) {
+    if (phase == 0) {  // tiles: fixed parts in place, escapes into this thread's stream
+      Stream& stream = streams[static_cast<size_t>(t)];
+      alignas(64) uint8_t raw[2 * kTileTokens * kMaxTileChannels];
+      const size_t begin = part_begin(tiles, t, threads), end = part_begin(tiles, t + 1, threads);
+      for (size_t g = begin; g < end; ++g) {
+        const TileRef ref = tile_ref(layout, g);
+        const KvView tensor = chunk.tensor(ref.kind, ref.layer);
+        const TilePosition p = tile_position(tensor, ref.tile);
+        const TileCodec& codec = codecs_.codec(ref.kind, ref.layer, p.head, p.half);
+        uint8_t* section = base + layout.tensor_offset(ref.layer, ref.kind);
+        uint8_t* fixed = section + layout.fixed_offset(ref.tile);
+        const uint16_t* origin = tile_origin(tensor, p);
+        const TileEncoding e = codec.encode_split(origin, tensor.token_stride, fixed, stream.end_with_room(std::max(max_escapes, raw_rest)));
+        if (e.fits) {
+          section[ref.tile] = kCodedTile;
+          stream.grow(e.escape_bytes);
+        } else {
+          section[ref.tile] = kRawTile;
+          gather_raw(origin, tensor.token_stride, channels, raw);
+          std::memcpy(fixed, raw, layout.fixed_bytes);
+          std::memcpy(stream.end_with_room(raw_rest), raw + layout.fixed_bytes, raw_rest);
+          stream.grow(raw_rest);
+        }
+      }
+    } else if (phase == 1) {  // streams into the escape section, zeros after them
+      const Stream& stream = streams[static_cast<size_t>(t)];
+      if (stream.size() > 0) std::memcpy(base + layout.escape_offset + stream_at[static_cast<size_t>(t)], stream.data(), stream.size());
+      const uint64_t from = layout.escape_offset + stream_at.back();
+      const uint64_t span = object_end - from;
+      const uint64_t a = from + part_begin(span, t, threads), b = from + part_begin(span, t + 1, threads);
+      std::memset(base + a, 0, b - a);
+    } else {  // checksum pieces
+      hash_pieces(sections, *pieces, part_begin(pieces->total(), t, threads), part_begin(pieces->total(), t + 1, threads), hashes);
+    }
+  };
+  const auto between = [&](int phase) {
+    if (phase == 0) {
+      for (int t = 0; t < threads; ++t) stream_at[static_cast<size_t>(t) + 1] = stream_at[static_cast<size_t>(t)] + streams[static_cast<size_t>(t)].size();
+      const uint64_t escapes = stream_at.back();
+      object_end = fixed_size ? object_bytes : layout.escape_offset + io::align_section(escapes);
+      if (layout.escape_offset + escapes > object_end) {
+        throw Error(ErrorCode::out_of_space,
+                    "chunk of " + layout.geometry.describe() + " needs " + std::to_string(layout.escape_offset + escapes) +
+                        " bytes, more than the fixed object size of " + std::to_string(object_end) + " (object_ratio " +
+                        std::to_string(options_.object_ratio) + ")");
+      }
+      sections.push_back({base + layout.metadata_offset, layout.metadata_bytes});
+      for (int l = 0; l < layout.geometry.layers; ++l) {
+        for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
+          sections.push_back({base + layout.tensor_offset(l, kind), layout.tensor_bytes});
+        }
+      }
+      sections.push_back({base + layout.escape_offset, object_end - layout.escape_offset});
+      pieces = std::make_unique<Pieces>(sections);
+      hashes.resize(pieces->total());
+    } else if (phase == 2) {
+      std::vector<io::SectionEntry> entries;
+      for (size_t s = 0; s < sections.size(); ++s) {
+        const uint32_t type = s == 0 ? io::kMetadataSection : s + 1 == sections.size() ? io::kEscapeSection : io::kChunkTensorSection;
+        const auto index = static_cast<uint32_t>(s == 0 || s + 1 == sections.size() ? 0 : s - 1);
+        entries.push_back({type, index, static_cast<uint64_t>(sections[s].data() - base), sections[s].size(),
+                           section_checksum_from(*pieces, hashes, s)});
+      }
+      io::write_container_header(kChunkVersion, entries, object_end, base);
+    }
+  };
+  run_phases(threads, 3, work, between);
+  return object_end;
+}
+
+void ChunkCodec::decode(std::span<const uint8_t> object, std::string_view key, const MutableChunkView& chunk) const {
+  const io::ContainerReader reader(object, "KV chunk object", kChunkVersion);
+  if (chunk.geometry != geometry(chunk.geometry.tokens)) {
+    throw Error("destination of " + chunk.geometry.describe() + " does not match the calibration's geometry (" +
+                geometry(chunk.geometry.tokens).describe() + ")");
+  }
+  const ChunkLayout layout = chunk_layout(chunk.geometry);
+  const size_t row = static_cast<size_t>(layout.geometry.kv_heads) * layout.geometry.head_dim;
+  if (chunk.data == nullptr && layout.geometry.elements() > 0) throw Error("destination has no data");
+  if (chunk.token_stride < row) throw Error("destination token stride shorter than a token's row");
+
+  // Structure and metadata, before anything else is read.
+  const std::vector<io::SectionRef> refs = reader.sections(false, true);
+  if (refs.empty() || refs[0].type != io::kMetadataSection || refs[0].index != 0) reader.fail("first section is not the metadata");
+  if (io::section_checksum(refs[0].bytes, kChunkVersion) != refs[0].checksum) reader.fail("metadata section checksum mismatch");
+  const auto meta = nlohmann::json::parse(refs[0].bytes.begin(), refs[0].bytes.end(), nullptr, false);
+  const auto text = [&](const char* k) -> std::string {
+    const auto it = meta.is_object() ? meta.find(k) : meta.end();
+    if (it == meta.end() || !it->is_string()) reader.fail(std::string("metadata field '") + k + "' missing or not a string");
+    return it->get<std::string>();
+  };
+  const auto number = [&](const char* k) -> int {
+    const auto it = meta.is_object() ? meta.find(k) : meta.end();
+    if (it == meta.end() || !it->is_number_integer() || it->get<int64_t>() < 0 || it->get<int64_t>() > (int64_t{1} << 31) - 1) {
+      reader.fail(std::string("metadata field '") + k + "' missing or not a count");
+    }
+    return static_cast<int>(it->get<int64_t>());
+  };
+  if (!meta.is_object() || text("format") != "gaac-chunk") reader.fail("not a KV chunk object (metadata format is not gaac-chunk)");
+  const ChunkGeometry stored{number("layers"), number("kv_heads"), number("head_dim"), number("tokens")};
+  if (stored != layout.geometry) {
+    reader.fail("holds a chunk of " + stored.describe() + ", not of " + layout.geometry.describe() +
+                " (another model, or another chunk size)");
+  }
+  if (text("calibration") != hex16(calibration_id_)) {
+    reader.fail("was made with calibration " + text("calibration") + ", not with this codec's " + hex16(calibration_id_) +
+                " (another calibration file, or another model)");
+  }
+  if (text("key") != hex16(chunk_key_id(key))) reader.fail("was stored under another key (key id " + text("key") + ")");
+  if (refs[0].bytes.size() != layout.metadata_bytes ||
+      std::string_view(reinterpret_cast<const char*>(refs[0].bytes.data()), refs[0].bytes.size()) !=
+          chunk_metadata(layout.geometry, calibration_id_, chunk_key_id(key))) {
+    reader.fail("metadata is not written as docs/format.md says");
+  }
+  if (refs.size() != layout.sections()) {
+    reader.fail("has " + std::to_string(refs.size()) + " sections, a chunk of " + layout.geometry.describe() + " has " +
+                std::to_string(layout.sections()));
+  }
+  for (size_t s = 1; s + 1 < refs.size(); ++s) {
+    if (refs[s].type != io::kChunkTensorSection || refs[s].index != s - 1) reader.fail(section_name(layout, s) + ": wrong type or order");
+    if (refs[s].bytes.size() != layout.tensor_bytes) {
+      reader.fail(section_name(layout, s) + " is " + std::to_string(refs[s].bytes.size()) + " bytes, not " +
+                  std::to_string(layout.tensor_bytes));
+    }
+  }
+  const io::SectionRef& escape_ref = refs.back();
+  if (escape_ref.type != io::kEscapeSection || escape_ref.index != 0) reader.fail("last section is not the escape section");
+  const uint8_t* const base = object.data();
+  if (static_cast<uint64_t>(escape_ref.bytes.data() - base) != layout.escape_offset) reader.fail("escape section out of place");
+
+  const int threads = options_.threads;
+  const size_t tiles = layout.tiles();
+  const int channels = layout.shape.channels;
+  const size_t max_escapes = layout.shape.max_slot_capacity();
+  const size_t raw_rest = layout.raw_stream_bytes();
+  const size_t tag_offset = layout.shape.tag_offset(), tag_bytes = layout.shape.tag_bytes();
+  std::vector<std::span<const uint8_t>> sections;
+  for (const io::SectionRef& r : refs) sections.push_back(r.bytes);
+  const Pieces pieces(sections);
+  std::vector<uint64_t> hashes(pieces.total());
+  std::vector<uint64_t> stream_at(static_cast<size_t>(threads) + 1, 0);
+  const auto stream_bytes = [&](const TileRef& ref, const uint8_t* section) -> size_t {
+    if (section[ref.tile] == kRawTile) return raw_rest;
+    return escapes_of_tags(section + layout.fixed_offset(ref.tile) + tag_offset, tag_bytes);
+  };
+
+  const auto work = [&](int phase, int t) {
+    const size_t begin = part_begin(tiles, t, threads), end = part_begin(tiles, t + 1, threads);
+    if (phase == 0) {  // checksum pieces; storage maps and the escape bytes every tile takes
+      hash_pieces(sections, pieces, part_begin(pieces.total(), t, threads), part_begin(pieces.total(), t + 1, threads), hashes);
+      size_t sum = 0;
+      for (size_t g = begin; g < end; ++g) {
+        const TileRef ref = tile_ref(layout, g);
+        const uint8_t* section = base + layout.tensor_offset(ref.layer, ref.kind);
+        if (section[ref.tile] > kRawTile) {
+          throw Error(reader.label() + ": " + section_name(layout, 1 + 2 * static_cast<size_t>(ref.layer) + (ref.kind == TensorKind::key ? 0 : 1)) +
+                      ": tile " + std::to_string(ref.tile) + " has unknown storage kind " + std::to_string(section[ref.tile]));
+        }
+        sum += stream_bytes(ref, section);
+      }
+      stream_at[static_cast<size_t>(t) + 1] = sum;
+    } else {  // tiles
+      const uint8_t* escapes = escape_ref.bytes.data() + stream_at[static_cast<size_t>(t)];
+      alignas(64) uint8_t scratch[2 * kTileTokens * kMaxTileChannels];
+      for (size_t g = begin; g < end; ++g) {
+        const TileRef ref = tile_ref(layout, g);
+        const MutableKvView tensor = chunk.tensor(ref.kind, ref.layer);
+        const TilePosition p = tile_position(tensor, ref.tile);
+        const uint8_t* section = base + layout.tensor_offset(ref.layer, ref.kind);
+        const uint8_t* fixed = section + layout.fixed_offset(ref.tile);
+        uint16_t* origin = tile_origin(tensor, p);
+        const size_t n = stream_bytes(ref, section);
+        if (section[ref.tile] == kRawTile) {
+          std::memcpy(scratch, fixed, layout.fixed_bytes);
+          std::memcpy(scratch + layout.fixed_bytes, escapes, raw_rest);
+          scatter_raw(scratch, channels, origin, tensor.token_stride);
+        } else {
+          const std::string where = "layer " + std::to_string(ref.layer) + " " + kind_name(ref.kind) + ", tile " +
+                                    std::to_string(ref.tile) + " (block " + std::to_string(p.block) + ", head " +
+                                    std::to_string(p.head) + ")";
+          if (n > max_escapes) throw Error(reader.label() + ": " + where + ": tags ask for more escape bytes than a tile may have");
+          const size_t capacity = (n + 15) / 16 * 16;
+          std::memcpy(scratch, escapes, n);
+          std::memset(scratch + n, 0, capacity - n);
+          const DecodeStatus status = codecs_.codec(ref.kind, ref.layer, p.head, p.half)
+                                          .decode_split(fixed, scratch, capacity, origin, tensor.token_stride);
+          if (status != DecodeStatus::ok) throw Error(reader.label() + ": " + where + ": " + to_string(status));
+        }
+        escapes += n;
+      }
+      if (t == 0) {  // the tails, and the escape section's padding
+        const int tail_rows = layout.geometry.tokens % kTileTokens;
+        for (int l = 0; l < layout.geometry.layers; ++l) {
+          for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
+            copy_rows_in(base + layout.tensor_offset(l, kind) + layout.fixed_offset(layout.tiles_per_tensor),
+                         layout.geometry.tokens - tail_rows, tail_rows, chunk.tensor(kind, l));
+          }
+        }
+      }
+      const uint64_t from = stream_at.back(), span = escape_ref.bytes.size() - from;
+      const uint8_t* a = escape_ref.bytes.data() + from + part_begin(span, t, threads);
+      const uint8_t* b = escape_ref.bytes.data() + from + part_begin(span, t + 1, threads);
+      if (std::any_of(a, b, [](uint8_t x) { return x != 0; })) {
+        throw Error(reader.label() + ": escape section bytes after the tiles' escapes are not zero");
+      }
+    }
+  };
+  const auto between = [&](int phase) {
+    if (phase != 0) return;
+    for (size_t s = 0; s < sections.size(); ++s) {
+      if (section_checksum_from(pieces, hashes, s) != refs[s].checksum) reader.fail(section_name(layout, s) + " checksum mismatch");
+    }
+    for (size_t s = 1; s + 1 < sections.size(); ++s) {
+      const uint8_t* map = sections[s].data();
+      if (std::any_of(map + layout.tiles_per_tensor, map + layout.map_bytes, [](uint8_t x) { return x != 0; })) {
+        reader.fail(section_name(layout, s) + ": storage map padding is not zero");
+      }
+    }
+    for (int t = 0; t < threads; ++t) stream_at[static_cast<size_t>(t) + 1] += stream_at[static_cast<size_t>(t)];
+    if (stream_at.back() > escape_ref.bytes.size()) {
+      reader.fail("the tiles need " + std::to_string(stream_at.back()) + " escape bytes, the escape section holds " +
+                  std::to_string(escape_ref.bytes.size()));
+    }
+    reader.check_padding(refs);
+  };
+  run_phases(threads, 2, work, between);
+}
+
+CalibrationTable calibrate_chunk(const ChunkView& chunk) {
+  validate(chunk.geometry);
+  KvDump dump;
+  for (int l = 0; l < chunk.geometry.layers; ++l) {
+    KvLayer layer;
+    for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
+      const KvView v = chunk.tensor(kind, l);
+      KvTensor& t = layer.of(kind);
+      t.tokens = v.tokens, t.kv_heads = v.heads, t.head_dim = v.head_dim;
+      t.data.resize(t.elements());
+      copy_rows_out(v, 0, v.tokens, reinterpret_cast<uint8_t*>(t.data.data()));
+    }
+    dump.layers.push_back(std::move(layer));
+  }
+  const KvDump* dumps[] = {&dump};
+  return calibrate(dumps);
+}
+
+}  // namespace gaac

@@ -24,12 +24,14 @@ from ._gaac import (  # noqa: F401
     BatchKvCache,
     CacheFullError,
     Calibration,
+    ChunkCodec,
     GaacError,
     KvCache,
     KvCacheMirror,
     Snapshot,
     attend,
     calibrate,
+    calibrate_chunk,
     compress,
     cuda_available,
     load_kv_dump,
@@ -37,8 +39,8 @@ from ._gaac import (  # noqa: F401
     synthetic_kv,
 )
 
-__all__ = ["BatchKvCache", "CacheFullError", "Calibration", "GaacError", "KvCache", "KvCacheMirror", "Snapshot", "attend",
-           "calibrate", "compress", "cuda_available", "load_kv_dump", "save_kv_dump", "synthetic_kv", "to_torch",
+__all__ = ["BatchKvCache", "CacheFullError", "Calibration", "ChunkCodec", "GaacError", "KvCache", "KvCacheMirror", "Snapshot",
+           "attend", "calibrate", "calibrate_chunk", "compress", "cuda_available", "load_kv_dump", "save_kv_dump", "synthetic_kv", "to_torch",
            "SNAPSHOT_VERSION", "TILE_FORMAT_VERSION"]
 
 

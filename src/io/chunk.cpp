@@ -46,17 +46,26 @@ std::string hex16(uint64_t v) {
   return s;
 }
 
+/// Set bits of a word whose set bits are all at even positions (a bit per 2-bit field), without the
+/// library call a popcount is on a CPU not known to have the instruction.
+inline uint64_t count_fields(uint64_t x) {
+  x = (x & 0x3333333333333333ull) + ((x >> 2) & 0x3333333333333333ull);
+  x = (x + (x >> 4)) & 0x0F0F0F0F0F0F0F0Full;
+  return (x * 0x0101010101010101ull) >> 56;
+}
+
 /// Escape bytes a coded tile's tags ask for: one per 4-bit group, five per raw group (tag 3 counts
 /// nothing here; the decoder rejects it).
 size_t escapes_of_tags(const uint8_t* tags, size_t tag_bytes) {
-  size_t n = 0;
-  for (size_t i = 0; i < tag_bytes; i += 4) {
-    uint32_t w;
-    std::memcpy(&w, tags + i, 4);
-    const uint32_t lo = w & 0x55555555u, hi = (w >> 1) & 0x55555555u;
-    n += static_cast<size_t>(std::popcount(lo & ~hi)) + 5 * static_cast<size_t>(std::popcount(hi & ~lo));
+  uint64_t n4 = 0, nraw = 0;
+  for (size_t i = 0; i < tag_bytes; i += 8) {
+    uint64_t w;
+    std::memcpy(&w, tags + i, 8);
+    const uint64_t lo = w & 0x5555555555555555ull, hi = (w >> 1) & 0x5555555555555555ull;
+    n4 += count_fields(lo & ~hi);
+    nraw += count_fields(hi & ~lo);
   }
-  return n;
+  return static_cast<size_t>(n4 + 5 * nraw);
 }
 
 /// A byte buffer that grows without initialising what it adds.
@@ -448,16 +457,17 @@ void ChunkCodec::decode(std::span<const uint8_t> object, std::string_view key, c
           std::memcpy(scratch + layout.fixed_bytes, escapes, raw_rest);
           scatter_raw(scratch, channels, origin, tensor.token_stride);
         } else {
-          const std::string where = "layer " + std::to_string(ref.layer) + " " + kind_name(ref.kind) + ", tile " +
-                                    std::to_string(ref.tile) + " (block " + std::to_string(p.block) + ", head " +
-                                    std::to_string(p.head) + ")";
-          if (n > max_escapes) throw Error(reader.label() + ": " + where + ": tags ask for more escape bytes than a tile may have");
+          const auto where = [&] {
+            return reader.label() + ": layer " + std::to_string(ref.layer) + " " + kind_name(ref.kind) + ", tile " +
+                   std::to_string(ref.tile) + " (block " + std::to_string(p.block) + ", head " + std::to_string(p.head) + ")";
+          };
+          if (n > max_escapes) throw Error(where() + ": tags ask for more escape bytes than a tile may have");
           const size_t capacity = (n + 15) / 16 * 16;
           std::memcpy(scratch, escapes, n);
           std::memset(scratch + n, 0, capacity - n);
           const DecodeStatus status = codecs_.codec(ref.kind, ref.layer, p.head, p.half)
                                           .decode_split(fixed, scratch, capacity, origin, tensor.token_stride);
-          if (status != DecodeStatus::ok) throw Error(reader.label() + ": " + where + ": " + to_string(status));
+          if (status != DecodeStatus::ok) throw Error(where() + ": " + to_string(status));
         }
         escapes += n;
       }

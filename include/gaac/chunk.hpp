@@ -135,12 +135,17 @@ struct GAAC_API ChunkOptions {
   /// Threads that code one chunk (the caller's thread among them): 1..256.
   int threads = 1;
   /// 0: every object takes its own size (encode() needs room for the most it can take). Otherwise
-  /// every object of a geometry takes exactly ⌈BF16 bytes / object_ratio⌉ rounded up to 64 bytes, but
+  /// every object of a geometry takes exactly ⌈BF16 bytes / object_ratio⌉ rounded up to 64 bytes (the
+  /// tokens of an incomplete last 16-token block, stored as BF16, counted at their own size), but
   /// never less than the tiles' fixed parts and the container take (chunks of a few tokens) nor more
   /// than an object can (the escape section padded with zeros); a chunk that does not fit is refused
   /// (ErrorCode::out_of_space). At least 1.
   double object_ratio = 0;
 };
+
+/// Bytes an object of a chunk of `geometry` takes under `options`: the fixed size (object_ratio > 0),
+/// or the most it can take (every tile raw), a true upper bound. Needs no calibration.
+GAAC_API size_t chunk_object_bytes(const ChunkGeometry& geometry, const ChunkOptions& options);
 
 /// Encodes and decodes the chunk objects of one model's cache with one calibration, on the CPU
 /// (the fastest tile codec it has). Thread-safe: any number of threads may call it at once.

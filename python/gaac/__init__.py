@@ -32,6 +32,7 @@ from ._gaac import (  # noqa: F401
     attend,
     calibrate,
     calibrate_chunk,
+    chunk_object_bytes,
     compress,
     cuda_available,
     load_kv_dump,
@@ -40,7 +41,7 @@ from ._gaac import (  # noqa: F401
 )
 
 __all__ = ["BatchKvCache", "CacheFullError", "Calibration", "ChunkCodec", "GaacError", "KvCache", "KvCacheMirror", "Snapshot",
-           "attend", "calibrate", "calibrate_chunk", "compress", "cuda_available", "load_kv_dump", "save_kv_dump", "synthetic_kv", "to_torch",
+           "attend", "calibrate", "calibrate_chunk", "chunk_object_bytes", "compress", "cuda_available", "load_kv_dump", "save_kv_dump", "synthetic_kv", "to_torch",
            "SNAPSHOT_VERSION", "TILE_FORMAT_VERSION"]
 
 

@@ -167,6 +167,14 @@ void bind_chunk(nb::module_& m) {
           "saying what is wrong.");
 
   m.def(
+      "chunk_object_bytes",
+      [](int layers, int kv_heads, int head_dim, int tokens, double object_ratio) {
+        return chunk_object_bytes({layers, kv_heads, head_dim, tokens}, {1, object_ratio});
+      },
+      "layers"_a, "kv_heads"_a, "head_dim"_a, "tokens"_a, "object_ratio"_a = 0.0,
+      "ChunkCodec.object_bytes() without a calibration: the bytes an object of a chunk of this geometry takes "
+      "(object_ratio > 0), or the most it can take (0).");
+  m.def(
       "calibrate_chunk",
       [](const ReadArray& chunk, int head_dim) {
         if (is_cuda(chunk.device_type())) throw Error("calibrate_chunk: the chunk must be in host memory");

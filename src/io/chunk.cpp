@@ -160,6 +160,12 @@ int checked_threads(int threads) {
   return threads;
 }
 
+void check_ratio(double ratio) {
+  if (ratio != 0 && !(ratio >= 1 && std::isfinite(ratio))) {
+    throw Error("chunk object_ratio must be 0 (objects of their own size) or a finite number ≥ 1, got " + std::to_string(ratio));
+  }
+}
+
 }  // namespace
 
 std::string ChunkGeometry::describe() const {
@@ -218,22 +224,24 @@ ChunkCodec::ChunkCodec(const CalibrationTable& calibration, ChunkOptions options
       calibration_id_(gaac::calibration_id(calibration)),
       codecs_(calibration, tile_shape_for(TensorKind::key, calibration.head_dim()).max_slot_capacity()) {
   checked_threads(options.threads);
-  if (options.object_ratio != 0 && !(options.object_ratio >= 1 && std::isfinite(options.object_ratio))) {
-    throw Error("chunk object_ratio must be 0 (objects of their own size) or a finite number ≥ 1, got " +
-                std::to_string(options.object_ratio));
-  }
+  check_ratio(options.object_ratio);
 }
 
 ChunkGeometry ChunkCodec::geometry(int tokens) const {
   return {calibration_.layers(), calibration_.kv_heads(), calibration_.head_dim(), tokens};
 }
 
-size_t ChunkCodec::object_bytes(int tokens) const {
-  const ChunkLayout layout = chunk_layout(geometry(tokens));
-  if (options_.object_ratio == 0) return layout.max_object_bytes();
-  const auto fixed = io::align_section(static_cast<uint64_t>(std::ceil(static_cast<double>(layout.geometry.bf16_bytes()) / options_.object_ratio)));
+size_t chunk_object_bytes(const ChunkGeometry& geometry, const ChunkOptions& options) {
+  check_ratio(options.object_ratio);
+  const ChunkLayout layout = chunk_layout(geometry);
+  if (options.object_ratio == 0) return layout.max_object_bytes();
+  // The tiles' BF16 bytes over the ratio; the tokens of an incomplete last block are BF16 in the object too.
+  const uint64_t tails = 2 * static_cast<uint64_t>(geometry.layers) * layout.tail_bytes;
+  const auto fixed = io::align_section(static_cast<uint64_t>(std::ceil(static_cast<double>(geometry.bf16_bytes() - tails) / options.object_ratio)) + tails);
   return std::min<uint64_t>(std::max<uint64_t>(fixed, layout.escape_offset), layout.max_object_bytes());
 }
+
+size_t ChunkCodec::object_bytes(int tokens) const { return chunk_object_bytes(geometry(tokens), options_); }
 
 size_t ChunkCodec::encode(const ChunkView& chunk, std::string_view key, std::span<uint8_t> out) const {
   if (chunk.geometry != geometry(chunk.geometry.tokens)) {

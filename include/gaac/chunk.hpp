@@ -135,11 +135,11 @@ struct GAAC_API ChunkOptions {
   /// Threads that code one chunk (the caller's thread among them): 1..256.
   int threads = 1;
   /// 0: every object takes its own size (encode() needs room for the most it can take). Otherwise
-  /// every object of a geometry takes exactly ⌈BF16 bytes / object_ratio⌉ rounded up to 64 bytes (the
-  /// tokens of an incomplete last 16-token block, stored as BF16, counted at their own size), but
-  /// never less than the tiles' fixed parts and the container take (chunks of a few tokens) nor more
-  /// than an object can (the escape section padded with zeros); a chunk that does not fit is refused
-  /// (ErrorCode::out_of_space). At least 1.
+  /// every object of a geometry takes exactly ⌈BF16 bytes / object_ratio⌉ rounded up to whole 4 KiB
+  /// pages (for O_DIRECT; the tokens of an incomplete last 16-token block, stored as BF16, counted at
+  /// their own size), but never less than the tiles' fixed parts and the container take (chunks of a
+  /// few tokens) nor more than an object can (the escape section padded with zeros); a chunk that does
+  /// not fit is refused (ErrorCode::out_of_space). At least 1.
   double object_ratio = 0;
 };
 

@@ -34,6 +34,7 @@ namespace {
 using io::get_le;
 
 constexpr int kMaxThreads = 256;
+constexpr uint64_t kFixedAlignment = 4096;
 constexpr uint8_t kCodedTile = 0;
 constexpr uint8_t kRawTile = 1;
 
@@ -237,8 +238,10 @@ size_t chunk_object_bytes(const ChunkGeometry& geometry, const ChunkOptions& opt
   if (options.object_ratio == 0) return layout.max_object_bytes();
   // The tiles' BF16 bytes over the ratio; the tokens of an incomplete last block are BF16 in the object too.
   const uint64_t tails = 2 * static_cast<uint64_t>(geometry.layers) * layout.tail_bytes;
-  const auto fixed = io::align_section(static_cast<uint64_t>(std::ceil(static_cast<double>(geometry.bf16_bytes() - tails) / options.object_ratio)) + tails);
-  return std::min<uint64_t>(std::max<uint64_t>(fixed, layout.escape_offset), layout.max_object_bytes());
+  const uint64_t wanted = static_cast<uint64_t>(std::ceil(static_cast<double>(geometry.bf16_bytes() - tails) / options.object_ratio)) + tails;
+  // In whole 4 KiB pages (what O_DIRECT reads and writes), and never past the most an object can take.
+  const uint64_t fixed = (std::max<uint64_t>(wanted, layout.escape_offset) + kFixedAlignment - 1) / kFixedAlignment * kFixedAlignment;
+  return std::min<uint64_t>(fixed, layout.max_object_bytes());
 }
 
 size_t ChunkCodec::object_bytes(int tokens) const { return chunk_object_bytes(geometry(tokens), options_); }

@@ -22,7 +22,7 @@ built from the JSON a user configures). With --odirect the adapter bypasses the 
 files are written to and read from the page cache. Every chunk loaded is checked bit for bit.
 
   python3 bench/lmcache_serde.py --kv-dir ~/.cache/gaac/kv --out results.json [--device cuda] [--e2e-tokens 32768]
-      [--e2e-dir /path/on/the/disk] [--odirect] [--repeats 3] [--skip-e2e]
+      [--e2e-dir /path/on/the/disk] [--odirect] [--repeats 3] [--skip-e2e | --skip-serdes]
 """
 import argparse
 import json
@@ -320,6 +320,7 @@ def main():
     ap.add_argument("--e2e-dir", default=None, help="directory for the fs adapter's files (default: a temporary one)")
     ap.add_argument("--odirect", action="store_true", help="the fs adapter bypasses the page cache")
     ap.add_argument("--skip-e2e", action="store_true")
+    ap.add_argument("--skip-serdes", action="store_true", help="the end-to-end figure alone")
     args = ap.parse_args()
     if args.repeats < 1 or args.e2e_tokens < CHUNK or args.e2e_tokens % CHUNK:
         ap.error("--repeats ≥ 1 and --e2e-tokens a positive multiple of 256")
@@ -334,7 +335,7 @@ def main():
     sets = {name: real_set(args.kv_dir, name) for name in ("smollm2", "gemma3")}
     sets["8b"] = ([eight_b.chunk(c) for c in range(8)], eight_b.calibration)
 
-    for name, (chunks, calibration) in sets.items():
+    for name, (chunks, calibration) in ([] if args.skip_serdes else sets.items()):
         for t in threads:
             torch.set_num_threads(t)
             runs = [("gaac", *gaac_pair(calibration, t, 0), True),

@@ -2,9 +2,10 @@
 // for a run of tokens, as a storage or transfer system such as LMCache holds it, compressed
 // losslessly into one self-describing, checksummed object in the .gaac container.
 //
-// Every tile's fixed part (sign+mantissa, codes, tags) has a fixed place, and every tile's escape
-// bytes go to one stream at the end, so an object is written and read by many threads (or a GPU)
-// at once, and is as small as the tiles packed exactly. Objects are of their own size, or all of one
+// Every tile's fixed part (sign+mantissa, codes, tags) has a fixed place, every tile's escape bytes
+// go to one stream at the end, and an index gives where each tensor's escapes start, so an object is
+// written and read by many threads (or a GPU) at once, each tensor in one pass, and is as small as
+// the tiles packed exactly. Objects are of their own size, or all of one
 // fixed size (an adapter that reads back exactly as many bytes as it was told an object takes).
 #pragma once
 
@@ -94,12 +95,16 @@ struct GAAC_API ChunkLayout {
   size_t tensor_bytes = 0;      ///< bytes of one tensor section
   size_t metadata_bytes = 0;    ///< bytes of the metadata section
   uint64_t metadata_offset = 0;  ///< offset of the metadata section (right after the table)
+  uint64_t index_offset = 0;     ///< offset of the index section: where each tensor's escapes start
+  size_t index_bytes = 0;        ///< bytes of the index section: a u64 per tensor section
   uint64_t first_tensor_offset = 0;  ///< offset of the first tensor section (layer 0, K)
   uint64_t tensor_stride = 0;    ///< from one tensor section to the next (tensor_bytes, 64-aligned)
   uint64_t escape_offset = 0;    ///< offset of the escape section, the last one
 
-  /// Sections: metadata, 2 × layers tensor sections, the escape section.
-  size_t sections() const { return 2 + 2 * static_cast<size_t>(geometry.layers); }
+  /// Sections: metadata, index, 2 × layers tensor sections, the escape section.
+  size_t sections() const { return 3 + 2 * static_cast<size_t>(geometry.layers); }
+  /// Tensor sections: 2 × layers, number 2·layer + kind.
+  size_t tensors() const { return 2 * static_cast<size_t>(geometry.layers); }
   /// Tiles of the whole chunk.
   size_t tiles() const { return 2 * static_cast<size_t>(geometry.layers) * tiles_per_tensor; }
   /// Offset of the tensor section of (layer, kind): number 2·layer + kind after the metadata.

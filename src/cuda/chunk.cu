@@ -6,13 +6,13 @@
 // Encode, on one stream: every tile encoded by one warp, its fixed part in place, its escapes (or a raw
 // tile's bytes past the fixed part) into a scratch place of its own, its stream size counted; the maps'
 // padding, the tails and the metadata written; an exclusive scan of the sizes (CUB) places every tile's
-// escapes in the escape section, the rest of which is zeroed; one thread hashes each 4 KiB checksum
-// piece; one block combines them per section and writes the section table and the header.
+// escapes in the escape section, the rest of which is zeroed, and gives the index; one thread hashes
+// each 4 KiB checksum piece; one block combines them per section and writes the table and the header.
 //
 // Decode: one block checks the header, the table against the layout and the metadata byte for byte;
 // the pieces are hashed and the checksums compared; every tile's stream size is counted from its tags
-// (tag 3, an unknown storage kind or too many escapes: refused) and scanned; the escape section's tail
-// must be zero; every tile is rebuilt by one warp into the chunk; the tails are copied and every
+// (tag 3, an unknown storage kind or too many escapes: refused) and scanned; the index must be what the
+// scan gives and the escape section's tail zero; every tile is rebuilt by one warp into the chunk; the tails are copied and every
 // padding byte checked. Any problem sets a status bit; then the object is copied to the host and read
 // by the CPU decoder, whose message (the same as on the CPU) is what is thrown.
 #include <cuda_runtime.h>
@@ -74,11 +74,11 @@ struct Args {
   // layout
   uint64_t tiles = 0, tiles_per_tensor = 0;
   uint32_t fixed_bytes = 0, map_bytes = 0, tail_bytes = 0, raw_rest = 0, max_escapes = 0;
-  uint64_t tensor_bytes = 0, tensor_stride = 0, first_tensor = 0, metadata_offset = 0, escape_offset = 0;
-  uint32_t metadata_bytes = 0, sections = 0;
+  uint64_t tensor_bytes = 0, tensor_stride = 0, first_tensor = 0, metadata_offset = 0, index_offset = 0, escape_offset = 0;
+  uint32_t metadata_bytes = 0, index_bytes = 0, sections = 0, tensors = 0;
   uint64_t fixed_end = 0;  ///< encode: the fixed object size, 0 for objects of their own size
   // pieces
-  uint64_t metadata_pieces = 0, tensor_pieces = 0, max_pieces = 0;
+  uint64_t metadata_pieces = 0, index_pieces = 0, tensor_pieces = 0, max_pieces = 0;
   // workspace
   uint8_t* scratch = nullptr;
   uint32_t scratch_stride = 0;
@@ -91,23 +91,32 @@ struct Args {
 
 __device__ __forceinline__ uint64_t pieces_of(uint64_t bytes) { return (bytes + kPieceBytes - 1) / kPieceBytes; }
 
-/// Section s: 0 metadata, 1..2L tensors, 2L+1 escapes. Its offset and size (the escape section's from
-/// the object's end).
+/// Section s: 0 metadata, 1 index, 2 .. 2L + 1 tensors, 2L + 2 escapes. Its offset and size (the escape
+/// section's from the object's end).
 __device__ __forceinline__ void section_at(const Args& a, uint32_t s, uint64_t object_end, uint64_t& offset, uint64_t& bytes) {
   if (s == 0) {
     offset = a.metadata_offset, bytes = a.metadata_bytes;
+  } else if (s == 1) {
+    offset = a.index_offset, bytes = a.index_bytes;
   } else if (s + 1 < a.sections) {
-    offset = a.first_tensor + (s - 1) * a.tensor_stride, bytes = a.tensor_bytes;
+    offset = a.first_tensor + (s - 2) * a.tensor_stride, bytes = a.tensor_bytes;
   } else {
     offset = a.escape_offset, bytes = object_end - a.escape_offset;
   }
 }
 
+/// Type and index of section s in the table.
+__device__ __forceinline__ void section_kind(const Args& a, uint32_t s, uint32_t& type, uint32_t& index) {
+  type = s == 0 ? 1u : s == 1 ? 6u : s + 1 < a.sections ? 4u : 5u;
+  index = type == 4u ? s - 2 : 0u;
+}
+
 /// First piece of section s (pieces numbered over all sections).
 __device__ __forceinline__ uint64_t first_piece(const Args& a, uint32_t s) {
   if (s == 0) return 0;
-  if (s + 1 < a.sections) return a.metadata_pieces + (s - 1) * a.tensor_pieces;
-  return a.metadata_pieces + (a.sections - 2) * a.tensor_pieces;
+  if (s == 1) return a.metadata_pieces;
+  if (s + 1 < a.sections) return a.metadata_pieces + a.index_pieces + (s - 2) * a.tensor_pieces;
+  return a.metadata_pieces + a.index_pieces + a.tensors * a.tensor_pieces;
 }
 
 /// Where tile g is: its tensor section s − 1 = 2·layer + kind, and (block, head, half).
@@ -171,7 +180,7 @@ __global__ void __launch_bounds__(kWarps * 32) encode_tiles_kernel(const Args a)
 }
 
 /// Block s < 2L: tensor section s's map padding, tail and padding after it; block 2L: the metadata
-/// and the padding after it.
+/// and the padding after it and after the index (whose entries come after the scan).
 __global__ void fill_sections_kernel(const Args a, const Metadata meta) {
   const uint32_t s = blockIdx.x;
   if (s == static_cast<uint32_t>(2 * a.layers)) {
@@ -210,6 +219,13 @@ __device__ __forceinline__ uint64_t stream_total(const Args& a) {
   return a.tiles == 0 ? 0 : static_cast<uint64_t>(a.offsets[a.tiles - 1]) + a.sizes[a.tiles - 1];
 }
 
+/// The index: where each tensor section's escapes start (its first tile's offset).
+__global__ void write_index_kernel(const Args a) {
+  for (uint32_t s = blockIdx.x * blockDim.x + threadIdx.x; s < a.tensors; s += gridDim.x * blockDim.x) {
+    reinterpret_cast<uint64_t*>(a.object + a.index_offset)[s] = a.tiles_per_tensor == 0 ? 0 : a.offsets[s * a.tiles_per_tensor];
+  }
+}
+
 /// The object's end, the escape section's zeros after the streams, and the result words.
 __global__ void finish_escapes_kernel(const Args a) {
   const uint64_t total = stream_total(a);
@@ -235,10 +251,13 @@ __global__ void hash_pieces_kernel(const Args a) {
   const uint64_t p = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   const uint64_t end = a.result[2];
   uint32_t s;
+  const uint64_t tensors_from = a.metadata_pieces + a.index_pieces;
   if (p < a.metadata_pieces) {
     s = 0;
-  } else if (p < a.metadata_pieces + (a.sections - 2) * a.tensor_pieces) {
-    s = 1 + static_cast<uint32_t>((p - a.metadata_pieces) / a.tensor_pieces);
+  } else if (p < tensors_from) {
+    s = 1;
+  } else if (p < tensors_from + a.tensors * a.tensor_pieces) {
+    s = 2 + static_cast<uint32_t>((p - tensors_from) / a.tensor_pieces);
   } else {
     s = a.sections - 1;
   }
@@ -270,8 +289,8 @@ __global__ void write_header_kernel(const Args a) {
   for (uint32_t s = threadIdx.x; s < a.sections; s += blockDim.x) {
     uint64_t offset, bytes;
     section_at(a, s, end, offset, bytes);
-    const uint32_t type = s == 0 ? 1u : s + 1 < a.sections ? 4u : 5u;
-    const uint32_t index = s == 0 || s + 1 == a.sections ? 0u : s - 1;
+    uint32_t type, index;
+    section_kind(a, s, type, index);
     uint32_t* e32 = reinterpret_cast<uint32_t*>(table + 32 * s);
     uint64_t* e64 = reinterpret_cast<uint64_t*>(table + 32 * s);
     e32[0] = type, e32[1] = index;
@@ -313,8 +332,8 @@ __global__ void check_header_kernel(const Args a, const Metadata meta) {
     uint64_t offset, bytes;
     section_at(a, s, object_end, offset, bytes);
     const uint8_t* e = a.object + 32 + 32ull * s;
-    const uint32_t type = s == 0 ? 1u : s + 1 < a.sections ? 4u : 5u;
-    const uint32_t index = s == 0 || s + 1 == a.sections ? 0u : s - 1;
+    uint32_t type, index;
+    section_kind(a, s, type, index);
     local |= reinterpret_cast<const uint32_t*>(e)[0] != type || reinterpret_cast<const uint32_t*>(e)[1] != index ||
              reinterpret_cast<const uint64_t*>(e)[1] != offset || reinterpret_cast<const uint64_t*>(e)[2] != bytes;
   }
@@ -376,6 +395,12 @@ __global__ void check_escapes_kernel(const Args a) {
     nonzero |= a.object[i] != 0;
   }
   if (nonzero) atomicOr(reinterpret_cast<unsigned long long*>(a.result + 1), kBadPadding);
+  bool wrong_index = false;
+  for (uint32_t s = blockIdx.x * blockDim.x + threadIdx.x; s < a.tensors; s += gridDim.x * blockDim.x) {
+    const uint64_t want = a.tiles_per_tensor == 0 ? 0 : a.offsets[s * a.tiles_per_tensor];
+    wrong_index |= reinterpret_cast<const uint64_t*>(a.object + a.index_offset)[s] != want;
+  }
+  if (wrong_index) atomicOr(reinterpret_cast<unsigned long long*>(a.result + 1), kBadEscapes);
 }
 
 template <int C, int P>
@@ -435,7 +460,8 @@ __global__ void finish_decode_kernel(const Args a) {
   bool nonzero = false;
   if (s == static_cast<uint32_t>(2 * a.layers)) {
     for (uint64_t i = 32 + 32ull * a.sections + threadIdx.x; i < a.metadata_offset; i += blockDim.x) nonzero |= a.object[i] != 0;
-    for (uint64_t i = a.metadata_offset + a.metadata_bytes + threadIdx.x; i < a.first_tensor; i += blockDim.x) nonzero |= a.object[i] != 0;
+    for (uint64_t i = a.metadata_offset + a.metadata_bytes + threadIdx.x; i < a.index_offset; i += blockDim.x) nonzero |= a.object[i] != 0;
+    for (uint64_t i = a.index_offset + a.index_bytes + threadIdx.x; i < a.first_tensor; i += blockDim.x) nonzero |= a.object[i] != 0;
   } else {
     const uint8_t* section = a.object + a.first_tensor + s * a.tensor_stride;
     for (uint64_t i = a.tiles_per_tensor + threadIdx.x; i < a.map_bytes; i += blockDim.x) nonzero |= section[i] != 0;
@@ -551,12 +577,14 @@ Args make_args(const BasicChunkView<Element>& chunk, const ChunkLayout& layout, 
   a.tail_bytes = static_cast<uint32_t>(layout.tail_bytes), a.raw_rest = static_cast<uint32_t>(layout.raw_stream_bytes());
   a.max_escapes = static_cast<uint32_t>(layout.shape.max_slot_capacity());
   a.tensor_bytes = layout.tensor_bytes, a.tensor_stride = layout.tensor_stride, a.first_tensor = layout.first_tensor_offset;
-  a.metadata_offset = layout.metadata_offset, a.escape_offset = layout.escape_offset;
-  a.metadata_bytes = static_cast<uint32_t>(layout.metadata_bytes), a.sections = static_cast<uint32_t>(layout.sections());
+  a.metadata_offset = layout.metadata_offset, a.index_offset = layout.index_offset, a.escape_offset = layout.escape_offset;
+  a.metadata_bytes = static_cast<uint32_t>(layout.metadata_bytes), a.index_bytes = static_cast<uint32_t>(layout.index_bytes);
+  a.sections = static_cast<uint32_t>(layout.sections()), a.tensors = static_cast<uint32_t>(layout.tensors());
   a.metadata_pieces = (layout.metadata_bytes + kPieceBytes - 1) / kPieceBytes;
+  a.index_pieces = (layout.index_bytes + kPieceBytes - 1) / kPieceBytes;
   a.tensor_pieces = (layout.tensor_bytes + kPieceBytes - 1) / kPieceBytes;
   const uint64_t escape_room = buffer_bytes > layout.escape_offset ? buffer_bytes - layout.escape_offset : 0;
-  a.max_pieces = a.metadata_pieces + (a.sections - 2) * a.tensor_pieces + (escape_room + kPieceBytes - 1) / kPieceBytes;
+  a.max_pieces = a.metadata_pieces + a.index_pieces + a.tensors * a.tensor_pieces + (escape_room + kPieceBytes - 1) / kPieceBytes;
   a.scratch_stride = static_cast<uint32_t>(align_up(layout.raw_stream_bytes(), 16));
   return a;
 }
@@ -634,6 +662,7 @@ size_t ChunkCodec::encode(const ChunkView& chunk, std::string_view key, uint8_t*
   work.scan(a, stream);
   if (a.tiles > 0) place_escapes_kernel<<<blocks_for(a.tiles, kWarps), kWarps * 32, 0, stream>>>(a);
   finish_escapes_kernel<<<blocks_for(object_bytes - layout.escape_offset, 256 * 8), 256, 0, stream>>>(a);
+  write_index_kernel<<<blocks_for(a.tensors, 256), 256, 0, stream>>>(a);
   hash_pieces_kernel<<<blocks_for(a.max_pieces, 128), 128, 0, stream>>>(a);
   write_header_kernel<<<1, 256, 0, stream>>>(a);
   check(cudaGetLastError(), std::string(what) + " launch");

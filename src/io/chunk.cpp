@@ -1,10 +1,13 @@
-// KV chunk objects on the CPU (docs/format.md, section 14). Encoding runs in phases on the codec's
-// threads: (1) each thread encodes a contiguous run of tiles (in section order) straight into their
-// fixed places, its escape bytes into a stream of its own; (2) the streams' sizes give each its place
-// in the escape section; (3) the streams are copied there and the padding zeroed; (4) the sections'
-// checksum pieces are hashed; the header goes last. Decoding mirrors it: the structure and the
-// metadata first, then every checksum piece and every tile's escape bytes counted from its tags, then
-// the tiles decoded from their places.
+// KV chunk objects on the CPU (docs/format.md, section 14), coded in phases on the codec's threads,
+// each thread taking whole tensor sections in order. Encoding: (1) a thread encodes each of its
+// sections' tiles straight into their fixed places, its escape bytes into a stream of its own, writes
+// the tail and the padding, and hashes the section while it is in cache; (2) the sections' stream sizes
+// give the index and each stream its place; the streams are copied there, the padding zeroed; (3) the
+// other sections are hashed; the header goes last. Decoding: the structure, the metadata and the index
+// first; then a thread hashes each of its sections and decodes its tiles, walking the escapes from the
+// section's index entry (bounds checked, and its end must be the next entry); problems are kept per
+// section and reported after the checksums, in section order, so that the message does not depend on
+// which thread got where first.
 #include "gaac/chunk.hpp"
 
 #include <xxhash.h>
@@ -91,17 +94,6 @@ class Stream {
   size_t capacity_ = 0, used_ = 0;
 };
 
-/// Which tile of the chunk global tile number `g` is: tensor section s = 2·layer + kind, tile i in it.
-struct TileRef {
-  int layer;
-  TensorKind kind;
-  size_t tile;
-};
-TileRef tile_ref(const ChunkLayout& layout, size_t g) {
-  const size_t s = g / layout.tiles_per_tensor;
-  return {static_cast<int>(s / 2), s % 2 == 0 ? TensorKind::key : TensorKind::value, g % layout.tiles_per_tensor};
-}
-
 /// Copies the 16 rows of a tile (row-major, C channels, rows `stride` elements apart) into a raw image.
 void gather_raw(const uint16_t* origin, size_t stride, int channels, uint8_t* raw) {
   for (int r = 0; r < kTileTokens; ++r) {
@@ -124,34 +116,20 @@ void copy_rows_in(const uint8_t* in, int from, int count, const MutableKvView& t
   for (int r = 0; r < count; ++r) std::memcpy(t.at(from + r, 0), in + static_cast<size_t>(r) * row, row);
 }
 
-/// Every (section, piece) pair of a list of sections, flattened, for hashing pieces in parallel.
-struct Pieces {
-  std::vector<size_t> first;  ///< first piece of each section; first[sections] = total
-  explicit Pieces(const std::vector<std::span<const uint8_t>>& sections) {
-    first.push_back(0);
-    for (const auto& s : sections) first.push_back(first.back() + io::checksum_pieces(s.size()));
-  }
-  size_t total() const { return first.back(); }
-};
-
-void hash_pieces(const std::vector<std::span<const uint8_t>>& sections, const Pieces& pieces, size_t begin, size_t end,
-                 std::vector<uint64_t>& out) {
-  size_t s = static_cast<size_t>(std::upper_bound(pieces.first.begin(), pieces.first.end(), begin) - pieces.first.begin()) - 1;
-  for (size_t p = begin; p < end; ++p) {
-    while (p >= pieces.first[s + 1]) ++s;
-    out[p] = io::piece_checksum(sections[s], p - pieces.first[s]);
-  }
-}
-
-uint64_t section_checksum_from(const Pieces& pieces, const std::vector<uint64_t>& hashes, size_t section) {
-  return io::combine_piece_checksums(std::span<const uint64_t>(hashes).subspan(
-      pieces.first[section], pieces.first[section + 1] - pieces.first[section]));
-}
+/// Section numbers: 0 metadata, 1 index, 2 .. 2 + 2L − 1 tensors (2·layer + kind), then the escapes.
+constexpr size_t kFirstTensor = 2;
 
 std::string section_name(const ChunkLayout& layout, size_t s) {
   if (s == 0) return "metadata section";
+  if (s == 1) return "index section";
   if (s + 1 == layout.sections()) return "escape section";
-  return "section of layer " + std::to_string((s - 1) / 2) + " " + kind_name((s - 1) % 2 == 0 ? TensorKind::key : TensorKind::value);
+  const size_t t = s - kFirstTensor;
+  return "section of layer " + std::to_string(t / 2) + " " + kind_name(t % 2 == 0 ? TensorKind::key : TensorKind::value);
+}
+
+/// Checksums of a section's pieces [first, last) into `out`.
+void hash_pieces(std::span<const uint8_t> section, size_t first, size_t last, std::vector<uint64_t>& out) {
+  for (size_t i = first; i < last; ++i) out[i] = io::piece_checksum(section, i);
 }
 
 int checked_threads(int threads) {
@@ -206,9 +184,11 @@ ChunkLayout chunk_layout(const ChunkGeometry& g) {
   l.tensor_bytes = l.map_bytes + l.tiles_per_tensor * l.fixed_bytes + l.tail_bytes;
   l.metadata_bytes = chunk_metadata(g, 0, 0).size();
   l.metadata_offset = io::first_section_offset(l.sections());
-  l.first_tensor_offset = l.metadata_offset + io::align_section(l.metadata_bytes);
+  l.index_offset = l.metadata_offset + io::align_section(l.metadata_bytes);
+  l.index_bytes = 8 * l.tensors();
+  l.first_tensor_offset = l.index_offset + io::align_section(l.index_bytes);
   l.tensor_stride = io::align_section(l.tensor_bytes);
-  l.escape_offset = l.first_tensor_offset + 2 * static_cast<uint64_t>(g.layers) * l.tensor_stride;
+  l.escape_offset = l.first_tensor_offset + l.tensors() * l.tensor_stride;
   return l;
 }
 
@@ -246,6 +226,22 @@ size_t chunk_object_bytes(const ChunkGeometry& geometry, const ChunkOptions& opt
 
 size_t ChunkCodec::object_bytes(int tokens) const { return chunk_object_bytes(geometry(tokens), options_); }
 
+namespace {
+
+/// The tensor sections thread `t` of `threads` takes: [first, last).
+struct Sections {
+  size_t first, last;
+};
+Sections sections_of(const ChunkLayout& layout, int t, int threads) {
+  return {part_begin(layout.tensors(), t, threads), part_begin(layout.tensors(), t + 1, threads)};
+}
+
+/// The tensor section number s (0 .. 2L − 1): its layer and kind.
+int layer_of(size_t s) { return static_cast<int>(s / 2); }
+TensorKind kind_of(size_t s) { return s % 2 == 0 ? TensorKind::key : TensorKind::value; }
+
+}  // namespace
+
 size_t ChunkCodec::encode(const ChunkView& chunk, std::string_view key, std::span<uint8_t> out) const {
   if (chunk.geometry != geometry(chunk.geometry.tokens)) {
     throw Error("chunk of " + chunk.geometry.describe() + " does not match the calibration's geometry (" +
@@ -263,96 +259,106 @@ size_t ChunkCodec::encode(const ChunkView& chunk, std::string_view key, std::spa
   const bool fixed_size = options_.object_ratio != 0;
   uint8_t* const base = out.data();
   const int threads = options_.threads;
-  const size_t tiles = layout.tiles();
+  const size_t tensors = layout.tensors();
   const int channels = layout.shape.channels;
   const size_t max_escapes = layout.shape.max_slot_capacity();
   const size_t raw_rest = layout.raw_stream_bytes();
+  const int tail_rows = layout.geometry.tokens % kTileTokens;
   std::vector<Stream> streams(static_cast<size_t>(threads));
-  std::vector<uint64_t> stream_at(static_cast<size_t>(threads) + 1, 0);
+  std::vector<uint64_t> stream_of(tensors + 1, 0);  // a tensor section's stream bytes, then where it starts
+  std::vector<std::vector<uint64_t>> hashes(layout.sections());
+  for (size_t s = 0; s < tensors; ++s) hashes[kFirstTensor + s].resize(io::checksum_pieces(layout.tensor_bytes));
   uint64_t object_end = 0;
-  std::vector<std::span<const uint8_t>> sections;
-  std::unique_ptr<Pieces> pieces;
-  std::vector<uint64_t> hashes;
+  std::vector<std::span<const uint8_t>> sections(layout.sections());
+  const auto tensor_section = [&](size_t s) { return base + layout.tensor_offset(layer_of(s), kind_of(s)); };
 
-  // Everything but tiles and escapes, on the calling thread: metadata, maps' padding, tails, the
-  // zero padding between sections. Cheap (bytes per section, not per tile).
+  // The metadata and the padding after the metadata and the index, on the calling thread.
   const std::string meta = chunk_metadata(layout.geometry, calibration_id_, chunk_key_id(key));
   std::memset(base + layout.metadata_offset, 0, layout.first_tensor_offset - layout.metadata_offset);
   std::memcpy(base + layout.metadata_offset, meta.data(), meta.size());
-  const int tail_rows = layout.geometry.tokens % kTileTokens;
-  for (int l = 0; l < layout.geometry.layers; ++l) {
-    for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
-      uint8_t* section = base + layout.tensor_offset(l, kind);
-      std::memset(section + layout.tiles_per_tensor, 0, layout.map_bytes - layout.tiles_per_tensor);
-      copy_rows_out(chunk.tensor(kind, l), layout.geometry.tokens - tail_rows, tail_rows,
-                    section + layout.fixed_offset(layout.tiles_per_tensor));
-      std::memset(section + layout.tensor_bytes, 0, layout.tensor_stride - layout.tensor_bytes);
-    }
-  }
+  sections[0] = {base + layout.metadata_offset, layout.metadata_bytes};
+  sections[1] = {base + layout.index_offset, layout.index_bytes};
 
   const auto work = [&](int phase, int t) {
-    if (phase == 0) {  // tiles: fixed parts in place, escapes into this thread's stream
+    const Sections mine = sections_of(layout, t, threads);
+    if (phase == 0) {  // each section: tiles, tail, padding, then its checksum pieces
       Stream& stream = streams[static_cast<size_t>(t)];
       alignas(64) uint8_t raw[2 * kTileTokens * kMaxTileChannels];
-      const size_t begin = part_begin(tiles, t, threads), end = part_begin(tiles, t + 1, threads);
-      for (size_t g = begin; g < end; ++g) {
-        const TileRef ref = tile_ref(layout, g);
-        const KvView tensor = chunk.tensor(ref.kind, ref.layer);
-        const TilePosition p = tile_position(tensor, ref.tile);
-        const TileCodec& codec = codecs_.codec(ref.kind, ref.layer, p.head, p.half);
-        uint8_t* section = base + layout.tensor_offset(ref.layer, ref.kind);
-        uint8_t* fixed = section + layout.fixed_offset(ref.tile);
-        const uint16_t* origin = tile_origin(tensor, p);
-        const TileEncoding e = codec.encode_split(origin, tensor.token_stride, fixed, stream.end_with_room(std::max(max_escapes, raw_rest)));
-        if (e.fits) {
-          section[ref.tile] = kCodedTile;
-          stream.grow(e.escape_bytes);
-        } else {
-          section[ref.tile] = kRawTile;
-          gather_raw(origin, tensor.token_stride, channels, raw);
-          std::memcpy(fixed, raw, layout.fixed_bytes);
-          std::memcpy(stream.end_with_room(raw_rest), raw + layout.fixed_bytes, raw_rest);
-          stream.grow(raw_rest);
+      for (size_t s = mine.first; s < mine.last; ++s) {
+        const int layer = layer_of(s);
+        const TensorKind kind = kind_of(s);
+        const KvView tensor = chunk.tensor(kind, layer);
+        uint8_t* section = tensor_section(s);
+        const size_t before = stream.size();
+        for (size_t i = 0; i < layout.tiles_per_tensor; ++i) {
+          const TilePosition p = tile_position(tensor, i);
+          uint8_t* fixed = section + layout.fixed_offset(i);
+          const uint16_t* origin = tile_origin(tensor, p);
+          const TileEncoding e = codecs_.codec(kind, layer, p.head, p.half)
+                                     .encode_split(origin, tensor.token_stride, fixed, stream.end_with_room(std::max(max_escapes, raw_rest)));
+          if (e.fits) {
+            section[i] = kCodedTile;
+            stream.grow(e.escape_bytes);
+          } else {
+            section[i] = kRawTile;
+            gather_raw(origin, tensor.token_stride, channels, raw);
+            std::memcpy(fixed, raw, layout.fixed_bytes);
+            std::memcpy(stream.end_with_room(raw_rest), raw + layout.fixed_bytes, raw_rest);
+            stream.grow(raw_rest);
+          }
         }
+        std::memset(section + layout.tiles_per_tensor, 0, layout.map_bytes - layout.tiles_per_tensor);
+        copy_rows_out(tensor, layout.geometry.tokens - tail_rows, tail_rows, section + layout.fixed_offset(layout.tiles_per_tensor));
+        std::memset(section + layout.tensor_bytes, 0, layout.tensor_stride - layout.tensor_bytes);
+        stream_of[s] = stream.size() - before;
+        std::vector<uint64_t>& h = hashes[kFirstTensor + s];
+        hash_pieces({section, layout.tensor_bytes}, 0, h.size(), h);
       }
     } else if (phase == 1) {  // streams into the escape section, zeros after them
       const Stream& stream = streams[static_cast<size_t>(t)];
-      if (stream.size() > 0) std::memcpy(base + layout.escape_offset + stream_at[static_cast<size_t>(t)], stream.data(), stream.size());
-      const uint64_t from = layout.escape_offset + stream_at.back();
+      if (stream.size() > 0) std::memcpy(base + layout.escape_offset + stream_of[mine.first], stream.data(), stream.size());
+      const uint64_t from = layout.escape_offset + stream_of[tensors];
       const uint64_t span = object_end - from;
       const uint64_t a = from + part_begin(span, t, threads), b = from + part_begin(span, t + 1, threads);
       std::memset(base + a, 0, b - a);
-    } else {  // checksum pieces
-      hash_pieces(sections, *pieces, part_begin(pieces->total(), t, threads), part_begin(pieces->total(), t + 1, threads), hashes);
+    } else {  // the escape section's pieces; the metadata's and the index's on thread 0
+      std::vector<uint64_t>& h = hashes.back();
+      hash_pieces(sections.back(), part_begin(h.size(), t, threads), part_begin(h.size(), t + 1, threads), h);
+      if (t == 0) {
+        for (size_t s = 0; s < kFirstTensor; ++s) hash_pieces(sections[s], 0, hashes[s].size(), hashes[s]);
+      }
     }
   };
   const auto between = [&](int phase) {
-    if (phase == 0) {
-      for (int t = 0; t < threads; ++t) stream_at[static_cast<size_t>(t) + 1] = stream_at[static_cast<size_t>(t)] + streams[static_cast<size_t>(t)].size();
-      const uint64_t escapes = stream_at.back();
-      object_end = fixed_size ? object_bytes : layout.escape_offset + io::align_section(escapes);
-      if (layout.escape_offset + escapes > object_end) {
+    if (phase == 0) {  // the index: where each section's escapes start
+      uint64_t at = 0;
+      for (size_t s = 0; s < tensors; ++s) {
+        const uint64_t bytes = stream_of[s];
+        stream_of[s] = at;
+        io::put_le(base + layout.index_offset + 8 * s, at, 8);
+        at += bytes;
+      }
+      stream_of[tensors] = at;
+      object_end = fixed_size ? object_bytes : layout.escape_offset + io::align_section(at);
+      if (layout.escape_offset + at > object_end) {
         throw Error(ErrorCode::out_of_space,
-                    "chunk of " + layout.geometry.describe() + " needs " + std::to_string(layout.escape_offset + escapes) +
+                    "chunk of " + layout.geometry.describe() + " needs " + std::to_string(layout.escape_offset + at) +
                         " bytes, more than the fixed object size of " + std::to_string(object_end) + " (object_ratio " +
                         std::to_string(options_.object_ratio) + ")");
       }
-      sections.push_back({base + layout.metadata_offset, layout.metadata_bytes});
-      for (int l = 0; l < layout.geometry.layers; ++l) {
-        for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
-          sections.push_back({base + layout.tensor_offset(l, kind), layout.tensor_bytes});
-        }
-      }
-      sections.push_back({base + layout.escape_offset, object_end - layout.escape_offset});
-      pieces = std::make_unique<Pieces>(sections);
-      hashes.resize(pieces->total());
+      for (size_t s = 0; s < tensors; ++s) sections[kFirstTensor + s] = {tensor_section(s), layout.tensor_bytes};
+      sections.back() = {base + layout.escape_offset, object_end - layout.escape_offset};
+      for (const size_t s : {size_t{0}, size_t{1}, sections.size() - 1}) hashes[s].resize(io::checksum_pieces(sections[s].size()));
     } else if (phase == 2) {
       std::vector<io::SectionEntry> entries;
       for (size_t s = 0; s < sections.size(); ++s) {
-        const uint32_t type = s == 0 ? io::kMetadataSection : s + 1 == sections.size() ? io::kEscapeSection : io::kChunkTensorSection;
-        const auto index = static_cast<uint32_t>(s == 0 || s + 1 == sections.size() ? 0 : s - 1);
+        const uint32_t type = s == 0                     ? io::kMetadataSection
+                              : s == 1                   ? io::kChunkIndexSection
+                              : s + 1 == sections.size() ? io::kEscapeSection
+                                                         : io::kChunkTensorSection;
+        const auto index = static_cast<uint32_t>(type == io::kChunkTensorSection ? s - kFirstTensor : 0);
         entries.push_back({type, index, static_cast<uint64_t>(sections[s].data() - base), sections[s].size(),
-                           section_checksum_from(*pieces, hashes, s)});
+                           io::combine_piece_checksums(hashes[s])});
       }
       io::write_container_header(kChunkVersion, entries, object_end, base);
     }
@@ -372,7 +378,7 @@ void ChunkCodec::decode(std::span<const uint8_t> object, std::string_view key, c
   if (chunk.data == nullptr && layout.geometry.elements() > 0) throw Error("destination has no data");
   if (chunk.token_stride < row) throw Error("destination token stride shorter than a token's row");
 
-  // Structure and metadata, before anything else is read.
+  // Structure, metadata and index, before anything else is read.
   const std::vector<io::SectionRef> refs = reader.sections(false, true);
   if (refs.empty() || refs[0].type != io::kMetadataSection || refs[0].index != 0) reader.fail("first section is not the metadata");
   if (io::section_checksum(refs[0].bytes, kChunkVersion) != refs[0].checksum) reader.fail("metadata section checksum mismatch");
@@ -409,8 +415,15 @@ void ChunkCodec::decode(std::span<const uint8_t> object, std::string_view key, c
     reader.fail("has " + std::to_string(refs.size()) + " sections, a chunk of " + layout.geometry.describe() + " has " +
                 std::to_string(layout.sections()));
   }
-  for (size_t s = 1; s + 1 < refs.size(); ++s) {
-    if (refs[s].type != io::kChunkTensorSection || refs[s].index != s - 1) reader.fail(section_name(layout, s) + ": wrong type or order");
+  const uint8_t* const base = object.data();
+  const size_t tensors = layout.tensors();
+  const io::SectionRef& index_ref = refs[1];
+  if (index_ref.type != io::kChunkIndexSection || index_ref.index != 0 || index_ref.bytes.size() != layout.index_bytes) {
+    reader.fail("second section is not the index of " + std::to_string(tensors) + " tensors");
+  }
+  if (io::section_checksum(index_ref.bytes, kChunkVersion) != index_ref.checksum) reader.fail("index section checksum mismatch");
+  for (size_t s = kFirstTensor; s + 1 < refs.size(); ++s) {
+    if (refs[s].type != io::kChunkTensorSection || refs[s].index != s - kFirstTensor) reader.fail(section_name(layout, s) + ": wrong type or order");
     if (refs[s].bytes.size() != layout.tensor_bytes) {
       reader.fail(section_name(layout, s) + " is " + std::to_string(refs[s].bytes.size()) + " bytes, not " +
                   std::to_string(layout.tensor_bytes));
@@ -418,106 +431,100 @@ void ChunkCodec::decode(std::span<const uint8_t> object, std::string_view key, c
   }
   const io::SectionRef& escape_ref = refs.back();
   if (escape_ref.type != io::kEscapeSection || escape_ref.index != 0) reader.fail("last section is not the escape section");
-  const uint8_t* const base = object.data();
   if (static_cast<uint64_t>(escape_ref.bytes.data() - base) != layout.escape_offset) reader.fail("escape section out of place");
+  std::vector<uint64_t> starts(tensors + 1);
+  for (size_t s = 0; s < tensors; ++s) {
+    starts[s] = io::get_le(index_ref.bytes.data() + 8 * s, 8);
+    if ((s == 0 && starts[s] != 0) || (s > 0 && starts[s] < starts[s - 1]) || starts[s] > escape_ref.bytes.size()) {
+      reader.fail("index entry " + std::to_string(s) + " is out of order or past the escape section");
+    }
+  }
 
   const int threads = options_.threads;
-  const size_t tiles = layout.tiles();
   const int channels = layout.shape.channels;
   const size_t max_escapes = layout.shape.max_slot_capacity();
   const size_t raw_rest = layout.raw_stream_bytes();
   const size_t tag_offset = layout.shape.tag_offset(), tag_bytes = layout.shape.tag_bytes();
-  std::vector<std::span<const uint8_t>> sections;
-  for (const io::SectionRef& r : refs) sections.push_back(r.bytes);
-  const Pieces pieces(sections);
-  std::vector<uint64_t> hashes(pieces.total());
-  std::vector<uint64_t> stream_at(static_cast<size_t>(threads) + 1, 0);
-  const auto stream_bytes = [&](const TileRef& ref, const uint8_t* section) -> size_t {
-    if (section[ref.tile] == kRawTile) return raw_rest;
-    return escapes_of_tags(section + layout.fixed_offset(ref.tile) + tag_offset, tag_bytes);
-  };
+  const int tail_rows = layout.geometry.tokens % kTileTokens;
+  const uint8_t* const escapes_begin = escape_ref.bytes.data();
+  std::vector<std::vector<uint64_t>> hashes(refs.size());
+  for (size_t s = 2; s < refs.size(); ++s) hashes[s].resize(io::checksum_pieces(refs[s].bytes.size()));
+  std::vector<std::string> problems(tensors);  // the first problem of each tensor section
+  std::vector<uint64_t> ends(tensors, 0);      // where each section's escapes end
 
-  const auto work = [&](int phase, int t) {
-    const size_t begin = part_begin(tiles, t, threads), end = part_begin(tiles, t + 1, threads);
-    if (phase == 0) {  // checksum pieces; storage maps and the escape bytes every tile takes
-      hash_pieces(sections, pieces, part_begin(pieces.total(), t, threads), part_begin(pieces.total(), t + 1, threads), hashes);
-      size_t sum = 0;
-      for (size_t g = begin; g < end; ++g) {
-        const TileRef ref = tile_ref(layout, g);
-        const uint8_t* section = base + layout.tensor_offset(ref.layer, ref.kind);
-        if (section[ref.tile] > kRawTile) {
-          throw Error(reader.label() + ": " + section_name(layout, 1 + 2 * static_cast<size_t>(ref.layer) + (ref.kind == TensorKind::key ? 0 : 1)) +
-                      ": tile " + std::to_string(ref.tile) + " has unknown storage kind " + std::to_string(section[ref.tile]));
-        }
-        sum += stream_bytes(ref, section);
-      }
-      stream_at[static_cast<size_t>(t) + 1] = sum;
-    } else {  // tiles
-      const uint8_t* escapes = escape_ref.bytes.data() + stream_at[static_cast<size_t>(t)];
-      alignas(64) uint8_t scratch[2 * kTileTokens * kMaxTileChannels];
-      for (size_t g = begin; g < end; ++g) {
-        const TileRef ref = tile_ref(layout, g);
-        const MutableKvView tensor = chunk.tensor(ref.kind, ref.layer);
-        const TilePosition p = tile_position(tensor, ref.tile);
-        const uint8_t* section = base + layout.tensor_offset(ref.layer, ref.kind);
-        const uint8_t* fixed = section + layout.fixed_offset(ref.tile);
+  const auto work = [&](int, int t) {
+    std::vector<uint64_t>& eh = hashes.back();
+    hash_pieces(escape_ref.bytes, part_begin(eh.size(), t, threads), part_begin(eh.size(), t + 1, threads), eh);
+    const Sections mine = sections_of(layout, t, threads);
+    alignas(64) uint8_t scratch[2 * kTileTokens * kMaxTileChannels];
+    for (size_t s = mine.first; s < mine.last; ++s) {
+      const int layer = layer_of(s);
+      const TensorKind kind = kind_of(s);
+      const std::span<const uint8_t> bytes = refs[kFirstTensor + s].bytes;
+      std::vector<uint64_t>& h = hashes[kFirstTensor + s];
+      hash_pieces(bytes, 0, h.size(), h);
+      const uint8_t* section = bytes.data();
+      const MutableKvView tensor = chunk.tensor(kind, layer);
+      uint64_t at = starts[s];
+      const auto problem = [&](size_t i, const std::string& what) {
+        problems[s] = reader.label() + ": " + section_name(layout, kFirstTensor + s) + ", tile " + std::to_string(i) + ": " + what;
+      };
+      for (size_t i = 0; i < layout.tiles_per_tensor && problems[s].empty(); ++i) {
+        const TilePosition p = tile_position(tensor, i);
+        const uint8_t* fixed = section + layout.fixed_offset(i);
         uint16_t* origin = tile_origin(tensor, p);
-        const size_t n = stream_bytes(ref, section);
-        if (section[ref.tile] == kRawTile) {
+        if (section[i] > kRawTile) {
+          problem(i, "unknown storage kind " + std::to_string(section[i]));
+        } else if (section[i] == kRawTile) {
+          if (at + raw_rest > escape_ref.bytes.size()) {
+            problem(i, "its escapes run past the escape section");
+            break;
+          }
           std::memcpy(scratch, fixed, layout.fixed_bytes);
-          std::memcpy(scratch + layout.fixed_bytes, escapes, raw_rest);
+          std::memcpy(scratch + layout.fixed_bytes, escapes_begin + at, raw_rest);
           scatter_raw(scratch, channels, origin, tensor.token_stride);
+          at += raw_rest;
         } else {
-          const auto where = [&] {
-            return reader.label() + ": layer " + std::to_string(ref.layer) + " " + kind_name(ref.kind) + ", tile " +
-                   std::to_string(ref.tile) + " (block " + std::to_string(p.block) + ", head " + std::to_string(p.head) + ")";
-          };
-          if (n > max_escapes) throw Error(where() + ": tags ask for more escape bytes than a tile may have");
-          const size_t capacity = (n + 15) / 16 * 16;
-          std::memcpy(scratch, escapes, n);
-          std::memset(scratch + n, 0, capacity - n);
-          const DecodeStatus status = codecs_.codec(ref.kind, ref.layer, p.head, p.half)
-                                          .decode_split(fixed, scratch, capacity, origin, tensor.token_stride);
-          if (status != DecodeStatus::ok) throw Error(where() + ": " + to_string(status));
-        }
-        escapes += n;
-      }
-      if (t == 0) {  // the tails, and the escape section's padding
-        const int tail_rows = layout.geometry.tokens % kTileTokens;
-        for (int l = 0; l < layout.geometry.layers; ++l) {
-          for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
-            copy_rows_in(base + layout.tensor_offset(l, kind) + layout.fixed_offset(layout.tiles_per_tensor),
-                         layout.geometry.tokens - tail_rows, tail_rows, chunk.tensor(kind, l));
+          const size_t n = escapes_of_tags(fixed + tag_offset, tag_bytes);
+          if (n > max_escapes) {
+            problem(i, "tags ask for more escape bytes than a tile may have");
+          } else if (at + n > escape_ref.bytes.size()) {
+            problem(i, "its escapes run past the escape section");
+          } else {
+            const size_t capacity = (n + 15) / 16 * 16;
+            std::memcpy(scratch, escapes_begin + at, n);
+            std::memset(scratch + n, 0, capacity - n);
+            const DecodeStatus status = codecs_.codec(kind, layer, p.head, p.half).decode_split(fixed, scratch, capacity, origin, tensor.token_stride);
+            if (status != DecodeStatus::ok) problem(i, std::string("(block ") + std::to_string(p.block) + ", head " + std::to_string(p.head) + ") " + to_string(status));
+            at += n;
           }
         }
       }
-      const uint64_t from = stream_at.back(), span = escape_ref.bytes.size() - from;
-      const uint8_t* a = escape_ref.bytes.data() + from + part_begin(span, t, threads);
-      const uint8_t* b = escape_ref.bytes.data() + from + part_begin(span, t + 1, threads);
-      if (std::any_of(a, b, [](uint8_t x) { return x != 0; })) {
-        throw Error(reader.label() + ": escape section bytes after the tiles' escapes are not zero");
+      ends[s] = at;
+      if (std::any_of(section + layout.tiles_per_tensor, section + layout.map_bytes, [](uint8_t x) { return x != 0; }) &&
+          problems[s].empty()) {
+        problems[s] = reader.label() + ": " + section_name(layout, kFirstTensor + s) + ": storage map padding is not zero";
       }
+      copy_rows_in(section + layout.fixed_offset(layout.tiles_per_tensor), layout.geometry.tokens - tail_rows, tail_rows, tensor);
     }
   };
-  const auto between = [&](int phase) {
-    if (phase != 0) return;
-    for (size_t s = 0; s < sections.size(); ++s) {
-      if (section_checksum_from(pieces, hashes, s) != refs[s].checksum) reader.fail(section_name(layout, s) + " checksum mismatch");
+  const auto between = [&](int) {
+    for (size_t s = 0; s < refs.size(); ++s) {
+      if (s < 2) continue;  // checked before
+      if (io::combine_piece_checksums(hashes[s]) != refs[s].checksum) reader.fail(section_name(layout, s) + " checksum mismatch");
     }
-    for (size_t s = 1; s + 1 < sections.size(); ++s) {
-      const uint8_t* map = sections[s].data();
-      if (std::any_of(map + layout.tiles_per_tensor, map + layout.map_bytes, [](uint8_t x) { return x != 0; })) {
-        reader.fail(section_name(layout, s) + ": storage map padding is not zero");
-      }
+    for (size_t s = 0; s < tensors; ++s) {
+      if (!problems[s].empty()) throw Error(problems[s]);
+      const uint64_t next = s + 1 < tensors ? starts[s + 1] : ends[s];
+      if (ends[s] != next) reader.fail("index entry " + std::to_string(s + 1) + " is not where the escapes of " + section_name(layout, kFirstTensor + s) + " end");
     }
-    for (int t = 0; t < threads; ++t) stream_at[static_cast<size_t>(t) + 1] += stream_at[static_cast<size_t>(t)];
-    if (stream_at.back() > escape_ref.bytes.size()) {
-      reader.fail("the tiles need " + std::to_string(stream_at.back()) + " escape bytes, the escape section holds " +
-                  std::to_string(escape_ref.bytes.size()));
+    const uint8_t* tail = escapes_begin + (tensors > 0 ? ends[tensors - 1] : 0);
+    if (std::any_of(tail, escapes_begin + escape_ref.bytes.size(), [](uint8_t x) { return x != 0; })) {
+      reader.fail("escape section bytes after the tiles' escapes are not zero");
     }
     reader.check_padding(refs);
   };
-  run_phases(threads, 2, work, between);
+  run_phases(threads, 1, work, between);
 }
 
 CalibrationTable calibrate_chunk(const ChunkView& chunk) {

@@ -32,6 +32,7 @@ enum SectionType : uint32_t {
   kTensorSection = 3,
   kChunkTensorSection = 4,
   kEscapeSection = 5,
+  kChunkIndexSection = 6,
 };
 
 /// `n` rounded up to the section alignment.

@@ -29,12 +29,11 @@ Keyword arguments of the ``serde`` entry:
     Channels per head: LMCache's layout gives ``kv_heads * head_dim`` only. Taken from the table; needed
     when learning.
 ``object_ratio`` (default 1.38)
-    Every object of a chunk size takes exactly BF16 bytes / object_ratio (in whole 4 KiB pages, for
-    O_DIRECT): LMCache 0.5.x's adapters read
-    back exactly the bytes ``estimate_serialized_size`` gives, so objects of their own (smaller) size are
-    not loaded by them. A chunk that does not fit is not stored (LMCache logs the failed serialize and
-    keeps it in L1). ``0``: objects of their own size, and ``estimate_serialized_size`` the most one can
-    take, for adapters that load objects of any size.
+    Every object of a chunk size takes exactly BF16 bytes / object_ratio, in whole 4 KiB pages (for
+    O_DIRECT): LMCache 0.5's adapters read back exactly the bytes ``estimate_serialized_size`` gives, so
+    objects of their own (smaller) size are not loaded by them. A chunk that does not fit is not stored
+    (LMCache logs the failed serialize and keeps it in L1). ``0``: objects of their own size, and
+    ``estimate_serialized_size`` the most one can take, for adapters that load objects of any size.
 ``threads`` (default min(4, CPUs))
     CPU threads coding one chunk.
 ``max_workers`` (default 1)

@@ -37,7 +37,7 @@ std::vector<uint8_t> fixed_up(std::span<const uint8_t> input) {
     }
   }
   const std::span<const uint8_t> table(&image[gaac::io::kContainerHeaderBytes], count * gaac::io::kSectionEntryBytes);
-  put_le(&image[24], gaac::io::section_checksum(table, gaac::io::kWholeChecksumContainer), 8);
+  put_le(&image[24], gaac::io::table_checksum(table), 8);
   return image;
 }
 

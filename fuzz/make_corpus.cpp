@@ -2,7 +2,7 @@
 //
 //   gaac_fuzz_corpus <snapshot_dir> <tile_dir> [<safetensors_dir> [<gguf_dir> [<chunk_dir>]]]
 //
-// writes small valid .gaac images (gaac_snapshot_fuzz), valid tile slots behind the 6-byte header
+// writes small valid .gaac images, BF16 and FP8 (gaac_snapshot_fuzz), valid BF16 and FP8 tile slots behind the 6-byte header
 // that fuzz/tile_decode_fuzz.cpp describes (gaac_tile_decode_fuzz) and, when a third directory is
 // given, a KV dump and a calibration table as safetensors (gaac_safetensors_fuzz), and when a fourth
 // is, small GGUF files (gaac_gguf_fuzz), and with a fifth KV chunk objects behind the 3-byte header
@@ -23,6 +23,7 @@
 #include "chunk_fuzz_setup.hpp"
 #include "gaac/calibration.hpp"
 #include "gaac/codec.hpp"
+#include "gaac/fp8_codec.hpp"
 #include "gaac/snapshot.hpp"
 #include "gaac/synthetic.hpp"
 #include "gaac/tiling.hpp"
@@ -83,6 +84,18 @@ int write_snapshots(const fs::path& dir) {
     table.set_escape_capacity(gaac::TensorKind::value, 0, 0);
     emit("raw_fallback_64", dump, table);
   }
+  {  // FP8: E4M3 with scales and a tail, E5M2 without scales in half-head tiles.
+    const auto bf16 = dump_of(1, 64, {37, 20}, 8);
+    const gaac::Fp8KvDump e4m3 = gaac::convert_to_fp8(bf16, gaac::ElementFormat::e4m3, gaac::Fp8Scaling::per_tensor);
+    const gaac::Fp8KvDump* dumps[] = {&e4m3};
+    write_file(dir / "fp8_e4m3_64.gaac", gaac::snapshot_image(e4m3, gaac::calibrate(std::span<const gaac::Fp8KvDump* const>(dumps))));
+    gaac::Fp8KvDump e5m2 = gaac::convert_to_fp8(dump_of(1, 256, {16}, 9), gaac::ElementFormat::e5m2, gaac::Fp8Scaling::none);
+    e5m2.k_scales.clear();
+    e5m2.v_scales.clear();
+    dumps[0] = &e5m2;
+    write_file(dir / "fp8_e5m2_256.gaac", gaac::snapshot_image(e5m2, gaac::calibrate(std::span<const gaac::Fp8KvDump* const>(dumps))));
+    n += 2;
+  }
   {  // Only tail tokens, with metadata.
     auto dump = dump_of(2, 64, {5, 3}, 5);
     dump.metadata = {{"source", "gaac_fuzz_corpus"}, {"model", "none"}};
@@ -119,7 +132,7 @@ std::vector<uint8_t> tile_input(gaac::TileShape shape, size_t capacity, uint8_t 
   if (!enc.fits) return {};
   std::vector<uint8_t> input = {
       static_cast<uint8_t>((shape.kind == gaac::TensorKind::value ? 1 : 0) | (shape.channels == 128 ? 2 : 0) |
-                           (stride_extra & 63) << 2),
+                           (stride_extra & 15) << 4),
       static_cast<uint8_t>(capacity / gaac::kSlotAlignment), base3, base4, step3, step4};
   input.insert(input.end(), slot.begin(), slot.end());
   return input;
@@ -157,11 +170,69 @@ int write_tiles(const fs::path& dir) {
   return n;
 }
 
+/// One FP8 tile-fuzz input: header (format in bits 2..3), then the slot of a random FP8 tile with the
+/// header's bases (2-bit window with probability p2, else 3-bit, else anywhere).
+std::vector<uint8_t> fp8_tile_input(gaac::Fp8TileShape shape, size_t capacity, uint8_t base2, uint8_t base3, uint8_t step2,
+                                    uint8_t step3, double p2, std::mt19937_64& rng) {
+  const auto channels = static_cast<size_t>(shape.tile.channels);
+  std::vector<uint8_t> b2(channels), b3(channels);
+  for (size_t c = 0; c < channels; ++c) {
+    b2[c] = static_cast<uint8_t>((base2 + c * step2) % static_cast<size_t>(gaac::fp8_max_base2(shape.format) + 1));
+    b3[c] = static_cast<uint8_t>((base3 + c * step3) % static_cast<size_t>(gaac::fp8_max_base3(shape.format) + 1));
+  }
+  const int m = gaac::mantissa_bits(shape.format), top = (1 << gaac::exponent_bits(shape.format)) - 1;
+  std::vector<uint8_t> tile(static_cast<size_t>(shape.elements()));
+  std::uniform_real_distribution<double> u(0.0, 1.0);
+  for (size_t i = 0; i < tile.size(); ++i) {
+    const size_t c = i % channels;
+    const double r = u(rng);
+    const int e = r < p2 ? b2[c] + static_cast<int>(rng() % 4) : r < p2 + (1 - p2) * 0.9 ? b3[c] + static_cast<int>(rng() % 8)
+                                                                                          : static_cast<int>(rng() % (top + 1));
+    tile[i] = static_cast<uint8_t>((rng() & 1) << 7 | e << m | (rng() & ((1u << m) - 1)));
+  }
+  std::vector<uint8_t> slot(shape.slot_bytes(capacity));
+  const gaac::TileEncoding enc = gaac::encode_fp8_tile(shape, tile.data(), channels, {b2, b3}, capacity, slot, gaac::Backend::scalar);
+  if (!enc.fits) return {};
+  std::vector<uint8_t> input = {
+      static_cast<uint8_t>((shape.tile.kind == gaac::TensorKind::value ? 1 : 0) | (channels == 128 ? 2 : 0) |
+                           (shape.format == gaac::ElementFormat::e4m3 ? 1 : 2) << 2),
+      static_cast<uint8_t>(capacity / gaac::kSlotAlignment), base2, base3, step2, step3};
+  input.insert(input.end(), slot.begin(), slot.end());
+  return input;
+}
+
+int write_fp8_tiles(const fs::path& dir) {
+  std::mt19937_64 rng(20261203);
+  int n = 0;
+  for (const gaac::ElementFormat format : {gaac::ElementFormat::e4m3, gaac::ElementFormat::e5m2}) {
+    for (const gaac::TensorKind kind : {gaac::TensorKind::key, gaac::TensorKind::value}) {
+      for (const int channels : {64, 128}) {
+        const gaac::Fp8TileShape shape{format, {kind, channels}};
+        const double mixes[] = {1.0, 0.3, 0.1};
+        for (const double p2 : mixes) {
+          for (int attempt = 0; attempt < 20; ++attempt) {
+            const auto input = fp8_tile_input(shape, shape.max_slot_capacity(), 3, 1, 1, 2, p2, rng);
+            if (input.empty()) continue;
+            write_file(dir / ("fp8_tile_" + std::to_string(n++) + ".bin"), input);
+            break;
+          }
+        }
+      }
+    }
+  }
+  return n;
+}
+
 int write_safetensors(const fs::path& dir) {
   const auto dump = dump_of(2, 64, {17, 3}, 6);
   gaac::io::save_kv_dump(dump, (dir / "kv_dump.safetensors").string());
   gaac::save_calibration(calibrated(dump), (dir / "calibration.safetensors").string());
-  return 2;
+  const gaac::Fp8KvDump fp8 = gaac::convert_to_fp8(dump, gaac::ElementFormat::e5m2, gaac::Fp8Scaling::per_tensor);
+  gaac::io::save_fp8_kv_dump(fp8, (dir / "fp8_kv_dump.safetensors").string());
+  const gaac::Fp8KvDump* dumps[] = {&fp8};
+  gaac::save_calibration(gaac::calibrate(std::span<const gaac::Fp8KvDump* const>(dumps)),
+                         (dir / "fp8_calibration.safetensors").string());
+  return 4;
 }
 
 // GGUF: a minimal little-endian writer (layout in src/model/gguf.hpp and tests/model/gguf_test.cpp).
@@ -336,7 +407,7 @@ int main(int argc, char** argv) {
     std::vector<fs::path> dirs(argv + 1, argv + argc);
     for (const auto& d : dirs) fs::create_directories(d);
     const int snapshots = write_snapshots(dirs[0]);
-    const int tiles = write_tiles(dirs[1]);
+    const int tiles = write_tiles(dirs[1]) + write_fp8_tiles(dirs[1]);
     const int tensors = dirs.size() > 2 ? write_safetensors(dirs[2]) : 0;
     const int ggufs = dirs.size() > 3 ? write_gguf(dirs[3]) : 0;
     const int chunks = dirs.size() > 4 ? write_chunks(dirs[4]) : 0;

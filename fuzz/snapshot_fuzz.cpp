@@ -1,5 +1,5 @@
-// libFuzzer target: arbitrary bytes as a .gaac snapshot image. gaac::parse_snapshot must either
-// return a snapshot or throw gaac::Error; a crash, a sanitizer report or any other exception is a bug.
+// libFuzzer target: arbitrary bytes as a .gaac snapshot image, BF16 or FP8. gaac::parse_any_snapshot must
+// either return a snapshot or throw gaac::Error; a crash, a sanitizer report or any other exception is a bug.
 //
 // Each input is parsed twice: as it is, and "fixed up" (magic, versions and file size set, every
 // XXH64 recomputed, see fixed_up()), so that mutations get past the checksums to the validation of
@@ -11,6 +11,8 @@
 #include <cstddef>
 #include <cstdint>
 #include <span>
+#include <type_traits>
+#include <variant>
 #include <vector>
 
 #include "gaac/error.hpp"
@@ -51,30 +53,39 @@ std::vector<uint8_t> fixed_up(std::span<const uint8_t> input) {
   return image;
 }
 
-bool same_dump(const gaac::KvDump& a, const gaac::KvDump& b) {
+template <class Dump>
+bool same_dump(const Dump& a, const Dump& b) {
   if (a.layers.size() != b.layers.size() || a.metadata != b.metadata) return false;
   for (size_t l = 0; l < a.layers.size(); ++l) {
-    for (const auto member : {&gaac::KvLayer::k, &gaac::KvLayer::v}) {
-      const gaac::KvTensor& x = a.layers[l].*member;
-      const gaac::KvTensor& y = b.layers[l].*member;
+    for (const gaac::TensorKind kind : {gaac::TensorKind::key, gaac::TensorKind::value}) {
+      const auto& x = a.layers[l].of(kind);
+      const auto& y = b.layers[l].of(kind);
       if (x.tokens != y.tokens || x.kv_heads != y.kv_heads || x.head_dim != y.head_dim || x.data != y.data) return false;
     }
+  }
+  if constexpr (std::is_same_v<Dump, gaac::Fp8KvDump>) {
+    if (a.format != b.format || a.k_scales != b.k_scales || a.v_scales != b.v_scales) return false;
   }
   return true;
 }
 
 void parse_one(std::span<const uint8_t> image) {
-  gaac::Snapshot snapshot;
+  gaac::AnySnapshot snapshot;
   try {
-    snapshot = gaac::parse_snapshot(image, "fuzz");
+    snapshot = gaac::parse_any_snapshot(image, "fuzz");
   } catch (const gaac::Error&) {
     return;  // rejected: the usual outcome
   }
   // Accepted: the snapshot must be consistent enough to be written again (a gaac::Error here is
   // not caught, so it aborts), and the new image must read back the same.
-  const std::vector<uint8_t> again = gaac::snapshot_image(snapshot.dump, snapshot.calibration);
-  const gaac::Snapshot back = gaac::parse_snapshot(again, "fuzz rewrite");
-  if (!same_dump(snapshot.dump, back.dump)) __builtin_trap();
+  std::visit(
+      [](const auto& s) {
+        using S = std::decay_t<decltype(s)>;
+        const std::vector<uint8_t> again = gaac::snapshot_image(s.dump, s.calibration);
+        const gaac::AnySnapshot back = gaac::parse_any_snapshot(again, "fuzz rewrite");
+        if (!std::holds_alternative<S>(back) || !same_dump(s.dump, std::get<S>(back).dump)) __builtin_trap();
+      },
+      snapshot);
 }
 
 }  // namespace

@@ -1,11 +1,13 @@
-// libFuzzer target: arbitrary bytes as one compressed slot, decoded by every backend.
+// libFuzzer target: arbitrary bytes as one compressed slot, BF16 or FP8, decoded by every backend.
 //
 // Input: a 6-byte header, then the slot (zero-padded or truncated to the slot size):
 //   byte 0  bit 0: kind (0 key, 1 value); bit 1: width (0 → 64 channels, 1 → 128);
-//           bits 2..7: extra row stride in elements (0..63) of the destination
+//           bits 2..3: element format (0 BF16, 1 E4M3, 2 E5M2, 3 BF16);
+//           bits 4..7: extra row stride in elements (0..15) of the destination
 //   byte 1  escape capacity in units of 16 bytes (modulo the number of valid capacities)
-//   byte 2  b3 of channel 0; byte 4: step of b3 per channel   (b3[c] = (byte2 + c·byte4) mod 249)
-//   byte 3  b4 of channel 0; byte 5: step of b4 per channel   (b4[c] = (byte3 + c·byte5) mod 241)
+//   byte 2  narrow base of channel 0; byte 4: its step per channel (BF16 b3: (byte2 + c·byte4) mod 249;
+//           FP8 b2: mod 2^X − 3)
+//   byte 3  wide base of channel 0; byte 5: its step per channel (BF16 b4: mod 241; FP8 b3: mod 2^X − 7)
 // fuzz/make_corpus.cpp writes seeds in this format.
 //
 // Properties (a violation calls __builtin_trap()):
@@ -23,6 +25,7 @@
 
 #include "gaac/codec.hpp"
 #include "gaac/format.hpp"
+#include "gaac/fp8_codec.hpp"
 
 namespace {
 
@@ -61,13 +64,70 @@ bool same_tile(const Decoded& a, const Decoded& b, gaac::TileShape shape, size_t
   return true;
 }
 
+/// The FP8 properties (the same as BF16's below, on FP8 bytes).
+void fuzz_fp8(const uint8_t* data, size_t size, gaac::Fp8TileShape shape, size_t stride) {
+  constexpr uint8_t kByteSentinel = 0xA5;
+  const auto channels = static_cast<size_t>(shape.tile.channels);
+  const size_t capacity = data[1] % (shape.max_slot_capacity() / gaac::kSlotAlignment + 1) * gaac::kSlotAlignment;
+  std::array<uint8_t, gaac::kMaxTileChannels> b2{}, b3{};
+  for (size_t c = 0; c < channels; ++c) {
+    b2[c] = static_cast<uint8_t>((data[2] + c * data[4]) % static_cast<size_t>(gaac::fp8_max_base2(shape.format) + 1));
+    b3[c] = static_cast<uint8_t>((data[3] + c * data[5]) % static_cast<size_t>(gaac::fp8_max_base3(shape.format) + 1));
+  }
+  const gaac::Fp8TileBases bases{std::span(b2).first(channels), std::span(b3).first(channels)};
+  std::vector<uint8_t> slot(shape.slot_bytes(capacity), 0);  // exactly its size, for AddressSanitizer
+  std::copy_n(data + kInputHeader, std::min(size - kInputHeader, slot.size()), slot.begin());
+  const auto decode = [&](std::span<const uint8_t> s, Backend backend, std::vector<uint8_t>& dst) {
+    dst.assign(gaac::kTileTokens * stride, kByteSentinel);
+    const DecodeStatus status = gaac::decode_fp8_tile(shape, s, capacity, bases, dst.data(), stride, backend);
+    for (int row = 0; row < gaac::kTileTokens; ++row) {
+      for (size_t c = channels; c < stride; ++c) check(dst[row * stride + c] == kByteSentinel);
+    }
+    return status;
+  };
+  const auto same = [&](const std::vector<uint8_t>& a, const std::vector<uint8_t>& b) {
+    for (int row = 0; row < gaac::kTileTokens; ++row) {
+      if (!std::equal(a.begin() + row * stride, a.begin() + row * stride + channels, b.begin() + row * stride)) return false;
+    }
+    return true;
+  };
+  std::vector<uint8_t> scalar, fast;
+  const DecodeStatus status = decode(slot, Backend::scalar, scalar);
+  const bool have_avx2 = gaac::backend_available(Backend::avx2);
+  if (have_avx2) {
+    check(decode(slot, Backend::avx2, fast) == status);
+    if (status == DecodeStatus::ok) check(same(fast, scalar));
+  }
+  if (status != DecodeStatus::ok) return;
+  // Re-encode: a decoded group needs at most the escapes its tag asked for, so the tile fits again.
+  std::vector<uint8_t> again(slot.size(), 0xEE);
+  const gaac::TileEncoding enc = gaac::encode_fp8_tile(shape, scalar.data(), stride, bases, capacity, again, Backend::scalar);
+  check(enc.fits && enc.escape_bytes <= capacity);
+  if (have_avx2) {
+    std::vector<uint8_t> other(slot.size(), 0x11);
+    const gaac::TileEncoding e = gaac::encode_fp8_tile(shape, scalar.data(), stride, bases, capacity, other, Backend::avx2);
+    check(other == again && e.groups_by_mode == enc.groups_by_mode && e.escape_bytes == enc.escape_bytes);
+  }
+  for (const Backend backend : {Backend::scalar, Backend::avx2}) {
+    if (!gaac::backend_available(backend)) continue;
+    std::vector<uint8_t> round;
+    check(decode(again, backend, round) == DecodeStatus::ok);
+    check(same(round, scalar));
+  }
+}
+
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   if (size < kInputHeader) return 0;
   const gaac::TileShape shape{(data[0] & 1) ? gaac::TensorKind::value : gaac::TensorKind::key,
                               (data[0] & 2) ? 128 : 64};
-  const size_t stride = static_cast<size_t>(shape.channels) + (data[0] >> 2);
+  const size_t stride = static_cast<size_t>(shape.channels) + (data[0] >> 4);
+  const int format = data[0] >> 2 & 3;
+  if (format == 1 || format == 2) {
+    fuzz_fp8(data, size, {format == 1 ? gaac::ElementFormat::e4m3 : gaac::ElementFormat::e5m2, shape}, stride);
+    return 0;
+  }
   const size_t capacities = shape.max_slot_capacity() / gaac::kSlotAlignment + 1;
   const size_t capacity = data[1] % capacities * gaac::kSlotAlignment;
   std::array<uint8_t, gaac::kMaxTileChannels> b3{}, b4{};

@@ -100,11 +100,12 @@ profile_kernels() {
   timeout 120 ncu --clock-control none --kernel-name regex:decode_attention_kernel --launch-skip 2 --launch-count 2 \
     --section SpeedOfLight --section ComputeWorkloadAnalysis --section WarpStateStats --section InstructionStats \
     --section Occupancy --section LaunchStats --section MemoryWorkloadAnalysis --section SchedulerStats \
-    --metrics sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_fmaheavy.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active \
+    --metrics sm__inst_executed_pipe_alu.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_fma.avg.pct_of_peak_sustained_active,sm__inst_executed_pipe_fmaheavy.avg.pct_of_peak_sustained_active,smsp__inst_executed.sum,sm__pipe_tensor_op_hmma_cycles_active.avg.pct_of_peak_sustained_active,'regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio' \
     python3 bench/gpu/bench_decode.py --lib "$bin/libgaac_gpu_bench.so" --out "$out/profile-$name.json" --profile "$profile" \
     ${kv_dir:+--kv-dir "$kv_dir"} >"$out/ncu-$name.txt" 2>&1
   echo "ncu: exit $?"
-  grep -E "decode_attention_kernel|Duration|DRAM Throughput|Issue Slots Busy|Achieved Occupancy|Registers Per|No Eligible|pipe_alu|inst_executed.sum|Warp Cycles Per Issued" "$out/ncu-$name.txt" | head -30
+  grep -E "decode_attention_kernel|Duration|DRAM Throughput|Issue Slots Busy|Achieved Occupancy|Registers Per|No Eligible|pipe_alu|pipe_fma|inst_executed.sum|Warp Cycles Per Issued|issue_stalled" "$out/ncu-$name.txt" |
+    awk '!/issue_stalled/ || $NF + 0 >= 0.1' | head -60
 }
 
 # Logs go into one archive at the end (a call returns few files): bench.json, bench.log, logs.tar.gz.

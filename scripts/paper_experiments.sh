@@ -49,6 +49,18 @@ for model in smollm2 gemma3; do
   $gaac study schemes $model-prose2.safetensors --calib-kv $model-gpl.safetensors
   echo "Escape-slot capacity and resident size (prose B, calibration on prose A):"
   $tables capacity "$name" $model-prose2-cross.json
+  echo "Table 7 (FP8 KV, prose B, windows from prose A converted the same way):"
+  for fmt in e4m3 e5m2; do
+    for scale in per-tensor none; do
+      for text in gpl prose2; do
+        $gaac convert $model-$text.safetensors --to $fmt --scale $scale -o $model-$text-$fmt-$scale.safetensors >&2
+      done
+      $gaac calibrate $model-gpl-$fmt-$scale.safetensors -o $model-calib-gpl-$fmt-$scale.safetensors >&2
+      $gaac stats $model-prose2-$fmt-$scale.safetensors --calib $model-calib-gpl-$fmt-$scale.safetensors --json \
+        > $model-prose2-$fmt-$scale.json
+      $tables table7 "$name" $scale $model-prose2-$fmt-$scale.json
+    done
+  done
 
   echo "== $name: long prompts" >&2
   $gaac capture -m "$m" --text long-a.txt --tokens $long -o $model-long-a.safetensors >&2

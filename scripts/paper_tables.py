@@ -9,6 +9,8 @@
       Table 1 per layer: K and V entropy, ratio and mode split of every layer
   paper_tables.py capacity MODEL STATS.json
       the escape-slot capacities calibration chose (range over layers, K and V) and the resident figures
+  paper_tables.py table7 MODEL CONVERSION STATS.json
+      an FP8 dump's row of Table 7: format, ratio over FP8 and over BF16 (packed and resident), mode split
 """
 import json
 import sys
@@ -76,6 +78,14 @@ def capacity(model, path):
     print(f"| {model} | total | | | {16 / s['resident_ratio']:.3f} | {s['resident_ratio']:.3f} |")
 
 
+def table7(model, conversion, path):
+    s = json.load(open(path))
+    m = s["modes"]
+    print(f"| {model} | {s['element_format'].upper()} | {conversion} | {s['exponent_entropy_bits']:.2f} | {s['ratio']:.3f} | "
+          f"{s['ratio_vs_bf16']:.3f} | {s['resident_ratio']:.3f} | {s['resident_ratio_vs_bf16']:.3f} | "
+          f"{100 * m['2bit']:.1f} / {100 * m['3bit']:.1f} / {100 * m['raw']:.1f}% |")
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "table1":
         gl = set()
@@ -88,5 +98,7 @@ if __name__ == "__main__":
         layers(sys.argv[2], sys.argv[3])
     elif sys.argv[1] == "capacity":
         capacity(sys.argv[2], sys.argv[3])
+    elif sys.argv[1] == "table7":
+        table7(sys.argv[2], sys.argv[3], sys.argv[4])
     else:
         sys.exit(__doc__)

@@ -133,7 +133,7 @@ def gaac_cache(model, kv, table, fmt, batch, context, budget=None):
     # tile) until finalized, so one begin of the whole prompt would need room for all of it raw.
     for first in range(0, context, FILL_CHUNK):
         n = min(FILL_CHUNK, context - first)
-        cache.kv.begin(n, stream=stream)
+        cache.kv.begin(n, stream=stream, attended=False)  # a fill: nothing attends it
         for layer, (k, v) in enumerate(kv):
             cache.kv.write(layer, k[:, :, first:first + n].expand(batch, -1, -1, -1),
                            v[:, :, first:first + n].expand(batch, -1, -1, -1), stream)

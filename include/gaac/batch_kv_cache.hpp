@@ -74,11 +74,14 @@ class GAAC_API BatchKvCache {
   /// Starts a forward of `tokens` new tokens per sequence; the previous forward must have written
   /// every layer. `valid` is empty (every token real) or batch() × `tokens` flags, sequence after
   /// sequence: 0 marks a pad token, whose rows write() ignores and whose attention output is zero; a
-  /// sequence's real tokens take its next positions, in order. Throws gaac::Error (ErrorCode::out_of_space)
-  /// when the cache cannot hold the tokens: on a GPU the new ones (unless `stream` is capturing a CUDA
-  /// graph: see check()), on the CPU the previous forward's, which it appends now (nothing changes when
-  /// the first sequence's do not fit).
-  virtual void begin(int tokens, std::span<const uint8_t> valid, CUstream_st* stream) = 0;
+  /// sequence's real tokens take its next positions, in order. `attended` false says the forward's
+  /// queries are attended elsewhere (a prompt over its own rows, a fill): a GPU cache then keeps, in
+  /// sliding-window layers, only what its newest token sees, and attend() raises where a query would
+  /// need more; the CPU cache, which keeps a forward's rows beside it, attends any forward. Throws
+  /// gaac::Error (ErrorCode::out_of_space) when the cache cannot hold the tokens: on a GPU the new ones
+  /// (unless `stream` is capturing a CUDA graph: see check()), on the CPU the previous forward's, which it
+  /// appends now (nothing changes when the first sequence's do not fit).
+  virtual void begin(int tokens, std::span<const uint8_t> valid, CUstream_st* stream, bool attended = true) = 0;
   /// The forward's K and V rows of `layer`, `[batch, kv_heads, tokens, head_dim]` (pad tokens' rows ignored).
   virtual void write(int layer, const BatchRows& k, const BatchRows& v, CUstream_st* stream) = 0;
   /// Attention of the forward's queries of `layer` (after its write()), `q` `[batch, q_heads, tokens,

@@ -1,4 +1,4 @@
-// KV chunk objects (docs/format.md, section 14): one chunk of a model's cache, K and V of every layer
+// KV chunk objects (docs/format.md, section 15): one chunk of a model's cache, K and V of every layer
 // for a run of tokens, as a storage or transfer system such as LMCache holds it, compressed
 // losslessly into one self-describing, checksummed object in the .gaac container.
 //
@@ -25,8 +25,9 @@
 
 namespace gaac {
 
-/// Container version of KV chunk objects: the .gaac container with section checksums over 4 KiB pieces.
-inline constexpr uint16_t kChunkVersion = 2;
+/// Container version of KV chunk objects: the .gaac container with section checksums over 4 KiB pieces
+/// (docs/format.md, sections 12 and 15; versions 1 and 2 are snapshots).
+inline constexpr uint16_t kChunkVersion = 3;
 
 /// What a chunk holds: K and V of `layers` layers, `tokens` tokens each, `kv_heads` heads of `head_dim`
 /// channels per token.
@@ -83,7 +84,7 @@ BasicChunkView<Element> dense_chunk_view(Element* data, const ChunkGeometry& g) 
   return {data, g, static_cast<size_t>(g.layers) * g.tokens * row, static_cast<size_t>(g.tokens) * row, row};
 }
 
-/// Where everything of a chunk object lies (docs/format.md, section 14): a function of the geometry
+/// Where everything of a chunk object lies (docs/format.md, section 15): a function of the geometry
 /// alone, so that every executor (CPU threads, the GPU) places every byte without looking at others.
 struct GAAC_API ChunkLayout {
   ChunkGeometry geometry;

@@ -19,6 +19,13 @@ struct GAAC_API TileBases {
   std::span<const uint8_t> b4;
 };
 
+/// The calibrated exponent bases of one FP8 tile's channels (gaac/fp8_codec.hpp): `b2[c]` and `b3[c]` for
+/// c < channels, with b2 ≤ fp8_max_base2(format) and b3 ≤ fp8_max_base3(format).
+struct GAAC_API Fp8TileBases {
+  std::span<const uint8_t> b2;
+  std::span<const uint8_t> b3;
+};
+
 /// True when `bases` has `shape.channels` entries per window and every base keeps its window
 /// inside the exponent range.
 GAAC_API bool validate_bases(TileShape shape, const TileBases& bases);

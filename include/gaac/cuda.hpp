@@ -1,7 +1,8 @@
 // gaac on NVIDIA GPUs (sm_90), the library gaac::cuda: a paged cache's memory on the device
 // (docs/format.md, section 13) and the sequence tables of a batch; decode attention over it (the fused
 // GAAC kernel, its BF16 twin), planned once per batch geometry and launched per layer; caches grown on
-// the device (open, write, finalize: every step graph-safe); decompression to dense or paged BF16; and
+// the device (open, write, finalize: every step graph-safe; pads skipped, each sequence by its own
+// tokens) and edited there (forks, truncation, copies); decompression to dense or paged BF16; and
 // .gaac snapshot encoding from device tensors. On top, two caches a framework holds: KvCacheMirror (a
 // host KvCache copied to the GPU) and the device implementation of gaac::BatchKvCache.
 //
@@ -57,6 +58,9 @@ class GAAC_API DeviceBuffer {
   void upload(const void* src, size_t bytes, size_t offset = 0);
   /// Copies `bytes` bytes from offset `offset` to host memory at `dst` (synchronous).
   void download(void* dst, size_t bytes, size_t offset = 0) const;
+  /// A copy of every byte in an allocation of its own (synchronous with the host, after the device's
+  /// queued work).
+  DeviceBuffer copy() const;
 
  private:
   void* data_ = nullptr;
@@ -78,6 +82,9 @@ class GAAC_API CacheMemory {
   /// An empty BF16 cache of one layer with `like`'s KV heads, head width and rows, one unit for every
   /// entry: what decompress() writes.
   static CacheMemory bf16_for(const PagedGeometry& like, int window);
+  /// A deep copy on the same device: pool, table, free stack, reference counts and status, in memory of
+  /// its own (synchronises the device first).
+  CacheMemory clone() const;
 
   /// The device pointers kernels take.
   const DeviceCacheView& view() const { return view_; }
@@ -93,6 +100,11 @@ class GAAC_API CacheMemory {
   bool compressed() const { return view_.geometry.raw_split(); }
   /// Copies the pool and the block table back to host memory (synchronous; for tests and tools).
   void download(std::vector<uint8_t>& units, std::vector<uint32_t>& entries) const;
+  /// The block table, copied to host memory (synchronises the device).
+  std::vector<uint32_t> entries() const;
+  /// The reference count of every unit (synchronises the device; for tests): entries holding it as a
+  /// tile's first unit.
+  std::vector<uint32_t> refs() const;
   /// The free units on the device, bottom of the stack first (synchronises the device).
   std::vector<uint32_t> free_units() const;
   /// Number of free units on the device (synchronises the device: kernels on any stream).
@@ -121,7 +133,7 @@ class GAAC_API CacheMemory {
   uint32_t units_ = 0;
   uint32_t rows_taken_ = 0;
   DeviceBuffer units_buffer_, entries_buffer_, bases_buffer_, lane_bases_buffer_, windows_buffer_;
-  DeviceBuffer free_stack_buffer_, free_count_buffer_, status_buffer_;
+  DeviceBuffer free_stack_buffer_, free_count_buffer_, status_buffer_, refs_buffer_;
 };
 
 /// The sequence table of a batch on the device, with the host's copy of its numbers (what a plan
@@ -131,8 +143,11 @@ class GAAC_API BatchTable {
   /// Copies a host table (its pointers are host memory) to the device.
   static BatchTable upload(const SequenceTableView& host);
   /// `sequences` empty sequences of a cache made by CacheMemory::create, each with block rows reserved
-  /// for `max_tokens` tokens: they grow on the device (begin_tokens), without the host.
+  /// for `max_tokens` tokens: they grow on the device (begin_tokens), without the host, and can be
+  /// edited between forwards (select, truncate).
   static BatchTable reserve(CacheMemory& cache, int sequences, int max_tokens);
+  /// A deep copy in device memory of its own, for a copy of its cache (CacheMemory::clone): synchronous.
+  BatchTable clone() const;
 
   /// The device pointers kernels take.
   const DeviceBatchView& view() const { return view_; }
@@ -148,20 +163,85 @@ class GAAC_API BatchTable {
   int total_blocks() const { return total_blocks_; }
   /// Tokens sequence s has room for (16 × its blocks).
   int capacity(int s) const { return blocks(s) * kTileTokens; }
-  /// Tokens added by the last begin_tokens (0 before any).
+  /// Tokens per sequence of the last begin_tokens, pads included (0 before any, and after an edit).
   int last_count() const { return last_count_; }
+  /// Real tokens sequence s added in the last begin_tokens (0 after an edit).
+  int last_real(int s) const { return counts_.empty() ? 0 : counts_.at(static_cast<size_t>(s)); }
+  /// True when the last begin_tokens had no pad token.
+  bool last_uniform() const { return ranks_.empty(); }
+  /// True when the last begin_tokens was unattended (see DeviceForwardView::unattended).
+  bool last_unattended() const { return unattended_; }
+  /// The length whose newest token's sliding windows sequence s keeps (DeviceForwardView::held): in a
+  /// layer of window W its blocks before first_attended(held − 1, W) / 16 are released.
+  int held(int s) const { return held_.empty() ? 0 : held_.at(static_cast<size_t>(s)); }
+  /// The block row of block `block` of sequence s in a reserved table (its rows are fixed while it is
+  /// not edited).
+  uint32_t block_row(int s, int block) const;
   /// Scratch rows (one per sequence and block) for finalize_completed; null for an uploaded table.
   uint32_t* scratch_rows() const { return static_cast<uint32_t*>(scratch_rows_.data()); }
-  /// The host's side of begin_tokens: every length grows by `count` (throws past a capacity, changing
-  /// nothing).
+  /// The last begin_tokens as the growth kernels read it.
+  DeviceForwardView forward_view() const;
+  /// The host's side of a begin_tokens of `count` real tokens per sequence, attended as the last one
+  /// (what a replayed graph of the last begin did on the device): lengths and held lengths grow (throws
+  /// past a capacity, changing nothing).
   void note_begin(int count);
+  /// The host's side of a begin_tokens of `tokens` tokens per sequence of which `valid` (empty: all;
+  /// else sequences × tokens flags, 0 for a pad) are real, `attended` or not (DeviceForwardView):
+  /// checks, then counts them and grows the lengths (throws past a capacity, changing nothing). Device
+  /// buffers are left to begin_tokens.
+  void note_begin(int tokens, std::span<const uint8_t> valid, bool attended);
+  /// Copies the last note_begin's counts and ranks (a forward with pads) to the device, asynchronously
+  /// on `stream` (allocating when the forward is larger than any before); begin_tokens does it.
+  void upload_forward(Stream stream);
+
+  /// Between forwards (everything queued on the device is waited for; synchronous): the batch becomes
+  /// `sources.size()` sequences, sequence i holding what sequence sources[i] held. A sequence's first use
+  /// keeps its rows; each further use is a fork: its complete blocks' entries are copied, their tiles
+  /// shared (CacheMemory's per-unit reference counts grow), and its open block's tiles are copied into
+  /// units of their own. Sequences no one names are freed (each tile's reference dropped, its units
+  /// pushed on the free stack when no entry holds it any longer). A reserved table only. Throws
+  /// gaac::Error (ErrorCode::out_of_space), changing nothing, when the forks' open blocks or block rows do
+  /// not fit; gaac::Error when the cache ran out of units earlier (its contents are incomplete).
+  void select(CacheMemory& cache, std::span<const int> sources);
+  /// Between forwards (synchronous): cuts every sequence b back to its first `lengths[b]` tokens, as
+  /// KvCache::truncate does: later blocks are released, and a block cut inside becomes a BF16 tail
+  /// again, bit for bit (a compressed tile decoded back into a raw tile, a tile a fork shares copied
+  /// first; an unshared raw tile keeps its unit, its later rows zeroed). A reserved table only. Throws
+  /// gaac::Error for a length past a sequence's or one whose newest token would attend what a sliding
+  /// window released; ErrorCode::out_of_space, changing nothing, when the cut blocks need more free units
+  /// than there are.
+  void truncate(CacheMemory& cache, std::span<const int> lengths);
+
+  /// Makes this table the queries of `batch`'s running forward as sequences of their own, so that decode
+  /// attention (one query per sequence, its newest token) attends a forward of several tokens per
+  /// sequence: token i of sequence b is sequence i·(B+1) + b (B = batch.sequences()), sharing b's block
+  /// rows, with b's length less the real tokens after it (0 for a pad: attends nothing, output zero);
+  /// sequence i·(B+1) + B is empty, separating tokens (so that every sequence's rows are a CSR range).
+  /// Built on the device from `batch`'s device lengths and forward (asynchronous on `stream`;
+  /// allocates only when its buffers are too small); the host numbers from `batch`'s. Valid while
+  /// `batch` is unchanged (the rows are `batch`'s).
+  void expand(const BatchTable& batch, Stream stream);
+  /// Sequences `first .. first + count − 1` of this table as a table that views them (no device memory
+  /// of its own: valid while this one lives and is unchanged).
+  BatchTable slice(int first, int count) const;
 
  private:
+  /// Sets the host lengths and blocks and the device view of a reserved table from first_rows_.
+  void lay_out(const std::vector<int32_t>& lengths, const std::vector<int32_t>& held);
+  /// The reserved block rows of sequence s, first to last.
+  uint32_t row_of(int s, int block) const { return first_rows_.at(static_cast<size_t>(s)) + static_cast<uint32_t>(block); }
+  /// Ends the running forward (an edit): its counts are forgotten.
+  void end_forward();
+
   DeviceBatchView view_;
-  std::vector<int32_t> lengths_, blocks_;
+  std::vector<int32_t> lengths_, blocks_, held_, counts_, ranks_;
   int total_blocks_ = 0;
   int last_count_ = 0;
-  DeviceBuffer indptr_, rows_, lengths_buffer_, scratch_rows_;
+  bool unattended_ = false;
+  int reserved_blocks_ = 0;           ///< blocks reserved per sequence (0: an uploaded or expanded table)
+  std::vector<uint32_t> first_rows_;  ///< per sequence: the first of its reserved rows
+  std::vector<uint32_t> spare_;       ///< first rows of reserved ranges no sequence uses
+  DeviceBuffer indptr_, rows_, lengths_buffer_, scratch_rows_, held_buffer_, counts_buffer_, ranks_buffer_;
 };
 
 /// What a decode-attention plan is made for: one query token per sequence.
@@ -288,18 +368,31 @@ struct TokenRows {
   int64_t token_stride = 0;
 };
 
-/// Adds `count` tokens to every sequence of `batch` (a reserved table), on the device: in each layer,
-/// the tiles of a sliding window's blocks that the new newest token no longer sees are freed (entries
-/// absent, units pushed on the free stack), every block the new tokens start is opened as a BF16 tail
-/// (its tiles' units popped from the free stack and zeroed; in a sliding layer only blocks the window
-/// still sees), and the lengths grow by `count`. With too few free units the tiles that could not be
-/// opened stay absent and the status word gets kOutOfUnits: check status() before trusting what
-/// follows. Graph-safe: no host sync, no allocation; asynchronous on `stream`. The host keeps the
-/// lengths too (for plans); throws, launching nothing, when a sequence would pass its capacity.
+/// Adds `tokens` tokens to every sequence of `batch` (a reserved table), on the device, of which only
+/// the real ones count: `valid` is empty (every token real) or sequences × `tokens` flags, sequence
+/// after sequence, 0 for a pad token (never stored; write_tokens skips its rows). Each sequence grows
+/// by its real tokens, which take its next positions in order. In each layer the tiles of a sliding
+/// window's blocks that the forward no longer needs are let go (their references dropped: units pushed
+/// on the free stack when no fork holds them; entries absent), every block the new tokens start is
+/// opened as a BF16 tail (its tiles' units popped from the free stack and zeroed; in a sliding layer
+/// only blocks the window still sees), and the lengths grow. An `attended` forward keeps what its first
+/// real token sees until the next begins, so that each of its queries finds its window; an unattended
+/// one (its queries attended elsewhere: a prompt over its own rows, a fill) only what its newest token
+/// sees (DeviceForwardView::held). With too few free units the tiles that could not be opened stay
+/// absent and the status word gets kOutOfUnits: check status() before trusting what follows.
+/// Graph-safe without pads: no host sync, no allocation; asynchronous on `stream`. With pads the counts
+/// and ranks are copied to the device first (asynchronously on `stream`; allocating when the forward is
+/// larger than any before), and a `stream` capturing a CUDA graph is refused (a captured step has every
+/// token real). The host keeps the lengths too (for plans); throws, launching nothing, when a sequence
+/// would pass its capacity.
+GAAC_API void begin_tokens(CacheMemory& cache, BatchTable& batch, int tokens, std::span<const uint8_t> valid,
+                           bool attended, Stream stream = nullptr);
+/// begin_tokens of `count` real tokens per sequence, unattended (a fill: only what the newest token
+/// sees is kept).
 GAAC_API void begin_tokens(CacheMemory& cache, BatchTable& batch, int count, Stream stream = nullptr);
 
-/// Writes the K and V rows of the tokens the last begin_tokens added (its `count` tokens of every
-/// sequence) into layer `layer`'s tails. Graph-safe; asynchronous on `stream`.
+/// Writes the K and V rows of the real tokens the last begin_tokens added (of its tokens per sequence,
+/// pads skipped) into layer `layer`'s tails. Graph-safe; asynchronous on `stream`.
 GAAC_API void write_tokens(CacheMemory& cache, const BatchTable& batch, int layer, const TokenRows& rows,
                            Stream stream = nullptr);
 
@@ -321,7 +414,7 @@ GAAC_API std::vector<uint8_t> encode_snapshot_section(const uint16_t* tensor, in
 GAAC_API std::vector<uint8_t> snapshot_image(const KvDump& dump, const CalibrationTable& calibration,
                                              const Progress& progress = {});
 
-/// KV chunk objects (docs/format.md, section 14) coded on the GPU: the same bytes as gaac::ChunkCodec
+/// KV chunk objects (docs/format.md, section 15) coded on the GPU: the same bytes as gaac::ChunkCodec
 /// makes of the same values, from and to chunks and objects in device memory, with no copy through
 /// the host (the host reads back only a few bytes: an object's size, a status). Every tile is one
 /// warp's; the escape stream is placed by a scan; the checksums are computed on the device, one
@@ -387,10 +480,13 @@ class GAAC_API KvCacheMirror {
 };
 
 /// A batch cache in device memory (gaac::BatchKvCache): carved from `config.cache`'s budget on the
-/// current device, its sequences grown there in lockstep (begin_tokens, write_tokens, and after the
-/// last layer's rows finalize_completed), attended by the fused kernel (the twin for a BF16 cache)
-/// with a plan made at the first attend() of each forward. Rows and queries are device arrays; a
-/// forward of more than one token on a cache that held tokens before it cannot be attended yet.
+/// current device, its sequences grown there each by its own real tokens (begin_tokens, write_tokens,
+/// and after the last layer's rows finalize_completed), attended by the fused kernel (the twin for a
+/// BF16 cache) with a plan made at the first attend() of each forward: one query per sequence for a
+/// decoding step, and for a forward of several tokens (or with pads) every query as a sequence of its
+/// own (BatchTable::expand). Edits are BatchTable::select and truncate, CacheMemory::clone. Rows and
+/// queries are device arrays. A forward begun unattended keeps only its newest token's sliding windows:
+/// attending it raises where a query would need a released block.
 GAAC_API std::unique_ptr<BatchKvCache> make_device_batch_kv_cache(const BatchCacheConfig& config);
 
 }  // namespace gaac::cuda

@@ -21,6 +21,9 @@ struct DeviceCacheView {
   uint32_t* free_stack = nullptr;         ///< free units, room for every unit
   uint32_t* free_count = nullptr;         ///< units on the free stack
   uint32_t* status = nullptr;             ///< sticky status word (CacheMemory::kOutOfUnits)
+  /// Per unit: the block-table entries holding it as a tile's (first) unit. Forks share tiles; a tile's
+  /// units go back on the free stack when the last entry holding it lets go.
+  uint32_t* refs = nullptr;
 };
 
 /// A batch's sequence table on the device as kernels read it (CSR, as gaac::SequenceTableView).
@@ -29,6 +32,24 @@ struct DeviceBatchView {
   const int32_t* indptr = nullptr;  ///< sequences + 1 block offsets
   const uint32_t* rows = nullptr;   ///< block rows of every sequence's blocks (kNoRow: none held)
   int32_t* lengths = nullptr;       ///< tokens per sequence; grown on the device by begin_tokens
+};
+
+/// The tokens of a batch's running forward as the growth kernels read them (BatchTable::forward_view()):
+/// how many real tokens each sequence adds and which positions they take. Pad tokens are never stored.
+struct DeviceForwardView {
+  int tokens = 0;                   ///< tokens per sequence of the forward, pads included
+  const int32_t* counts = nullptr;  ///< per sequence: its real tokens (null: every token real, `tokens` each)
+  /// `[sequences][tokens]`: a token's rank among its sequence's real tokens of the forward, −1 for a pad
+  /// (null: every token real, token j of rank j). A real token's position is the sequence's length
+  /// before the forward plus its rank.
+  const int32_t* ranks = nullptr;
+  /// Per sequence: the length whose newest token's sliding windows the sequence keeps (every block
+  /// before them is released). A forward keeps what its first real query attends until the next one
+  /// begins; an `unattended` one, only what its newest token attends.
+  int32_t* held = nullptr;
+  /// 1 when the forward's queries are attended elsewhere (a prompt over its own rows, a fill): its
+  /// sliding layers keep only the window of its newest token.
+  int unattended = 0;
 };
 
 /// Which parts of decode attention a launch does; anything but `full` is for time breakdowns and

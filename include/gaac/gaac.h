@@ -29,6 +29,8 @@ extern "C" {
   GAAC_STRINGIFY(GAAC_VERSION_MAJOR) "." GAAC_STRINGIFY(GAAC_VERSION_MINOR) "." GAAC_STRINGIFY(GAAC_VERSION_PATCH)
 /** Version of the tile layout (docs/format.md) this library reads and writes. */
 #define GAAC_TILE_FORMAT_VERSION 1
+/** Version of the FP8 tile layout (docs/format.md, section 14). */
+#define GAAC_FP8_TILE_FORMAT_VERSION 1
 
 /** GAAC_VERSION_NUMBER of the library actually linked. */
 GAAC_API unsigned gaac_version_number(void);
@@ -97,6 +99,43 @@ GAAC_API gaac_status gaac_decode_tile(gaac_tensor_kind kind, int channels, const
                              const uint8_t* b3, const uint8_t* b4, size_t escape_capacity, uint16_t* dst,
                              size_t row_stride);
 
+/* ---- FP8 tiles (docs/format.md, section 14) ------------------------------------------------- */
+/** The FP8 element formats: E4M3 (E4M3FN, S.1111.111 NaN, no infinities) and E5M2. */
+typedef enum gaac_fp8_format { GAAC_E4M3 = 1, GAAC_E5M2 = 2 } gaac_fp8_format;
+
+/** Bytes of an FP8 slot for `channels` (64 or 128) and the escape capacity (a multiple of 16); 0 if invalid. */
+GAAC_API size_t gaac_fp8_tile_slot_bytes(gaac_fp8_format format, int channels, size_t escape_capacity);
+/** Bytes of an FP8 tile stored raw (16 × channels); 0 if `channels` is invalid. */
+GAAC_API size_t gaac_fp8_tile_raw_bytes(int channels);
+/** Largest useful escape capacity of an FP8 tile (its slot stays smaller than the raw tile); 0 if invalid. */
+GAAC_API size_t gaac_fp8_tile_max_escape_capacity(gaac_fp8_format format, int channels);
+
+/** What encoding an FP8 tile produced. */
+typedef struct gaac_fp8_tile_info {
+  uint32_t groups_2bit;  /**< groups coded with 2-bit offsets */
+  uint32_t groups_3bit;  /**< groups coded with 3-bit offsets */
+  uint32_t groups_raw;   /**< groups holding raw exponents */
+  uint32_t escape_bytes; /**< escape bytes the tile needs */
+} gaac_fp8_tile_info;
+
+/**
+ * Encodes 16 tokens × `channels` FP8 bytes (element (t, c) at src[t * row_stride + c]) into `slot`, with the
+ * tile's bases `b2` (each ≤ 2^X − 4) and `b3` (≤ 2^X − 8). Returns GAAC_ERROR_DOES_NOT_FIT when the escapes
+ * exceed the capacity (the caller keeps the tile raw); `info` (may be NULL) is filled in either case.
+ */
+GAAC_API gaac_status gaac_fp8_encode_tile(gaac_fp8_format format, gaac_tensor_kind kind, int channels, const uint8_t* src,
+                                          size_t row_stride, const uint8_t* b2, const uint8_t* b3, size_t escape_capacity,
+                                          void* slot, size_t slot_size, gaac_fp8_tile_info* info);
+
+/** Decodes a slot written by gaac_fp8_encode_tile into FP8 bytes at `dst`; validates tags, escapes and padding. */
+GAAC_API gaac_status gaac_fp8_decode_tile(gaac_fp8_format format, gaac_tensor_kind kind, int channels, const void* slot,
+                                          size_t slot_size, const uint8_t* b2, const uint8_t* b3, size_t escape_capacity,
+                                          uint8_t* dst, size_t row_stride);
+
+/** Converts `n` BF16 values to FP8 as vLLM's cache write does: the nearest FP8 value to float(x) / scale,
+ *  ties to even, saturated to the largest finite value (`scale` finite and positive). */
+GAAC_API gaac_status gaac_fp8_from_bf16(gaac_fp8_format format, const uint16_t* src, size_t n, float scale, uint8_t* dst);
+
 /* ---- calibration tables --------------------------------------------------------------------- */
 /** Exponent bases and escape capacities of one model's cache. */
 typedef struct gaac_calibration gaac_calibration;
@@ -104,6 +143,9 @@ typedef struct gaac_calibration gaac_calibration;
 /** Creates a table for `layers` × `kv_heads` × `head_dim` (64, 128 or 256), all bases 0 and all
  *  capacities 0. */
 GAAC_API gaac_status gaac_calibration_create(int layers, int kv_heads, int head_dim, gaac_calibration** out);
+/** Creates a table for FP8 tiles of `format` (bases b2, b3), all bases 0 and all capacities 0. */
+GAAC_API gaac_status gaac_calibration_create_fp8(int layers, int kv_heads, int head_dim, gaac_fp8_format format,
+                                                 gaac_calibration** out);
 /** Loads a table saved by gaac_calibration_save or `gaac calibrate` (safetensors). */
 GAAC_API gaac_status gaac_calibration_load(const char* path, gaac_calibration** out);
 /** Saves a table as safetensors. */
@@ -115,12 +157,20 @@ GAAC_API void gaac_calibration_free(gaac_calibration* table);
 GAAC_API int gaac_calibration_layers(const gaac_calibration* table);
 GAAC_API int gaac_calibration_kv_heads(const gaac_calibration* table);
 GAAC_API int gaac_calibration_head_dim(const gaac_calibration* table);
+/** The element format of a table: 0 for BF16, else its gaac_fp8_format (-1 for NULL). */
+GAAC_API int gaac_calibration_element_format(const gaac_calibration* table);
 
-/** Points `*b3` and `*b4` at the bases of tile `half` (0, or 0..1 for head_dim 256) of a head:
+/** FP8 tables: points `*b2` and `*b3` at the bases of tile `half` of a head (as gaac_calibration_tile_bases). */
+GAAC_API gaac_status gaac_calibration_fp8_tile_bases(const gaac_calibration* table, gaac_tensor_kind kind, int layer, int head,
+                                                     int half, const uint8_t** b2, const uint8_t** b3);
+/** FP8 tables: copies `head_dim` bases of each window into a head (b2 ≤ 2^X − 4, b3 ≤ 2^X − 8). */
+GAAC_API gaac_status gaac_calibration_set_fp8_bases(gaac_calibration* table, gaac_tensor_kind kind, int layer, int head,
+                                                    const uint8_t* b2, const uint8_t* b3);
+/** BF16 tables: points `*b3` and `*b4` at the bases of tile `half` (0, or 0..1 for head_dim 256) of a head:
  *  as many entries as the tile has channels, valid while the table lives and is not modified. */
 GAAC_API gaac_status gaac_calibration_tile_bases(const gaac_calibration* table, gaac_tensor_kind kind, int layer, int head,
                                         int half, const uint8_t** b3, const uint8_t** b4);
-/** Copies `head_dim` bases of each window into a head of the table (b3 ≤ 248, b4 ≤ 240). */
+/** BF16 tables: copies `head_dim` bases of each window into a head of the table (b3 ≤ 248, b4 ≤ 240). */
 GAAC_API gaac_status gaac_calibration_set_bases(gaac_calibration* table, gaac_tensor_kind kind, int layer, int head,
                                        const uint8_t* b3, const uint8_t* b4);
 /** Escape-slot capacity of (kind, layer) in `*bytes`. */

@@ -1,4 +1,5 @@
 // An in-memory KV dump: every layer's K and V as BF16 bit patterns, shaped like an engine's cache.
+// (FP8 dumps, gaac/fp8_dump.hpp, share the tensor and layer types.)
 #pragma once
 
 #include "gaac/export.h"
@@ -12,30 +13,39 @@
 
 namespace gaac {
 
-/// One cached tensor: `[tokens, kv_heads, head_dim]` BF16 bit patterns, row-major (head_dim fastest).
-struct GAAC_API KvTensor {
+/// One cached tensor: `[tokens, kv_heads, head_dim]` elements, row-major (head_dim fastest). `T` is the
+/// element's bit pattern: uint16_t for BF16 (KvTensor), uint8_t for FP8 (Fp8KvTensor, gaac/fp8_dump.hpp).
+template <class T>
+struct BasicKvTensor {
   int tokens = 0;
   int kv_heads = 0;
   int head_dim = 0;
-  std::vector<uint16_t> data;
+  std::vector<T> data;
 
   /// Number of elements (tokens × kv_heads × head_dim).
   size_t elements() const { return static_cast<size_t>(tokens) * kv_heads * head_dim; }
   /// Element (token, head, channel).
-  uint16_t at(int token, int head, int channel) const {
+  T at(int token, int head, int channel) const {
     return data[(static_cast<size_t>(token) * kv_heads + head) * head_dim + channel];
   }
 };
 
+/// One BF16 tensor (bit patterns).
+using KvTensor = BasicKvTensor<uint16_t>;
+
 /// One layer's cache. K is post-RoPE as an engine stores it. K and V share token count and shape.
-struct GAAC_API KvLayer {
-  KvTensor k;
-  KvTensor v;
+template <class T>
+struct BasicKvLayer {
+  BasicKvTensor<T> k;
+  BasicKvTensor<T> v;
 
   /// K or V.
-  const KvTensor& of(TensorKind kind) const { return kind == TensorKind::key ? k : v; }
-  KvTensor& of(TensorKind kind) { return kind == TensorKind::key ? k : v; }
+  const BasicKvTensor<T>& of(TensorKind kind) const { return kind == TensorKind::key ? k : v; }
+  BasicKvTensor<T>& of(TensorKind kind) { return kind == TensorKind::key ? k : v; }
 };
+
+/// One BF16 layer.
+using KvLayer = BasicKvLayer<uint16_t>;
 
 /// A whole KV dump (stored as the `k.<layer>` / `v.<layer>` tensors of a safetensors file, docs/format.md).
 struct GAAC_API KvDump {

@@ -1,4 +1,4 @@
-// Non-owning views of BF16 tensors shaped like an engine's cache: [tokens, heads, channels].
+// Non-owning views of BF16 or FP8 tensors shaped like an engine's cache: [tokens, heads, channels].
 #pragma once
 
 #include <cstddef>
@@ -9,9 +9,9 @@
 
 namespace gaac {
 
-/// A view of BF16 bit patterns shaped `[tokens, heads, head_dim]` with any strides (in elements, as
+/// A view of element bit patterns (BF16: uint16_t, FP8: uint8_t) shaped `[tokens, heads, head_dim]` with any strides (in elements, as
 /// ggml's `nb` are in bytes): element (t, h, c) is `data[t·token_stride + h·head_stride + c]`. Channels
-/// of one head are contiguous. `Element` is `const uint16_t` (a read view) or `uint16_t` (a write view).
+/// of one head are contiguous. `Element` is const (a read view) or not (a write view).
 template <class Element>
 struct BasicKvView {
   Element* data = nullptr;
@@ -34,24 +34,28 @@ struct BasicKvView {
   }
   /// A read view of the same elements.
   template <class Other>
-    requires(std::is_same_v<Other, const uint16_t> && !std::is_const_v<Element>)
+    requires(std::is_same_v<Other, const Element> && !std::is_const_v<Element>)
   constexpr operator BasicKvView<Other>() const {  // NOLINT: implicit by design, like T* → const T*
     return {data, tokens, heads, head_dim, token_stride, head_stride};
   }
 };
 
-/// A read view.
+/// A read view of BF16.
 using KvView = BasicKvView<const uint16_t>;
-/// A write view.
+/// A write view of BF16.
 using MutableKvView = BasicKvView<uint16_t>;
+/// A read view of FP8 bytes.
+using Fp8KvView = BasicKvView<const uint8_t>;
 
-/// A tensor's data in its dense `[tokens, kv_heads, head_dim]` order.
-inline KvView view_of(const KvTensor& t) {
+/// A tensor's data in its dense `[tokens, kv_heads, head_dim]` order (BF16 or FP8).
+template <class T>
+BasicKvView<const T> view_of(const BasicKvTensor<T>& t) {
   return {t.data.data(), t.tokens, t.kv_heads, t.head_dim, static_cast<size_t>(t.kv_heads) * t.head_dim,
           static_cast<size_t>(t.head_dim)};
 }
 /// A write view of a tensor's data (sized to its shape).
-inline MutableKvView mutable_view_of(KvTensor& t) {
+template <class T>
+BasicKvView<T> mutable_view_of(BasicKvTensor<T>& t) {
   return {t.data.data(), t.tokens, t.kv_heads, t.head_dim, static_cast<size_t>(t.kv_heads) * t.head_dim,
           static_cast<size_t>(t.head_dim)};
 }

@@ -120,14 +120,15 @@ class GAAC_API CalibratedCodecs {
 /// The one tile loop: encodes every complete tile of `tensor` in storage order (block, head, half)
 /// with `codecs` (indexed head · halves + half, as CalibratedCodecs::tensor_codecs gives them) and
 /// calls `visit(index, position, encoding, slot)` for each, `slot` being valid during the call only.
-template <class Visit>
-void encode_each_tile(const KvView& tensor, std::span<const TileCodec> codecs, Visit&& visit) {
+/// BF16 views take TileCodecs, FP8 views (gaac/fp8_codec.hpp) Fp8TileCodecs.
+template <class Element, class Codec, class Visit>
+void encode_each_tile(const BasicKvView<Element>& tensor, std::span<const Codec> codecs, Visit&& visit) {
   const int halves = tiles_per_head(tensor.head_dim);
   std::vector<uint8_t> slot(codecs.empty() ? 0 : codecs.front().slot_bytes());
   const size_t tiles = tile_count(tensor);
   for (size_t i = 0; i < tiles; ++i) {
     const TilePosition p = tile_position(tensor, i);
-    const TileCodec& codec = codecs[static_cast<size_t>(p.head * halves + p.half)];
+    const Codec& codec = codecs[static_cast<size_t>(p.head * halves + p.half)];
     TileEncoding encoding;
     codec.encode_blocks(tile_origin(tensor, p), tensor.token_stride, 0, 1, slot.data(), 0, &encoding);
     visit(i, p, encoding, std::span<const uint8_t>(slot.data(), codec.slot_bytes()));

@@ -3,7 +3,7 @@
 LMCache (multiprocess mode) can wrap any of its L2 adapters (file system, S3, Redis, ...) with a serde
 that turns each chunk ``[2, layers, tokens, kv_heads * head_dim]`` (bfloat16, K then V) into the bytes
 the adapter stores, and back. This module registers one named ``gaac`` when it is imported: each chunk
-becomes one KV chunk object (docs/format.md, section 14), self-describing and checksummed, about 1/1.40
+becomes one KV chunk object (docs/format.md, section 15), self-describing and checksummed, about 1/1.40
 of the BF16 bytes, every bit restored; coded on the CPU (``threads`` threads per chunk) or, for chunks in
 GPU memory, on the GPU.
 

@@ -21,20 +21,22 @@ batch through the cache's methods: ``reorder_cache`` (beam search: a beam chosen
 blocks shared), ``batch_select_indices``, ``batch_repeat_interleave``, ``crop`` (rejected candidates, each
 block cut inside decoded back into a BF16 tail, bit for bit), ``reset``; ``copy.deepcopy`` copies the whole
 cache (``gaac.BatchKvCache.clone``), to reuse a prompt's cache. Sampling and ``return_dict_in_generate`` need
-nothing of the cache. On a GPU nothing in a decoding step syncs with the host or allocates once warm, so the
-step can be captured in a CUDA graph (``plan_tokens`` keeps the captured plan right while the sequences grow).
+nothing of the cache. The GPU cache does all of it on the device: each sequence grows, finishes and is freed by
+its own real tokens, a forward of several tokens attends each of them at its own position, forks share their
+complete blocks (reference-counted units). On a GPU nothing in a decoding step syncs with the host or allocates
+once warm, so the step can be captured in a CUDA graph (``plan_tokens`` keeps the captured plan right while the
+sequences grow); a captured step takes its new tokens as real, as generate's decoding steps are (pads
+before them, a left-padded prompt's, are fine).
 
 Never a silent wrong result: a ``GaacCache`` whose layers are attended by another attention function (a model
 left at ``"sdpa"`` or ``"eager"``), a 4D mask, a mask pattern other than causal attention within the model's
 sliding windows (counted in each sequence's own tokens), or an attention mask whose past columns differ from
 those the cache grew with raise ``gaac.GaacError`` saying what to do instead.
 
-Limits of this version: on a GPU, pad tokens, a prompt on a non-empty cache (a second turn, assisted
-decoding's candidates), ``reorder_cache`` / ``batch_select_indices`` / ``batch_repeat_interleave`` of a cache
-that holds tokens, ``crop`` and ``copy.deepcopy`` raise ``gaac.GaacError`` (the CPU cache does them all); a
-prompt's blocks stay BF16 until the end of its forward, so the budget must hold the prompt uncompressed (the
-default budget, the worst case for ``max_tokens``, always does). ``crop`` back past positions a sliding
-window has already released raises.
+Limits of this version: a prompt's blocks stay BF16 until the end of its forward, so the budget must hold the
+prompt uncompressed (the default budget, the worst case for ``max_tokens``, always does); on a GPU a forward of
+several tokens on a non-empty cache also keeps, until the next forward, the sliding-window blocks its first token
+attends. ``crop`` back past positions a sliding window has already released raises.
 """
 import contextvars
 import functools
@@ -312,12 +314,14 @@ class GaacCache(Cache):
                     "GaacCache: the attention mask marks past columns otherwise than when they were forwarded (the "
                     "cache holds only the tokens then marked real); pass the mask that grew with the cache")
             valid = padding[:, columns:]
-        elif not bool(self._stored.all()):
+        elif mask.padding is None and not bool(self._stored.all()):
             raise gaac.GaacError("GaacCache: no attention mask, but the cache skipped pad tokens before; pass the "
                                  "attention mask that grew with the cache")
+        # While a CUDA graph is captured the mask cannot be read: the forward's tokens count as real (a decoding
+        # step of generate, whose new tokens are always real).
         self._prefill = columns == 0 and not any(self.kv.lengths)
         flags = None if valid is None or bool(valid.all()) else valid.flatten().to(torch.uint8).tolist()
-        self.kv.begin(tokens, flags, _stream_of_device(device))
+        self.kv.begin(tokens, flags, _stream_of_device(device), attended=not self._prefill)
         real = torch.ones(batch, tokens, dtype=torch.bool) if valid is None else valid
         self._stored = torch.cat([self._stored, real], dim=1)
 

@@ -76,6 +76,56 @@ KvDump dump_from(const std::vector<AnyArray>& k, const std::vector<AnyArray>& v,
   return d;
 }
 
+Fp8KvTensor fp8_tensor_from(const AnyArray& a, const std::string& what) {
+  const nb::dlpack::dtype dt = a.dtype();
+  if (dt.code != static_cast<uint8_t>(nb::dlpack::dtype_code::UInt) || dt.bits != 8 || dt.lanes != 1) {
+    throw Error(what + ": expected FP8 bytes (a torch.float8_e4m3fn / float8_e5m2 tensor, or a uint8 array)");
+  }
+  if (a.ndim() != 3) throw Error(what + ": expected [tokens, kv_heads, head_dim], got " + std::to_string(a.ndim()) + " dimensions");
+  if (a.shape(0) >= (size_t{1} << 31) || a.shape(1) > 4096 || a.shape(2) > 4096) throw Error(what + ": shape out of range");
+  Fp8KvTensor t;
+  t.tokens = static_cast<int>(a.shape(0));
+  t.kv_heads = static_cast<int>(a.shape(1));
+  t.head_dim = static_cast<int>(a.shape(2));
+  t.data.resize(t.elements());
+  const auto* src = static_cast<const uint8_t*>(a.data());
+  const int64_t s0 = a.stride(0), s1 = a.stride(1), s2 = a.stride(2);
+  size_t i = 0;
+  for (int tok = 0; tok < t.tokens; ++tok) {
+    for (int h = 0; h < t.kv_heads; ++h) {
+      const uint8_t* row = src + tok * s0 + h * s1;
+      for (int c = 0; c < t.head_dim; ++c) t.data[i++] = row[c * s2];
+    }
+  }
+  return t;
+}
+
+U8Array array_from(Fp8KvTensor&& tensor) {
+  auto* owned = new std::vector<uint8_t>(std::move(tensor.data));
+  nb::capsule owner(owned, [](void* p) noexcept { delete static_cast<std::vector<uint8_t>*>(p); });
+  const size_t shape[3] = {static_cast<size_t>(tensor.tokens), static_cast<size_t>(tensor.kv_heads),
+                           static_cast<size_t>(tensor.head_dim)};
+  return U8Array(owned->data(), 3, shape, owner);
+}
+
+Fp8KvDump fp8_dump_from(const std::vector<AnyArray>& k, const std::vector<AnyArray>& v, ElementFormat format,
+                        std::vector<float> k_scales, std::vector<float> v_scales, const std::string& what) {
+  if (k.size() != v.size()) {
+    throw Error(what + ": " + std::to_string(k.size()) + " K layers but " + std::to_string(v.size()) + " V layers");
+  }
+  if (k.empty()) throw Error(what + ": no layers");
+  Fp8KvDump d;
+  d.format = format;
+  for (size_t l = 0; l < k.size(); ++l) {
+    const std::string where = what + ": layer " + std::to_string(l);
+    d.layers.push_back({fp8_tensor_from(k[l], where + " K"), fp8_tensor_from(v[l], where + " V")});
+  }
+  d.k_scales = std::move(k_scales);
+  d.v_scales = std::move(v_scales);
+  validate_dump(d);
+  return d;
+}
+
 MutableBatchRows mutable_batch_rows_from(const DeviceArray& a, bool device, const std::string& what) {
   const nb::dlpack::dtype dt = a.dtype();
   if (dt.code != static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat) || dt.bits != 16 || dt.lanes != 1)

@@ -10,6 +10,7 @@
 #include <vector>
 
 #include "gaac/batch_kv_cache.hpp"
+#include "gaac/fp8_dump.hpp"
 #include "gaac/kv_dump.hpp"
 #include "gaac/tensor_view.hpp"
 
@@ -32,6 +33,20 @@ KvView view_from(const AnyArray& array, const std::string& what);
 /// Hands the tensor's elements to NumPy (moved, not copied): an array `[tokens, kv_heads, head_dim]` of
 /// uint16 BF16 bit patterns (torch.from_numpy(a).view(torch.bfloat16) makes it a bfloat16 tensor).
 Bf16Array array_from(KvTensor&& tensor);
+
+/// A NumPy array of FP8 bytes (uint8) owned by a capsule.
+using U8Array = nanobind::ndarray<nanobind::numpy, uint8_t>;
+
+/// Copies a `[tokens, kv_heads, head_dim]` uint8 array of FP8 bytes (torch float8 tensors arrive viewed as
+/// uint8), any strides, into an Fp8KvTensor. Throws gaac::Error naming `what` otherwise.
+Fp8KvTensor fp8_tensor_from(const AnyArray& array, const std::string& what);
+
+/// Hands an FP8 tensor's bytes to NumPy (moved): a uint8 array `[tokens, kv_heads, head_dim]`.
+U8Array array_from(Fp8KvTensor&& tensor);
+
+/// An FP8 dump of `format` from per-layer K and V uint8 arrays and optional per-layer scales.
+Fp8KvDump fp8_dump_from(const std::vector<AnyArray>& k, const std::vector<AnyArray>& v, ElementFormat format,
+                        std::vector<float> k_scales, std::vector<float> v_scales, const std::string& what);
 
 /// An array of any dtype on any device (CPU or CUDA), as nanobind receives it from a DLPack producer.
 using DeviceArray = nanobind::ndarray<>;

@@ -86,16 +86,19 @@ void bind_batch_cache(nb::module_& m) {
           "captured in a CUDA graph and replayed while they grow).")
       .def(
           "begin",
-          [](BatchCache& c, int tokens, const std::optional<std::vector<uint8_t>>& valid, uintptr_t stream) {
+          [](BatchCache& c, int tokens, const std::optional<std::vector<uint8_t>>& valid, uintptr_t stream,
+             bool attended) {
             c.cache->begin(tokens, valid ? std::span<const uint8_t>(*valid) : std::span<const uint8_t>(),
-                           stream_of(stream));
+                           stream_of(stream), attended);
           },
-          "tokens"_a, "valid"_a = nb::none(), "stream"_a = 0,
+          "tokens"_a, "valid"_a = nb::none(), "stream"_a = 0, "attended"_a = true,
           "Starts a forward of `tokens` new tokens per sequence (after the previous one wrote every layer). `valid`: "
           "None (every token real) or batch × tokens flags, sequence after sequence, 0 for a pad token (never stored "
-          "nor attended; its attention output is zero). Raises CacheFullError when they do not fit (on a GPU not while "
-          "`stream` captures a graph: see check(); on the CPU the previous forward's rows are appended here, and it is "
-          "their room that is checked).")
+          "nor attended; its attention output is zero). `attended` False: the forward's queries are attended elsewhere (a "
+          "prompt over its own rows, a fill), so a GPU cache keeps only what its newest token sees in sliding-window "
+          "layers (and attend raises where a query needs more). Raises CacheFullError when they do not fit (on a GPU "
+          "not while `stream` captures a graph: see check(); on the CPU the previous forward's rows are appended here, "
+          "and it is their room that is checked).")
       .def(
           "write",
           [](BatchCache& c, int layer, const DeviceArray& k, const DeviceArray& v, uintptr_t stream) {
@@ -122,8 +125,9 @@ void bind_batch_cache(nb::module_& m) {
           "Attention of the forward's queries of `layer` (after its write): q and out bfloat16 [batch, q_heads, "
           "tokens, head_dim] (any strides, channels contiguous; out may be a transposed view of a [batch, tokens, "
           "q_heads, head_dim] tensor). Query i of a sequence attends to its positions up to length - tokens + i, "
-          "within the layer's sliding window. `scale` defaults to 1/sqrt(head_dim). On a GPU, a forward of one token "
-          "per sequence (decoding) with q and out contiguous.")
+          "within the layer's sliding window; a pad query's output is zero. `scale` defaults to 1/sqrt(head_dim). On a "
+          "GPU a decoding step (one token per sequence, every one real, q and out contiguous) is one launch per "
+          "layer; any other forward attends each query as a sequence of its own.")
       .def_prop_ro(
           "lengths",
           [](const BatchCache& c) {

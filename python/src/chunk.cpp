@@ -1,4 +1,4 @@
-// gaac.ChunkCodec: KV chunk objects (docs/format.md, section 14) from and to DLPack arrays shaped as
+// gaac.ChunkCodec: KV chunk objects (docs/format.md, section 15) from and to DLPack arrays shaped as
 // LMCache holds a chunk, `[2, layers, tokens, kv_heads · head_dim]` bfloat16, and flat uint8 buffers;
 // on the CPU (the GIL released while the library works) or, for CUDA arrays, on the GPU.
 #include <nanobind/nanobind.h>
@@ -95,7 +95,7 @@ std::span<uint8_t> bytes_of(const Array& a, bool cuda, const std::string& what) 
 
 void bind_chunk(nb::module_& m) {
   nb::class_<Codecs>(m, "ChunkCodec",
-                     "KV chunk objects (docs/format.md, section 14) of one model's cache with one calibration: a chunk "
+                     "KV chunk objects (docs/format.md, section 15) of one model's cache with one calibration: a chunk "
                      "[2, layers, tokens, kv_heads * head_dim] (bfloat16, K then V, as LMCache holds it) to one "
                      "self-describing, checksummed object and back, bit for bit. CPU arrays are coded on `threads` "
                      "threads, CUDA arrays on the GPU (on `stream`).")

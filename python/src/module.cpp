@@ -1,15 +1,21 @@
 // gaac._gaac: the library on Python arrays. K and V are lists with one array per layer, each
 // `[tokens, kv_heads, head_dim]` BF16 (PyTorch bfloat16, or NumPy uint16 holding BF16 bit patterns);
-// results are NumPy uint16 arrays of BF16 bit patterns. Every gaac::Error becomes gaac.GaacError with
-// the library's message.
+// results are NumPy uint16 arrays of BF16 bit patterns. FP8 caches are uint8 arrays of FP8 bytes with
+// their format named ("e4m3", "e5m2"; gaac/__init__.py views torch float8 tensors so). Every gaac::Error
+// becomes gaac.GaacError with the library's message.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <optional>
 #include <span>
 #include <string>
+#include <tuple>
 #include <utility>
+#include <variant>
 #include <vector>
 
 #include "arrays.hpp"
@@ -17,6 +23,7 @@
 #include "gaac/calibration.hpp"
 #include "gaac/error.hpp"
 #include "gaac/format.hpp"
+#include "gaac/fp8_dump.hpp"
 #include "gaac/snapshot.hpp"
 #include "gaac/synthetic.hpp"
 #include "io/files.hpp"
@@ -47,20 +54,49 @@ TensorKind kind_of(const std::string& kind) {
   throw Error("kind must be 'k' or 'v', got '" + kind + "'");
 }
 
-/// An in-memory .gaac image (docs/format.md, section 11), the same bytes `gaac compress` writes.
+/// Per-layer FP8 K and V arrays.
+using Fp8Layers = std::pair<std::vector<U8Array>, std::vector<U8Array>>;
+
+Fp8Layers layers_of(Fp8KvDump&& dump) {
+  Fp8Layers out;
+  for (Fp8KvLayer& l : dump.layers) {
+    out.first.push_back(array_from(std::move(l.k)));
+    out.second.push_back(array_from(std::move(l.v)));
+  }
+  return out;
+}
+
+/// "e4m3" or "e5m2" as an element format.
+ElementFormat fp8_format_of(const std::string& name) {
+  if (name == "e4m3") return ElementFormat::e4m3;
+  if (name == "e5m2") return ElementFormat::e5m2;
+  throw Error("FP8 format must be 'e4m3' or 'e5m2', got '" + name + "'");
+}
+
+/// An in-memory .gaac image (docs/format.md, sections 11 and 14.8), the same bytes `gaac compress` writes.
 struct SnapshotImage {
   std::vector<uint8_t> image;
   uint64_t bf16_bytes = 0;
   int layers = 0;
+  ElementFormat format = ElementFormat::bf16;
 
-  static SnapshotImage of(std::vector<uint8_t> image, const gaac::Snapshot& parsed) {
-    return {std::move(image), parsed.dump.bf16_bytes(), static_cast<int>(parsed.dump.layers.size())};
+  static SnapshotImage of(std::vector<uint8_t> image, const AnySnapshot& parsed) {
+    return std::visit(
+        [&](const auto& s) {
+          size_t elements = 0;
+          for (const auto& l : s.dump.layers) elements += l.k.elements() + l.v.elements();
+          return SnapshotImage{std::move(image), 2 * elements, static_cast<int>(s.dump.layers.size()), s.calibration.element_format()};
+        },
+        parsed);
   }
+  /// Bytes of the values in their own format (BF16 or FP8).
+  uint64_t source_bytes() const { return bf16_bytes / 2 * static_cast<uint64_t>(element_bytes(format)); }
+  double ratio() const { return static_cast<double>(source_bytes()) / static_cast<double>(image.size()); }
 };
 
 SnapshotImage snapshot_from_bytes(nb::bytes data) {
   std::vector<uint8_t> image(static_cast<const uint8_t*>(data.data()), static_cast<const uint8_t*>(data.data()) + data.size());
-  const gaac::Snapshot parsed = parse_snapshot(image, "snapshot bytes");  // validates every byte
+  const AnySnapshot parsed = parse_any_snapshot(image, "snapshot bytes");  // validates every byte
   return SnapshotImage::of(std::move(image), parsed);
 }
 
@@ -101,6 +137,9 @@ NB_MODULE(_gaac, m) {
       .def_prop_ro("layers", &CalibrationTable::layers, "Layers the table covers.")
       .def_prop_ro("kv_heads", &CalibrationTable::kv_heads, "KV heads per layer.")
       .def_prop_ro("head_dim", &CalibrationTable::head_dim, "Channels per head (64, 128 or 256).")
+      .def_prop_ro(
+          "element_format", [](const CalibrationTable& t) { return std::string(to_string(t.element_format())); },
+          "The element format whose tiles the table codes: 'bf16', 'e4m3' or 'e5m2'.")
       .def(
           "escape_capacity",
           [](const CalibrationTable& t, const std::string& kind, int layer) {
@@ -116,7 +155,7 @@ NB_MODULE(_gaac, m) {
           "Reads a calibration table written by save() or `gaac calibrate`.")
       .def("__repr__", [](const CalibrationTable& t) {
         return "gaac.Calibration(layers=" + std::to_string(t.layers()) + ", kv_heads=" + std::to_string(t.kv_heads()) +
-               ", head_dim=" + std::to_string(t.head_dim()) + ")";
+               ", head_dim=" + std::to_string(t.head_dim()) + ", element_format='" + to_string(t.element_format()) + "')";
       });
 
   m.def(
@@ -135,8 +174,12 @@ NB_MODULE(_gaac, m) {
       .def_prop_ro("bf16_bytes", [](const SnapshotImage& s) { return s.bf16_bytes; }, "Bytes of the values as BF16.")
       .def_prop_ro("layers", [](const SnapshotImage& s) { return s.layers; }, "Layers it holds.")
       .def_prop_ro(
-          "ratio", [](const SnapshotImage& s) { return static_cast<double>(s.bf16_bytes) / static_cast<double>(s.image.size()); },
-          "BF16 bytes / image bytes (everything counted: tiles, raw fallbacks, calibration, container).")
+          "element_format", [](const SnapshotImage& s) { return std::string(to_string(s.format)); },
+          "The element format of the values: 'bf16', 'e4m3' or 'e5m2'.")
+      .def_prop_ro(
+          "ratio", &SnapshotImage::ratio,
+          "Bytes of the values in their own format (BF16 or FP8) / image bytes (everything counted: tiles, raw fallbacks, "
+          "calibration, container).")
       .def(
           "to_bytes", [](const SnapshotImage& s) { return nb::bytes(reinterpret_cast<const char*>(s.image.data()), s.image.size()); },
           "The .gaac image.")
@@ -149,23 +192,40 @@ NB_MODULE(_gaac, m) {
           "path"_a, "Writes the image as a .gaac file (to a temporary name, then renamed into place).")
       .def(
           "decompress",
-          [](const SnapshotImage& s) { return layers_of(parse_snapshot(s.image, "snapshot").dump); },
-          "Restores the values bit for bit: (k, v), one uint16 array of BF16 bit patterns per layer.")
+          [](const SnapshotImage& s) -> nb::object {
+            AnySnapshot parsed = parse_any_snapshot(s.image, "snapshot");
+            if (auto* fp8 = std::get_if<Fp8Snapshot>(&parsed)) return nb::cast(layers_of(std::move(fp8->dump)));
+            return nb::cast(layers_of(std::move(std::get<Snapshot>(parsed).dump)));
+          },
+          "Restores the values bit for bit: (k, v), one array per layer: uint16 BF16 bit patterns, or for an FP8 "
+          "snapshot uint8 FP8 bytes (gaac.to_torch(a, element_format) views them as torch float8).")
       .def(
-          "calibration", [](const SnapshotImage& s) { return parse_snapshot(s.image, "snapshot").calibration; },
+          "scales",
+          [](const SnapshotImage& s) -> std::optional<std::pair<std::vector<float>, std::vector<float>>> {
+            const AnySnapshot parsed = parse_any_snapshot(s.image, "snapshot");
+            const auto* fp8 = std::get_if<Fp8Snapshot>(&parsed);
+            if (fp8 == nullptr || fp8->dump.k_scales.empty()) return std::nullopt;
+            return std::pair{fp8->dump.k_scales, fp8->dump.v_scales};
+          },
+          "An FP8 snapshot's per-layer scales (k_scales, v_scales), or None (BF16, or FP8 stored without scales).")
+      .def(
+          "calibration",
+          [](const SnapshotImage& s) {
+            return std::visit([](auto&& x) { return std::move(x.calibration); }, parse_any_snapshot(s.image, "snapshot"));
+          },
           "The calibration the snapshot was compressed with.")
       .def_static("from_bytes", &snapshot_from_bytes, "data"_a, "Parses and fully validates a .gaac image.")
       .def_static(
           "load",
           [](const PathArg& path) {
             std::vector<uint8_t> image = read_snapshot_image(path.bytes);
-            const gaac::Snapshot parsed = parse_snapshot(image, path.bytes);
+            const AnySnapshot parsed = parse_any_snapshot(image, path.bytes);
             return SnapshotImage::of(std::move(image), parsed);
           },
           "path"_a, "Reads and fully validates a .gaac file.")
       .def("__repr__", [](const SnapshotImage& s) {
-        return "gaac.Snapshot(layers=" + std::to_string(s.layers) + ", nbytes=" + std::to_string(s.image.size()) +
-               ", ratio=" + std::to_string(static_cast<double>(s.bf16_bytes) / static_cast<double>(s.image.size())) + ")";
+        return "gaac.Snapshot(layers=" + std::to_string(s.layers) + ", element_format='" + to_string(s.format) +
+               "', nbytes=" + std::to_string(s.image.size()) + ", ratio=" + std::to_string(s.ratio()) + ")";
       });
 
   m.def(
@@ -179,12 +239,57 @@ NB_MODULE(_gaac, m) {
           calibration = &own;
         }
         std::vector<uint8_t> image = snapshot_image(dump, *calibration);
-        return SnapshotImage{std::move(image), dump.bf16_bytes(), static_cast<int>(dump.layers.size())};
+        return SnapshotImage{std::move(image), dump.bf16_bytes(), static_cast<int>(dump.layers.size()), ElementFormat::bf16};
       },
       "k"_a, "v"_a, "calibration"_a = nb::none(),
       "Compresses a KV cache losslessly: `k` and `v` hold one array per layer, [tokens, kv_heads, head_dim] "
       "bfloat16; without `calibration` the windows are learnt on the values themselves. The image is byte for "
       "byte what `gaac compress` writes for the same values and calibration.");
+
+  m.def(
+      "calibrate_fp8",
+      [](const std::vector<AnyArray>& k, const std::vector<AnyArray>& v, const std::string& format) {
+        const Fp8KvDump dump = fp8_dump_from(k, v, fp8_format_of(format), {}, {}, "calibrate");
+        const Fp8KvDump* d = &dump;
+        return calibrate(std::span<const Fp8KvDump* const>(&d, 1));
+      },
+      "k"_a, "v"_a, "format"_a,
+      "Learns an FP8 calibration table (docs/format.md, section 14.8) from FP8 bytes: `k` and `v` hold one uint8 "
+      "array per layer, [tokens, kv_heads, head_dim]; `format` is 'e4m3' or 'e5m2'. gaac.calibrate takes torch "
+      "float8 tensors directly.");
+  m.def(
+      "compress_fp8",
+      [](const std::vector<AnyArray>& k, const std::vector<AnyArray>& v, const std::string& format, const CalibrationTable* calibration,
+         std::optional<std::vector<float>> k_scales, std::optional<std::vector<float>> v_scales) {
+        const Fp8KvDump dump = fp8_dump_from(k, v, fp8_format_of(format), k_scales.value_or(std::vector<float>{}),
+                                             v_scales.value_or(std::vector<float>{}), "compress");
+        CalibrationTable own;
+        if (!calibration) {
+          const Fp8KvDump* d = &dump;
+          own = calibrate(std::span<const Fp8KvDump* const>(&d, 1));
+          calibration = &own;
+        }
+        std::vector<uint8_t> image = snapshot_image(dump, *calibration);
+        return SnapshotImage{std::move(image), 2 * dump.fp8_bytes(), static_cast<int>(dump.layers.size()), dump.format};
+      },
+      "k"_a, "v"_a, "format"_a, "calibration"_a = nb::none(), "k_scales"_a = nb::none(), "v_scales"_a = nb::none(),
+      "Compresses an FP8 KV cache losslessly (GAAC-FP8): uint8 arrays of FP8 bytes per layer, `format` 'e4m3' or "
+      "'e5m2', optional per-layer scales stored with it; without `calibration` the windows are learnt on the values. "
+      "gaac.compress takes torch float8 tensors directly.");
+  m.def(
+      "convert_to_fp8",
+      [](const std::vector<AnyArray>& k, const std::vector<AnyArray>& v, const std::string& format, const std::string& scale) {
+        if (scale != "per-tensor" && scale != "none") throw Error("scale must be 'per-tensor' or 'none', got '" + scale + "'");
+        Fp8KvDump fp8 = convert_to_fp8(dump_from(k, v, "convert_to_fp8"), fp8_format_of(format),
+                                       scale == "none" ? Fp8Scaling::none : Fp8Scaling::per_tensor);
+        std::vector<float> k_scales = fp8.k_scales, v_scales = fp8.v_scales;
+        auto [k8, v8] = layers_of(std::move(fp8));
+        return std::tuple{std::move(k8), std::move(v8), std::move(k_scales), std::move(v_scales)};
+      },
+      "k"_a, "v"_a, "format"_a, "scale"_a = "per-tensor",
+      "Converts a BF16 cache to FP8 as vLLM's FP8 cache write does (`gaac convert`): every value the nearest FP8 value "
+      "to float(x) / scale, ties to even, saturated; scale 'per-tensor' (amax / largest FP8 value, per K and per V of a "
+      "layer) or 'none'. Returns (k, v, k_scales, v_scales): uint8 FP8 bytes per layer and the scales.");
 
   m.def(
       "synthetic_kv",

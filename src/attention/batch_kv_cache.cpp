@@ -40,7 +40,7 @@ class HostBatchKvCache final : public BatchKvCache {
     end_forward();
   }
 
-  void begin(int tokens, std::span<const uint8_t> valid, CUstream_st*) override {
+  void begin(int tokens, std::span<const uint8_t> valid, CUstream_st*, bool) override {
     check_in_step("begin");
     if (tokens < 1) throw Error("begin: a forward adds at least one token, got " + std::to_string(tokens));
     if (!valid.empty() && valid.size() != static_cast<size_t>(batch()) * tokens)

@@ -5,6 +5,7 @@
 
 #include "gaac/calibration.hpp"
 #include "gaac/error.hpp"
+#include "gaac/fp8_codec.hpp"
 #include "gaac/tile_codec.hpp"
 
 namespace gaac {
@@ -13,6 +14,17 @@ namespace {
 constexpr int kExponents = 256;
 
 size_t kind_index(TensorKind kind) { return kind == TensorKind::key ? 0 : 1; }
+
+/// The exponent of an element: BF16 or FP8 of the calibrator's format.
+uint8_t exponent_of(uint16_t x, ElementFormat) { return bf16_exponent(x); }
+uint8_t exponent_of(uint8_t x, ElementFormat format) { return fp8_exponent(x, format); }
+
+
+/// Largest escape bytes a tile of this format can need (for the histogram of pass 2).
+size_t max_escape_bytes(ElementFormat format, int head_dim) {
+  const TileShape shape = tile_shape_for(TensorKind::key, head_dim);
+  return is_fp8(format) ? Fp8TileShape{format, shape}.max_escape_bytes() : shape.max_escape_bytes();
+}
 
 }  // namespace
 
@@ -34,12 +46,17 @@ uint8_t best_exponent_window(std::span<const uint32_t> counts, int width) {
   return static_cast<uint8_t>(best_base);
 }
 
-Calibrator::Calibrator(int layers, int kv_heads, int head_dim)
-    : layers_(layers), kv_heads_(kv_heads), head_dim_(head_dim) {
-  (void)CalibrationTable(layers, kv_heads, head_dim);  // validates the geometry
+Calibrator::Calibrator(int layers, int kv_heads, int head_dim, ElementFormat format)
+    : layers_(layers), kv_heads_(kv_heads), head_dim_(head_dim), format_(format) {
+  (void)CalibrationTable(layers, kv_heads, head_dim, format);  // validates the geometry and format
   histograms_.assign(2 * static_cast<size_t>(layers) * kv_heads * head_dim * kExponents, 0);
-  const TileShape shape = tile_shape_for(TensorKind::key, head_dim);
-  escape_sizes_.assign(2 * static_cast<size_t>(layers) * (shape.max_escape_bytes() + 1), 0);
+  escape_sizes_.assign(2 * static_cast<size_t>(layers) * (max_escape_bytes(format, head_dim) + 1), 0);
+}
+
+void Calibrator::check_format(ElementFormat format) const {
+  if (format != format_) {
+    throw Error(std::string("the calibrator is for ") + to_string(format_) + " elements, the KV dump is " + to_string(format));
+  }
 }
 
 std::span<uint32_t> Calibrator::histogram(TensorKind kind, int layer, int head, int channel) {
@@ -58,18 +75,19 @@ std::span<const uint64_t> Calibrator::escape_histogram(TensorKind kind, int laye
   return const_cast<Calibrator*>(this)->escape_histogram(kind, layer);
 }
 
-void Calibrator::add_exponents(const KvDump& dump, const Progress& progress) {
-  CalibrationTable(layers_, kv_heads_, head_dim_).check_matches(dump);
+template <class Dump>
+void Calibrator::count_exponents(const Dump& dump, const Progress& progress) {
+  CalibrationTable(layers_, kv_heads_, head_dim_, format_).check_matches(dump);
   validate_dump(dump);
   for (int l = 0; l < layers_; ++l) {
     for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
-      const KvTensor& t = dump.layers[static_cast<size_t>(l)].of(kind);
+      const auto& t = dump.layers[static_cast<size_t>(l)].of(kind);
       // Histograms of one layer are contiguous: [head][channel][256], indexed by token-row position.
       uint32_t* counts = histogram(kind, l, 0, 0).data();
       const size_t row = view_of(t).token_stride;
       for (int token = 0; token < t.tokens; ++token) {
-        const uint16_t* x = t.data.data() + static_cast<size_t>(token) * row;
-        for (size_t i = 0; i < row; ++i) ++counts[i * kExponents + bf16_exponent(x[i])];
+        const auto* x = t.data.data() + static_cast<size_t>(token) * row;
+        for (size_t i = 0; i < row; ++i) ++counts[i * kExponents + exponent_of(x[i], format_)];
       }
     }
     tokens_seen_ += static_cast<uint64_t>(dump.layers[static_cast<size_t>(l)].k.tokens);
@@ -77,21 +95,33 @@ void Calibrator::add_exponents(const KvDump& dump, const Progress& progress) {
   }
 }
 
+void Calibrator::add_exponents(const KvDump& dump, const Progress& progress) {
+  check_format(ElementFormat::bf16);
+  count_exponents(dump, progress);
+}
+
+void Calibrator::add_exponents(const Fp8KvDump& dump, const Progress& progress) {
+  check_format(dump.format);
+  count_exponents(dump, progress);
+}
+
 CalibrationTable Calibrator::choose_windows() const {
-  CalibrationTable table(layers_, kv_heads_, head_dim_);
+  CalibrationTable table(layers_, kv_heads_, head_dim_, format_);
   for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
     const TileShape shape = tile_shape_for(kind, head_dim_);
     for (int l = 0; l < layers_; ++l) {
       for (int h = 0; h < kv_heads_; ++h) {
-        auto b3 = table.b3(kind, l, h);
-        auto b4 = table.b4(kind, l, h);
+        auto narrow = table.narrow(kind, l, h);
+        auto wide = table.wide(kind, l, h);
+        // FP8 exponents stop at 2^X − 1: a window reaching past it covers no more than the one ending
+        // there, whose base is lower, so the lowest best base keeps the window inside the format's range.
         for (int c = 0; c < head_dim_; ++c) {
           const auto counts = histogram(kind, l, h, c);
-          b3[static_cast<size_t>(c)] = best_exponent_window(counts, 8);
-          b4[static_cast<size_t>(c)] = best_exponent_window(counts, 16);
+          narrow[static_cast<size_t>(c)] = best_exponent_window(counts, table.narrow_window());
+          wide[static_cast<size_t>(c)] = best_exponent_window(counts, table.wide_window());
         }
       }
-      table.set_escape_capacity(kind, l, shape.max_slot_capacity());
+      table.set_escape_capacity(kind, l, is_fp8(format_) ? Fp8TileShape{format_, shape}.max_slot_capacity() : shape.max_slot_capacity());
     }
   }
   table.metadata()["tokens"] = std::to_string(tokens_seen_);
@@ -106,10 +136,26 @@ uint8_t Calibrator::window_base(TensorKind kind, int layer, int head, int channe
 }
 
 void Calibrator::add_escape_sizes(const KvDump& dump, const CalibrationTable& table, const Progress& progress) {
+  check_format(ElementFormat::bf16);
   table.check_matches(dump);
   validate_dump(dump);
   // The largest capacity makes every tile's escape size exact.
   const CalibratedCodecs measuring(table, tile_shape_for(TensorKind::key, head_dim_).max_slot_capacity());
+  for (int l = 0; l < layers_; ++l) {
+    for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
+      auto counts = escape_histogram(kind, l);
+      encode_each_tile(view_of(dump.layers[static_cast<size_t>(l)].of(kind)), measuring.tensor_codecs(kind, l),
+                       [&](size_t, TilePosition, const TileEncoding& enc, auto) { ++counts[enc.escape_bytes]; });
+    }
+    if (progress) progress(static_cast<size_t>(l) + 1, static_cast<size_t>(layers_));
+  }
+}
+
+void Calibrator::add_escape_sizes(const Fp8KvDump& dump, const CalibrationTable& table, const Progress& progress) {
+  check_format(dump.format);
+  table.check_matches(dump);
+  validate_dump(dump);
+  const Fp8CalibratedCodecs measuring(table, Fp8TileShape{format_, tile_shape_for(TensorKind::key, head_dim_)}.max_slot_capacity());
   for (int l = 0; l < layers_; ++l) {
     for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
       auto counts = escape_histogram(kind, l);
@@ -125,7 +171,9 @@ void Calibrator::choose_capacities(CalibrationTable& table) const {
   for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
     const TileShape shape = tile_shape_for(kind, head_dim_);
     for (int l = 0; l < layers_; ++l) {
-      table.set_escape_capacity(kind, l, best_escape_capacity(shape, escape_histogram(kind, l)));
+      const auto counts = escape_histogram(kind, l);
+      table.set_escape_capacity(kind, l, is_fp8(format_) ? best_escape_capacity(Fp8TileShape{format_, shape}, counts)
+                                                         : best_escape_capacity(shape, counts));
       largest = std::max(largest, table.escape_capacity(kind, l));
     }
   }
@@ -144,9 +192,12 @@ void Calibrator::choose_capacities(CalibrationTable& table) const {
   }
 }
 
-size_t best_escape_capacity(TileShape shape, std::span<const uint64_t> counts) {
-  // Expected resident bytes (times the tile count) for capacity c: tiles needing ≤ c escape bytes
-  // take a slot, the others a raw tile. Scan c upward keeping the running count of fitting tiles.
+namespace {
+
+/// Expected resident bytes (times the tile count) for capacity c: tiles needing ≤ c escape bytes take a
+/// slot, the others a raw tile. Scans c upward keeping the running count of fitting tiles.
+template <class Shape>
+size_t cheapest_capacity(const Shape& shape, std::span<const uint64_t> counts) {
   const uint64_t total = std::accumulate(counts.begin(), counts.end(), uint64_t{0});
   if (total == 0) return 0;
   uint64_t fitting = 0;
@@ -165,21 +216,38 @@ size_t best_escape_capacity(TileShape shape, std::span<const uint64_t> counts) {
   return best_capacity;
 }
 
-CalibrationTable calibrate(std::span<const KvDump* const> dumps, const Progress& progress) {
+/// Both passes over dumps of one kind (KvDump or Fp8KvDump).
+template <class Dump>
+CalibrationTable calibrate_dumps(std::span<const Dump* const> dumps, ElementFormat format, const Progress& progress) {
   if (dumps.empty()) throw Error("calibration needs at least one KV dump");
-  const KvDump& first = *dumps.front();
+  const Dump& first = *dumps.front();
   if (first.layers.empty()) throw Error("calibration needs a KV dump with at least one layer");
-  Calibrator calibrator(static_cast<int>(first.layers.size()), first.kv_heads(), first.head_dim());
+  Calibrator calibrator(static_cast<int>(first.layers.size()), first.kv_heads(), first.head_dim(), format);
   const size_t steps = 2 * dumps.size() * first.layers.size();
   size_t done = 0;
   auto step = [&](size_t, size_t) {
     if (progress) progress(++done, steps);
   };
-  for (const KvDump* d : dumps) calibrator.add_exponents(*d, step);
+  for (const Dump* d : dumps) calibrator.add_exponents(*d, step);
   CalibrationTable table = calibrator.choose_windows();
-  for (const KvDump* d : dumps) calibrator.add_escape_sizes(*d, table, step);
+  for (const Dump* d : dumps) calibrator.add_escape_sizes(*d, table, step);
   calibrator.choose_capacities(table);
   return table;
+}
+
+}  // namespace
+
+size_t best_escape_capacity(TileShape shape, std::span<const uint64_t> counts) { return cheapest_capacity(shape, counts); }
+
+size_t best_escape_capacity(Fp8TileShape shape, std::span<const uint64_t> counts) { return cheapest_capacity(shape, counts); }
+
+CalibrationTable calibrate(std::span<const KvDump* const> dumps, const Progress& progress) {
+  return calibrate_dumps(dumps, ElementFormat::bf16, progress);
+}
+
+CalibrationTable calibrate(std::span<const Fp8KvDump* const> dumps, const Progress& progress) {
+  if (dumps.empty()) throw Error("calibration needs at least one KV dump");
+  return calibrate_dumps(dumps, dumps.front()->format, progress);
 }
 
 }  // namespace gaac

@@ -2,6 +2,7 @@
 
 #include <cmath>
 
+#include "gaac/fp8_codec.hpp"
 #include "gaac/tile_codec.hpp"
 
 namespace gaac {
@@ -9,16 +10,21 @@ namespace {
 
 double safe_div(double a, double b) { return b == 0 ? 0.0 : a / b; }
 
+/// The exponent of an element, BF16 or FP8.
+uint8_t exponent_of(uint16_t x, ElementFormat) { return bf16_exponent(x); }
+uint8_t exponent_of(uint8_t x, ElementFormat format) { return fp8_exponent(x, format); }
+
 /// `measuring`: codecs with the largest capacity, so every escape size is exact; the fit is then
-/// judged against the table's capacity.
-TensorStats measure_tensor(const KvTensor& t, TensorKind kind, int layer, const CalibrationTable& table,
-                           const CalibratedCodecs& measuring) {
+/// judged against the table's capacity. `shape` is a TileShape or an Fp8TileShape.
+template <class T, class Shape, class Codecs>
+TensorStats measure_tensor(const BasicKvTensor<T>& t, TensorKind kind, int layer, Shape shape, const CalibrationTable& table,
+                           const Codecs& measuring) {
   TensorStats s;
-  const TileShape shape = tile_shape_for(kind, t.head_dim);
+  s.format = table.element_format();
   const size_t capacity = table.escape_capacity(kind, layer);
   s.elements = t.elements();
-  for (const uint16_t x : t.data) ++s.exponents[bf16_exponent(x)];
-  const KvView view = view_of(t);
+  for (const T x : t.data) ++s.exponents[exponent_of(x, s.format)];
+  const auto view = view_of(t);
   s.tiles = tile_count(view);
   s.tail_elements = s.elements - s.tiles * static_cast<uint64_t>(shape.elements());
   encode_each_tile(view, measuring.tensor_codecs(kind, layer), [&](size_t, TilePosition, const TileEncoding& enc, auto) {
@@ -29,18 +35,38 @@ TensorStats measure_tensor(const KvTensor& t, TensorKind kind, int layer, const 
     if (!fits) ++s.fallback_tiles;
     s.resident_bytes += (fits ? shape.slot_bytes(capacity) : shape.raw_bytes()) + kBlockTableEntryBytes;
   });
-  s.codec_bytes += 2 * s.tail_elements;
-  s.resident_bytes += 2 * s.tail_elements;
+  s.codec_bytes += sizeof(T) * s.tail_elements;
+  s.resident_bytes += sizeof(T) * s.tail_elements;
   return s;
+}
+
+/// Statistics of every layer and the totals; `measure_layer(l)` gives a layer's K and V.
+template <class MeasureLayer>
+DumpStats measure_layers(size_t layers, const CalibrationTable& table, const Progress& progress, MeasureLayer&& measure_layer) {
+  DumpStats stats;
+  for (TensorStats* total : {&stats.k_total, &stats.v_total, &stats.total}) total->format = table.element_format();
+  for (size_t l = 0; l < layers; ++l) {
+    const LayerStats ls = measure_layer(l);
+    stats.k_total.add(ls.k);
+    stats.v_total.add(ls.v);
+    stats.layers.push_back(ls);
+    if (progress) progress(l + 1, layers);
+  }
+  stats.total.add(stats.k_total);
+  stats.total.add(stats.v_total);
+  stats.total.resident_bytes += table.bases_bytes();
+  return stats;
 }
 
 }  // namespace
 
-double TensorStats::ratio() const { return safe_div(static_cast<double>(bf16_bytes()), static_cast<double>(codec_bytes)); }
+double TensorStats::ratio() const { return safe_div(static_cast<double>(source_bytes()), static_cast<double>(codec_bytes)); }
 
 double TensorStats::resident_ratio() const {
-  return safe_div(static_cast<double>(bf16_bytes()), static_cast<double>(resident_bytes));
+  return safe_div(static_cast<double>(source_bytes()), static_cast<double>(resident_bytes));
 }
+
+double TensorStats::ratio_vs_bf16() const { return safe_div(static_cast<double>(bf16_bytes()), static_cast<double>(codec_bytes)); }
 
 double TensorStats::bits_per_element() const {
   return safe_div(8.0 * static_cast<double>(codec_bytes), static_cast<double>(elements));
@@ -80,21 +106,31 @@ void TensorStats::add(const TensorStats& o) {
 DumpStats measure(const KvDump& dump, const CalibrationTable& table, const Progress& progress) {
   table.check_matches(dump);
   validate_dump(dump);
-  DumpStats stats;
   const CalibratedCodecs measuring(table, tile_shape_for(TensorKind::key, table.head_dim()).max_slot_capacity());
-  for (size_t l = 0; l < dump.layers.size(); ++l) {
+  return measure_layers(dump.layers.size(), table, progress, [&](size_t l) {
     LayerStats ls;
-    ls.k = measure_tensor(dump.layers[l].k, TensorKind::key, static_cast<int>(l), table, measuring);
-    ls.v = measure_tensor(dump.layers[l].v, TensorKind::value, static_cast<int>(l), table, measuring);
-    stats.k_total.add(ls.k);
-    stats.v_total.add(ls.v);
-    stats.layers.push_back(ls);
-    if (progress) progress(l + 1, dump.layers.size());
-  }
-  stats.total.add(stats.k_total);
-  stats.total.add(stats.v_total);
-  stats.total.resident_bytes += table.bases_bytes();
-  return stats;
+    for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
+      const KvTensor& t = dump.layers[l].of(kind);
+      (kind == TensorKind::key ? ls.k : ls.v) = measure_tensor(t, kind, static_cast<int>(l), tile_shape_for(kind, t.head_dim), table, measuring);
+    }
+    return ls;
+  });
+}
+
+DumpStats measure(const Fp8KvDump& dump, const CalibrationTable& table, const Progress& progress) {
+  table.check_matches(dump);
+  validate_dump(dump);
+  const Fp8TileShape widest{dump.format, tile_shape_for(TensorKind::key, table.head_dim())};
+  const Fp8CalibratedCodecs measuring(table, widest.max_slot_capacity());
+  return measure_layers(dump.layers.size(), table, progress, [&](size_t l) {
+    LayerStats ls;
+    for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
+      const Fp8KvTensor& t = dump.layers[l].of(kind);
+      const Fp8TileShape shape{dump.format, tile_shape_for(kind, t.head_dim)};
+      (kind == TensorKind::key ? ls.k : ls.v) = measure_tensor(t, kind, static_cast<int>(l), shape, table, measuring);
+    }
+    return ls;
+  });
 }
 
 }  // namespace gaac

@@ -401,24 +401,31 @@ struct TagRows {
 };
 
 /// The scalar backend's verdict on tags that hold a 3 or ask for more than `capacity` escape bytes:
-/// whichever problem comes first in group order. Only bad slots get here.
-template <class G>
+/// whichever problem comes first in group order. Only bad slots get here. A raw group has
+/// `kRawBytes` escape bytes (5 for BF16 tiles, X − 2 for FP8 ones), a tag-1 group one.
+template <class G, int kRawBytes = 5>
 DecodeStatus first_tag_problem(const uint8_t* tags, size_t capacity) {
   size_t next = 0;
   for (int g = 0; g < G::kGroups; ++g) {
     const unsigned tag = tags[g / 4] >> (2 * (g % 4)) & 3u;
     if (tag == kInvalidTag) return DecodeStatus::invalid_tag;
-    next += static_cast<size_t>(escape_bytes_for(static_cast<GroupMode>(tag)));
+    next += tag == 1 ? 1 : tag == 2 ? kRawBytes : 0;
     if (next > capacity) return DecodeStatus::escape_overrun;
   }
   return DecodeStatus::ok;
 }
 
-/// Escape bytes per row (tag word = dword) of the eight rows in `t`: one per 4-bit group, five per
+/// Escape bytes per row (tag word = dword) of the eight rows in `t`: one per tag-1 group, kRawBytes per
 /// raw group (3s count nothing; they are rejected anyway), looked up two tags (a nibble) at a time.
+template <int kRawBytes = 5>
 inline __m256i row_escape_bytes(__m256i t) {
-  const __m256i sizes = _mm256_setr_epi8(0, 1, 5, 0, 1, 2, 6, 1, 5, 6, 10, 5, 0, 1, 5, 0,  //
-                                         0, 1, 5, 0, 1, 2, 6, 1, 5, 6, 10, 5, 0, 1, 5, 0);
+  alignas(32) static constexpr std::array<int8_t, 32> kSizes = [] {
+    constexpr std::array<int8_t, 4> kSize = {0, 1, static_cast<int8_t>(kRawBytes), 0};
+    std::array<int8_t, 32> sizes{};
+    for (int n = 0; n < 32; ++n) sizes[static_cast<size_t>(n)] = static_cast<int8_t>(kSize[static_cast<size_t>(n % 4)] + kSize[static_cast<size_t>(n % 16 / 4)]);
+    return sizes;
+  }();
+  const __m256i sizes = _mm256_load_si256(reinterpret_cast<const __m256i*>(kSizes.data()));
   const __m256i nibble = _mm256_set1_epi8(0x0F);
   const __m256i bytes = _mm256_add_epi8(_mm256_shuffle_epi8(sizes, _mm256_and_si256(t, nibble)),
                                         _mm256_shuffle_epi8(sizes, _mm256_and_si256(_mm256_srli_epi16(t, 4), nibble)));
@@ -435,7 +442,8 @@ inline __m256i prefix_sum(__m256i x, __m256i carry) {
 
 /// Reads the tags into `rows`, eight rows per register, checking nothing; returns false when a tag
 /// is 3. All a reader of slots known to be valid (a cache's own) needs; scan_tags validates too.
-template <class G>
+/// A raw group has kRawBytes escape bytes (first_tag_problem).
+template <class G, int kRawBytes = 5>
 bool read_tag_rows(const uint8_t* tags, size_t capacity, TagRows<G>& rows) {
   constexpr int kRegisters = TagRows<G>::kRows / 8;
   const __m256i last = _mm256_set1_epi32(static_cast<int>(capacity) - 16);
@@ -444,7 +452,7 @@ bool read_tag_rows(const uint8_t* tags, size_t capacity, TagRows<G>& rows) {
   for (int i = 0; i < kRegisters; ++i) {
     const __m256i t = load(tags + 32 * i);
     invalid = _mm256_or_si256(invalid, _mm256_and_si256(_mm256_and_si256(t, _mm256_srli_epi16(t, 1)), _mm256_set1_epi8(0x55)));
-    const __m256i own = row_escape_bytes(t);
+    const __m256i own = row_escape_bytes<kRawBytes>(t);
     const __m256i end = prefix_sum(own, carry);
     const __m256i start = _mm256_sub_epi32(end, own);
     const __m256i window = _mm256_min_epi32(start, last);
@@ -469,10 +477,10 @@ bool read_tag_rows(const uint8_t* tags, size_t capacity, TagRows<G>& rows) {
 
 /// Validates the tags (no 3, escapes within `capacity`, zero padding; the scalar backend's statuses in
 /// its order) and fills `rows`.
-template <class G>
+template <class G, int kRawBytes = 5>
 DecodeStatus scan_tags(const uint8_t* tags, const uint8_t* escapes, size_t capacity, TagRows<G>& rows) {
-  const bool no_invalid_tag = read_tag_rows(tags, capacity, rows);
-  if (!no_invalid_tag || rows.used > capacity) return first_tag_problem<G>(tags, capacity);
+  const bool no_invalid_tag = read_tag_rows<G, kRawBytes>(tags, capacity, rows);
+  if (!no_invalid_tag || rows.used > capacity) return first_tag_problem<G, kRawBytes>(tags, capacity);
   return padding_is_zero(escapes, rows.used, capacity) ? DecodeStatus::ok : DecodeStatus::nonzero_padding;
 }
 

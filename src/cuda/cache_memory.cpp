@@ -69,6 +69,10 @@ CacheMemory CacheMemory::upload(const KvCache& host_cache) {
     if (unit < units) free_units.push_back(unit);
   }
   cache.finish(geo, free_units);
+  std::vector<uint32_t> refs(std::max<uint32_t>(units, 1), 0);  // each tile's first unit, once per entry
+  for (size_t i = 0; i < geo.table_entries(); ++i)
+    if (entry_class(host.entries[i]) != TileClass::absent) ++refs[entry_unit(host.entries[i])];
+  cache.refs_buffer_.upload(refs.data(), static_cast<size_t>(units) * 4);
   return cache;
 }
 
@@ -111,6 +115,8 @@ void CacheMemory::finish(const PagedGeometry& geo, const std::vector<uint32_t>& 
   windows_buffer_ = DeviceBuffer(windows_.size() * 4);
   windows_buffer_.upload(windows_.data(), windows_.size() * 4);
   free_stack_buffer_ = DeviceBuffer(std::max<size_t>(units_, 1) * 4);  // room for every unit
+  refs_buffer_ = DeviceBuffer(std::max<size_t>(units_, 1) * 4);
+  check(cudaMemset(refs_buffer_.data(), 0, refs_buffer_.bytes()), "cudaMemset");
   free_stack_buffer_.upload(free_units.data(), free_units.size() * 4);
   const auto free_count = static_cast<uint32_t>(free_units.size());
   free_count_buffer_ = DeviceBuffer(4);
@@ -126,6 +132,34 @@ void CacheMemory::finish(const PagedGeometry& geo, const std::vector<uint32_t>& 
   view_.free_stack = static_cast<uint32_t*>(free_stack_buffer_.data());
   view_.free_count = static_cast<uint32_t*>(free_count_buffer_.data());
   view_.status = static_cast<uint32_t*>(status_buffer_.data());
+  view_.refs = static_cast<uint32_t*>(refs_buffer_.data());
+}
+
+CacheMemory CacheMemory::clone() const {
+  CacheMemory copy;
+  copy.windows_ = windows_;
+  copy.units_ = units_;
+  copy.rows_taken_ = rows_taken_;
+  copy.units_buffer_ = units_buffer_.copy();
+  copy.entries_buffer_ = entries_buffer_.copy();
+  copy.bases_buffer_ = bases_buffer_.copy();
+  copy.lane_bases_buffer_ = lane_bases_buffer_.copy();
+  copy.windows_buffer_ = windows_buffer_.copy();
+  copy.free_stack_buffer_ = free_stack_buffer_.copy();
+  copy.free_count_buffer_ = free_count_buffer_.copy();
+  copy.status_buffer_ = status_buffer_.copy();
+  copy.refs_buffer_ = refs_buffer_.copy();
+  copy.view_ = view_;
+  copy.view_.units = static_cast<uint8_t*>(copy.units_buffer_.data());
+  copy.view_.entries = static_cast<uint32_t*>(copy.entries_buffer_.data());
+  copy.view_.bases = static_cast<const uint8_t*>(copy.bases_buffer_.data());
+  copy.view_.lane_bases = static_cast<const uint32_t*>(copy.lane_bases_buffer_.data());
+  copy.view_.windows = static_cast<const int32_t*>(copy.windows_buffer_.data());
+  copy.view_.free_stack = static_cast<uint32_t*>(copy.free_stack_buffer_.data());
+  copy.view_.free_count = static_cast<uint32_t*>(copy.free_count_buffer_.data());
+  copy.view_.status = static_cast<uint32_t*>(copy.status_buffer_.data());
+  copy.view_.refs = static_cast<uint32_t*>(copy.refs_buffer_.data());
+  return copy;
 }
 
 uint32_t CacheMemory::free_unit_count() const {
@@ -174,6 +208,20 @@ std::vector<uint32_t> CacheMemory::free_units() const {
   std::vector<uint32_t> units(count);
   free_stack_buffer_.download(units.data(), static_cast<size_t>(count) * 4);
   return units;
+}
+
+std::vector<uint32_t> CacheMemory::entries() const {
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  std::vector<uint32_t> entries(view_.geometry.table_entries());
+  entries_buffer_.download(entries.data(), entries.size() * 4);
+  return entries;
+}
+
+std::vector<uint32_t> CacheMemory::refs() const {
+  check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
+  std::vector<uint32_t> refs(units_);
+  refs_buffer_.download(refs.data(), refs.size() * 4);
+  return refs;
 }
 
 void CacheMemory::download(std::vector<uint8_t>& units, std::vector<uint32_t>& entries) const {

@@ -1,4 +1,4 @@
-// KV chunk objects coded on the device (docs/format.md, section 14): the same bytes as the CPU's
+// KV chunk objects coded on the device (docs/format.md, section 15): the same bytes as the CPU's
 // gaac::ChunkCodec, from a chunk in device memory to an object in device memory and back, with no copy
 // through the host. The host computes the layout (every place but the escape stream's is fixed by the
 // geometry) and reads back a few words at the end: the object's size and a status.
@@ -37,6 +37,7 @@
 #include "gaac/cuda.hpp"
 #include "gaac/error.hpp"
 #include "gaac/paged_layout.hpp"
+#include "io/container.hpp"
 
 namespace gaac::cuda {
 namespace {
@@ -107,8 +108,11 @@ __device__ __forceinline__ void section_at(const Args& a, uint32_t s, uint64_t o
 
 /// Type and index of section s in the table.
 __device__ __forceinline__ void section_kind(const Args& a, uint32_t s, uint32_t& type, uint32_t& index) {
-  type = s == 0 ? 1u : s == 1 ? 6u : s + 1 < a.sections ? 4u : 5u;
-  index = type == 4u ? s - 2 : 0u;
+  type = s == 0               ? io::kMetadataSection
+         : s == 1             ? io::kChunkIndexSection
+         : s + 1 < a.sections ? io::kChunkTensorSection
+                              : io::kEscapeSection;
+  index = type == io::kChunkTensorSection ? s - 2 : 0u;
 }
 
 /// First piece of section s (pieces numbered over all sections).

@@ -1,6 +1,8 @@
-// The GPU batch cache: a cache carved on the device, its sequences grown there in lockstep, attended
-// by the fused decode kernel with a plan made at the first attention of each forward. Of the edits
-// between forwards it does reset() and changing the size of an empty batch; the others raise.
+// The GPU batch cache: a cache carved on the device, its sequences grown there each by its own real
+// tokens, attended by the fused decode kernel with a plan made at the first attention of each forward
+// (one query per sequence for a decoding step; every query a sequence of its own for a forward of
+// several tokens or with pads: forward_attention.hpp). Edits between forwards are the batch table's
+// (select, truncate: edit.cu) and deep copies of the device memory (clone).
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
@@ -9,6 +11,7 @@
 #include <vector>
 
 #include "cuda/check.hpp"
+#include "cuda/forward_attention.hpp"
 #include "gaac/cuda.hpp"
 
 namespace gaac::cuda {
@@ -41,16 +44,12 @@ class DeviceBatchKvCache final : public BatchKvCache {
     written_.assign(static_cast<size_t>(layers()), false);
   }
 
-  void begin(int tokens, std::span<const uint8_t> valid, CUstream_st* stream) override {
-    if (std::find(written_.begin(), written_.end(), false) != written_.end() && forwards_ > 0)
-      throw Error("begin: the previous forward did not write every layer");
+  void begin(int tokens, std::span<const uint8_t> valid, CUstream_st* stream, bool attended) override {
+    check_between("begin");
     if (!valid.empty() && valid.size() != static_cast<size_t>(batch()) * tokens)
       throw Error("begin: " + std::to_string(valid.size()) + " token flags for a batch of " + std::to_string(batch()) +
                   " sequences of " + std::to_string(tokens) + " tokens");
-    if (std::find(valid.begin(), valid.end(), 0) != valid.end())
-      throw Error("begin: pad tokens (a left-padded batch) are not supported by the GPU cache yet; give every sequence "
-                  "a prompt of the same length, or use the CPU cache");
-    begin_tokens(memory_, batch_, tokens, stream);  // throws, changing nothing, past max_tokens
+    begin_tokens(memory_, batch_, tokens, valid, attended, stream);  // throws, changing nothing, past max_tokens
     written_.assign(written_.size(), false);
     ++forwards_;
     if (!capturing(stream)) check();
@@ -66,26 +65,40 @@ class DeviceBatchKvCache final : public BatchKvCache {
 
   void attend(int layer, const BatchRows& q, const MutableBatchRows& out, float scale, CUstream_st* stream) override {
     check_layer(layer, "attend");
+    if (!written_[static_cast<size_t>(layer)])
+      throw Error("attend: layer " + std::to_string(layer) + " has not written this forward's rows");
     const PagedGeometry& geo = memory_.geometry();
-    if (q.tokens != 1) {
-      throw Error("attend: a forward of " + std::to_string(q.tokens) +
-                  " tokens on a cache that already held tokens cannot be attended on the GPU yet (decode attention "
-                  "takes one new token per sequence)");
-    }
+    const int tokens = batch_.last_count();
+    const auto fits = [&](const auto& a) {
+      return a.data != nullptr && a.batch == batch() && a.heads == q.heads && a.tokens == tokens && a.head_dim == geo.head_dim;
+    };
+    if (!fits(q) || !fits(out))
+      throw Error("attend: q and out must be " + shape(batch(), q.heads, tokens, geo.head_dim) +
+                  " device arrays (sequences, query heads, the forward's tokens, head_dim), got q " +
+                  shape(q.batch, q.heads, q.tokens, q.head_dim) + " and out " +
+                  shape(out.batch, out.heads, out.tokens, out.head_dim));
     const int64_t row = static_cast<int64_t>(q.heads) * geo.head_dim;
     const auto packed = [&](const auto& a) {
-      return a.data != nullptr && a.batch == batch() && a.heads == q.heads && a.tokens == 1 && a.head_dim == geo.head_dim &&
-             (a.heads == 1 || a.head_stride == geo.head_dim) && (a.batch == 1 || a.batch_stride == row);
+      return (a.heads == 1 || a.head_stride == geo.head_dim) && (a.batch == 1 || a.batch_stride == row);
     };
-    if (!packed(q) || !packed(out))
-      throw Error("attend: q and out must be contiguous " + shape(batch(), q.heads, 1, geo.head_dim) +
-                  " device arrays (sequences, query heads, one token, head_dim)");
-    if (forwards_ != planned_forward_ || decode_.q_heads != q.heads) {
-      decode_.q_heads = q.heads;
-      plan_.plan(memory_, batch_, decode_);
-      planned_forward_ = forwards_;
+    if (tokens == 1 && batch_.last_uniform() && packed(q) && packed(out)) {  // decoding: one query per sequence
+      if (forwards_ != planned_forward_ || decode_.q_heads != q.heads) {
+        decode_.q_heads = q.heads;
+        plan_.plan(memory_, batch_, decode_);
+        planned_forward_ = forwards_;
+      }
+      plan_.run(memory_, batch_, layer, q.data, out.data, scale, stream);
+      return;
     }
-    plan_.run(memory_, batch_, layer, q.data, out.data, scale, stream);
+    check_unattended_window(layer);
+    if (forwards_ != prepared_forward_ || prepared_heads_ != q.heads) {
+      DecodeConfig config = decode_;
+      config.q_heads = q.heads;
+      forward_.prepare(memory_, batch_, config, stream);
+      prepared_forward_ = forwards_;
+      prepared_heads_ = q.heads;
+    }
+    forward_.run(memory_, batch_, layer, q, out, scale, stream);
   }
 
   int length(int sequence) const override {
@@ -108,8 +121,9 @@ class DeviceBatchKvCache final : public BatchKvCache {
     }
     if (same) return;
     if (empty()) return remake(static_cast<int>(sources.size()));  // empty sequences: a batch of the new size
-    throw Error("select: picking, repeating or reordering the sequences of a GPU cache that holds tokens (beam "
-                "search, batch_select_indices, batch_repeat_interleave) is not supported yet; use the CPU cache");
+    batch_.select(memory_, sources);  // throws, changing nothing, when the forks do not fit
+    set_batch(static_cast<int>(sources.size()));
+    edited();
   }
 
   void truncate(std::span<const int> lengths) override {
@@ -117,30 +131,19 @@ class DeviceBatchKvCache final : public BatchKvCache {
     if (lengths.size() != static_cast<size_t>(batch()))
       throw Error("truncate: " + std::to_string(lengths.size()) + " lengths for " + std::to_string(batch()) +
                   " sequences");
-    bool same = true, zero = true;
-    for (int b = 0; b < batch(); ++b) {
-      const int n = lengths[static_cast<size_t>(b)];
-      if (n < 0 || n > batch_.length(b))
-        throw Error("truncate: sequence " + std::to_string(b) + " holds " + std::to_string(batch_.length(b)) +
-                    " tokens, cannot be cut back to " + std::to_string(n));
-      same = same && n == batch_.length(b);
-      zero = zero && n == 0;
-    }
-    if (same) return;
-    if (zero) return reset();
-    throw Error("truncate: cutting the sequences of a GPU cache back (assisted decoding, crop) is not supported yet; "
-                "use the CPU cache");
+    if (std::all_of(lengths.begin(), lengths.end(), [](int n) { return n == 0; })) return reset();
+    batch_.truncate(memory_, lengths);
+    edited();
   }
 
   void reset() override { remake(batch()); }
 
   std::unique_ptr<BatchKvCache> clone() const override {
-    throw Error("clone: copying a GPU cache is not supported yet; use the CPU cache");
+    return std::unique_ptr<BatchKvCache>(new DeviceBatchKvCache(*this));
   }
 
   CacheUsage usage() const override {
     const PagedGeometry& geo = memory_.geometry();
-    const CacheMemory::TileCounts tiles = memory_.count_tiles();
     CacheUsage u;
     u.budget_bytes = budget_bytes_;
     u.unit_bytes = geo.unit_bytes;
@@ -150,20 +153,29 @@ class DeviceBatchKvCache final : public BatchKvCache {
     u.rows = geo.row_capacity;
     u.rows_used = static_cast<uint64_t>(batch_.total_blocks());
     u.table_bytes = geo.table_entries() * 4;
-    u.compressed_tiles = tiles.compressed;
-    // Raw entries are finalized raw tiles and the open blocks' tails (every layer of a sequence whose
-    // last block is incomplete).
-    uint64_t open = 0, elements = 0;
+    // Every tile the sequences' entries hold, once however many forks share it: slots, finalized raw
+    // tiles and the open blocks' tails, and the values they hold.
+    const std::vector<uint32_t> entries = memory_.entries();
+    std::vector<bool> seen(memory_.units(), false);
+    uint64_t elements = 0;
+    const int tiles = geo.entries_per_layer_row(), channels = geo.tile_channels();
     for (int s = 0; s < batch_.sequences(); ++s) {
       const int len = batch_.length(s);
-      open += len % kTileTokens != 0 ? 1 : 0;
-      for (int l = 0; l < geo.layers; ++l) {
-        const int first_kept = len > 0 ? first_attended(len - 1, memory_.window(l)) / kTileTokens * kTileTokens : 0;
-        elements += 2ull * static_cast<uint64_t>(len - first_kept) * geo.kv_heads * geo.head_dim;  // K and V
+      for (int block = 0; block * kTileTokens < len; ++block) {
+        const uint32_t row = batch_.block_row(s, block);
+        const int held = std::min(kTileTokens, len - block * kTileTokens);
+        for (int l = 0; l < geo.layers; ++l)
+          for (int t = 0; t < tiles; ++t) {
+            const uint32_t e = entries[geo.entry_index(l, row, 0, TensorKind::key, 0) + static_cast<size_t>(t)];
+            if (entry_class(e) == TileClass::absent || seen[entry_unit(e)]) continue;
+            seen[entry_unit(e)] = true;
+            elements += static_cast<uint64_t>(held) * channels;
+            if (entry_class(e) == TileClass::compressed) ++u.compressed_tiles;
+            else if (held < kTileTokens) ++u.tail_tiles;
+            else ++u.raw_tiles;
+          }
       }
     }
-    u.tail_tiles = std::min<uint64_t>(tiles.raw, open * geo.entries_per_row());
-    u.raw_tiles = tiles.raw - u.tail_tiles;
     u.elements = elements;
     u.sequences = static_cast<uint64_t>(batch_.sequences());
     return u;
@@ -177,7 +189,9 @@ class DeviceBatchKvCache final : public BatchKvCache {
   }
 
   void note_replayed(int count) override {
+    check_between("note_replayed");
     batch_.note_begin(count);
+    written_.assign(written_.size(), true);  // the replay wrote every layer
     ++forwards_;
   }
   bool in_device_memory() const override { return true; }
@@ -196,6 +210,42 @@ class DeviceBatchKvCache final : public BatchKvCache {
       throw Error(std::string(what) + ": the running forward did not write every layer");
   }
 
+  /// A deep copy (clone()): the device memory and table copied, plans made afresh.
+  DeviceBatchKvCache(const DeviceBatchKvCache& other)
+      : BatchKvCache(other),
+        config_(other.config_),
+        calibration_(other.calibration_),
+        memory_(other.memory_.clone()),
+        batch_(other.batch_.clone()),
+        budget_bytes_(other.budget_bytes_),
+        decode_(other.decode_),
+        written_(other.written_),
+        forwards_(other.forwards_) {
+    config_.cache.calibration = calibration_.get();
+  }
+
+  /// After an edit: no forward is running, and the plans are for another batch.
+  void edited() {
+    written_.assign(written_.size(), true);
+    planned_forward_ = -1;
+    prepared_forward_ = -1;
+  }
+
+  /// Throws when a forward begun unattended (it kept only its newest token's windows) is attended
+  /// where one of its queries would need a block its sliding window let go.
+  void check_unattended_window(int layer) const {
+    const int window = memory_.window(layer);
+    if (!batch_.last_unattended() || window == 0) return;
+    for (int b = 0; b < batch(); ++b) {
+      const int count = batch_.last_real(b), len = batch_.length(b);
+      if (count > 0 && first_attended(len - count, window) / kTileTokens < first_attended(len - 1, window) / kTileTokens)
+        throw Error("attend: the forward was begun unattended (its queries attended elsewhere), so the GPU cache kept "
+                    "only what its newest token sees in layer " + std::to_string(layer) + "'s sliding window of " +
+                    std::to_string(window) + " tokens, and sequence " + std::to_string(b) + "'s first " +
+                    std::to_string(count) + " queries need more; begin it attended (begin(..., attended=true))");
+    }
+  }
+
   /// The cache made again, empty, for `sequences` sequences: the whole budget free.
   void remake(int sequences) {
     batch_ = BatchTable{};
@@ -206,6 +256,7 @@ class DeviceBatchKvCache final : public BatchKvCache {
     written_.assign(written_.size(), false);
     forwards_ = 0;
     planned_forward_ = -1;
+    prepared_forward_ = -1;
   }
 
   void check_layer(int layer, const char* what) const {
@@ -247,10 +298,13 @@ class DeviceBatchKvCache final : public BatchKvCache {
   BatchTable batch_;
   uint64_t budget_bytes_ = 0;
   DecodeConfig decode_;
-  DecodePlan plan_;
+  DecodePlan plan_;                   ///< decoding steps: one query per sequence
+  detail::ForwardAttention forward_;  ///< other forwards: every query a sequence of its own
   std::vector<bool> written_;
-  long long forwards_ = 0;          ///< forwards begun (replays counted by note_replayed)
-  long long planned_forward_ = -1;  ///< the forward the plan was made in
+  long long forwards_ = 0;           ///< forwards begun (replays counted by note_replayed)
+  long long planned_forward_ = -1;   ///< the forward plan_ was made in
+  long long prepared_forward_ = -1;  ///< the forward forward_ was prepared for
+  int prepared_heads_ = 0;
 };
 
 }  // namespace

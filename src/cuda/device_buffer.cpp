@@ -82,4 +82,13 @@ void DeviceBuffer::download(void* dst, size_t bytes, size_t offset) const {
     check(cudaMemcpy(dst, static_cast<const char*>(data_) + offset, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy to host");
 }
 
+DeviceBuffer DeviceBuffer::copy() const {
+  DeviceBuffer other(bytes_);
+  if (bytes_ > 0) {
+    check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");  // work queued on any stream first
+    check(cudaMemcpy(other.data_, data_, bytes_, cudaMemcpyDeviceToDevice), "cudaMemcpy on the device");
+  }
+  return other;
+}
+
 }  // namespace gaac::cuda

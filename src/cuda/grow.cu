@@ -1,18 +1,25 @@
 // Sequences that grow on the device (docs/format.md, section 13): opening tails from the free stack,
 // releasing the blocks a sliding window leaves behind, writing new K/V rows into the tails, and
-// finalizing the blocks a step completes. Every kernel finds its work from the device lengths, so a
-// decode step made of them can be captured once in a CUDA graph and replayed while the sequences grow.
+// finalizing the blocks a step completes, each sequence by its own real tokens (pads never stored).
+// Every kernel finds its work from the device lengths and the forward's counts (none when every token
+// is real), so a decode step made of them can be captured once in a CUDA graph and replayed while the
+// sequences grow.
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <string>
 
 #include "cuda/check.hpp"
+#include "cuda/unit_pool.cuh"
 #include "gaac/cuda.hpp"
 #include "gaac/error.hpp"
 
 namespace gaac::cuda {
 namespace {
+
+using detail::blocks_for;
+using detail::first_kept_block;
+using detail::raw_units;
 
 constexpr int kThreads = 128;
 
@@ -20,42 +27,40 @@ constexpr int kThreads = 128;
 struct GrowArgs {
   DeviceCacheView cache;
   DeviceBatchView batch;
-  int count = 0;  ///< tokens the step adds to every sequence
+  DeviceForwardView forward;
 };
 
-/// Units per raw tile: 2 in a cache of compressed slots, 1 in a BF16 cache.
-__device__ int raw_units(const PagedGeometry& geo) { return geo.raw_split() ? 2 : 1; }
+/// Real tokens sequence `seq` adds in the forward.
+__device__ int count_of(const DeviceForwardView& f, int seq) { return f.counts ? f.counts[seq] : f.tokens; }
 
-__device__ int blocks_for(int tokens) { return (tokens + kTileTokens - 1) / kTileTokens; }
+/// Rank of token j of sequence `seq` among its real ones (−1: a pad).
+__device__ int rank_of(const DeviceForwardView& f, int seq, int j) { return f.ranks ? f.ranks[seq * f.tokens + j] : j; }
 
-/// First block a sequence of `tokens` tokens still attends in a layer with window `window`.
-__device__ int first_kept_block(int tokens, int window) {
-  return tokens > 0 ? first_attended(tokens - 1, window) / kTileTokens : 0;
+/// The length whose newest token's windows sequence `seq` keeps once the forward has begun (see
+/// DeviceForwardView::held); BatchTable::note_begin computes the same on the host.
+__device__ int held_after(const DeviceForwardView& f, int seq, int old_len) {
+  const int count = count_of(f, seq);
+  const int keep = f.unattended ? old_len + count : old_len + (count > 0 ? 1 : 0);
+  return max(f.held[seq], keep);
 }
 
-/// Pushes `unit` on the free stack.
-__device__ void push_unit(const DeviceCacheView& c, uint32_t unit) { c.free_stack[atomicAdd(c.free_count, 1u)] = unit; }
-
-/// One CTA per (sequence, layer): frees the tiles of the blocks this step's newest token no longer sees.
+/// One CTA per (sequence, layer): drops the tiles of the blocks this forward's first query no longer
+/// sees (for an unattended forward: its newest one).
 __global__ void __launch_bounds__(kThreads) release_kernel(const GrowArgs a) {
   const int seq = static_cast<int>(blockIdx.x), layer = static_cast<int>(blockIdx.y);
   const PagedGeometry& geo = a.cache.geometry;
   const int window = a.cache.windows[layer];
   if (window == 0) return;
-  const int old_len = a.batch.lengths[seq], new_len = old_len + a.count;
-  const int begin = first_kept_block(old_len, window);
-  const int end = min(first_kept_block(new_len, window), blocks_for(old_len));
+  const int old_len = a.batch.lengths[seq];
+  const int begin = first_kept_block(a.forward.held[seq], window);
+  const int end = min(first_kept_block(held_after(a.forward, seq, old_len), window), blocks_for(old_len));
   const int tiles = geo.entries_per_layer_row();
   for (int i = static_cast<int>(threadIdx.x); i < (end - begin) * tiles; i += kThreads) {
     const uint32_t row = a.batch.rows[a.batch.indptr[seq] + begin + i / tiles];
     if (row == kNoRow) continue;
     uint32_t& entry = a.cache.entries[geo.entry_index(layer, row, 0, TensorKind::key, 0) + i % tiles];
-    const TileClass cls = entry_class(entry);
-    if (cls == TileClass::absent) continue;
-    const uint32_t unit = entry_unit(entry);
-    if (cls == TileClass::raw && geo.raw_split())
-      push_unit(a.cache, *reinterpret_cast<const uint32_t*>(a.cache.units + geo.unit_offset(unit) + geo.partner_offset()));
-    push_unit(a.cache, unit);
+    if (entry_class(entry) == TileClass::absent) continue;
+    detail::release_tile(a.cache, entry);
     entry = kAbsentEntry;
   }
 }
@@ -66,28 +71,16 @@ __global__ void __launch_bounds__(kThreads) open_kernel(const GrowArgs a) {
   __shared__ uint32_t first_unit;
   const int seq = static_cast<int>(blockIdx.x), layer = static_cast<int>(blockIdx.y);
   const PagedGeometry& geo = a.cache.geometry;
-  const int old_len = a.batch.lengths[seq], new_len = old_len + a.count;
+  const int old_len = a.batch.lengths[seq], new_len = old_len + count_of(a.forward, seq);
   const int block = blocks_for(old_len) + static_cast<int>(blockIdx.z);
   if (block >= blocks_for(new_len)) return;
   const int window = a.cache.windows[layer];
-  if (window > 0 && block < first_kept_block(new_len, window)) return;  // out of the window already
+  if (window > 0 && block < first_kept_block(held_after(a.forward, seq, old_len), window)) return;  // out of the window
   const uint32_t row = a.batch.rows[a.batch.indptr[seq] + block];
   const int tiles = geo.entries_per_layer_row();
   const int per_tile = raw_units(geo);
   const uint32_t need = static_cast<uint32_t>(tiles * per_tile);
-  if (threadIdx.x == 0) {
-    uint32_t have = *reinterpret_cast<volatile uint32_t*>(a.cache.free_count);
-    first_unit = kNoRow;
-    while (have >= need) {
-      const uint32_t seen = atomicCAS(a.cache.free_count, have, have - need);
-      if (seen == have) {
-        first_unit = have - need;  // stack positions first_unit .. have - 1
-        break;
-      }
-      have = seen;
-    }
-    if (first_unit == kNoRow) atomicOr(a.cache.status, CacheMemory::kOutOfUnits);
-  }
+  if (threadIdx.x == 0) first_unit = detail::pop_units(a.cache, need);
   __syncthreads();
   if (first_unit == kNoRow) return;
   const uint32_t* popped = a.cache.free_stack + first_unit;
@@ -103,28 +96,37 @@ __global__ void __launch_bounds__(kThreads) open_kernel(const GrowArgs a) {
     const uint32_t unit = popped[t * per_tile];
     if (per_tile == 2)
       *reinterpret_cast<uint32_t*>(a.cache.units + geo.unit_offset(unit) + geo.partner_offset()) = popped[t * 2 + 1];
+    a.cache.refs[unit] = 1;
     entries[t] = make_entry(TileClass::raw, unit);
   }
 }
 
-__global__ void grow_lengths_kernel(int32_t* lengths, int sequences, int count) {
+/// Per sequence: the held length, then the length, grown by the forward's real tokens.
+__global__ void grow_lengths_kernel(const GrowArgs a) {
   const int s = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
-  if (s < sequences) lengths[s] += count;
+  if (s >= a.batch.sequences) return;
+  const int old_len = a.batch.lengths[s];
+  a.forward.held[s] = held_after(a.forward, s, old_len);
+  a.batch.lengths[s] = old_len + count_of(a.forward, s);
 }
 
 /// What write_kernel reads.
 struct WriteArgs {
   DeviceCacheView cache;
   DeviceBatchView batch;
-  int layer = 0, count = 0;
+  DeviceForwardView forward;
+  int layer = 0;
   TokenRows src;
 };
 
-/// One CTA per (token, sequence): 16 bytes of one row of K or V per thread, into the tile that holds it.
+/// One CTA per (token, sequence): 16 bytes of one row of K or V per thread, into the tile that holds it
+/// (nothing for a pad).
 __global__ void __launch_bounds__(kThreads) write_kernel(const WriteArgs a) {
   const int j = static_cast<int>(blockIdx.x), seq = static_cast<int>(blockIdx.y);
+  const int rank = rank_of(a.forward, seq, j);
+  if (rank < 0) return;
   const PagedGeometry& geo = a.cache.geometry;
-  const int position = a.batch.lengths[seq] - a.count + j;
+  const int position = a.batch.lengths[seq] - count_of(a.forward, seq) + rank;
   const uint32_t row = a.batch.rows[a.batch.indptr[seq] + position / kTileTokens];
   const int t = position % kTileTokens;
   const int d = geo.head_dim, c = geo.tile_channels();
@@ -135,25 +137,19 @@ __global__ void __launch_bounds__(kThreads) write_kernel(const WriteArgs a) {
     const int half = channel / c;
     const uint32_t entry = a.cache.entries[geo.entry_index(a.layer, row, head, static_cast<TensorKind>(kind), half)];
     if (entry_class(entry) != TileClass::raw) continue;  // released by a window, or never opened
-    const uint8_t* tile = a.cache.units + geo.unit_offset(entry_unit(entry));
-    int r = t;
-    if (geo.raw_split() && t >= kTileTokens / 2) {
-      tile = a.cache.units + geo.unit_offset(*reinterpret_cast<const uint32_t*>(tile + geo.partner_offset()));
-      r = t - kTileTokens / 2;
-    }
     const uint16_t* from = (kind == 0 ? a.src.k : a.src.v) + seq * a.src.sequence_stride + head * a.src.head_stride +
                            j * a.src.token_stride + channel;
-    uint4* to = reinterpret_cast<uint4*>(const_cast<uint8_t*>(tile) + (static_cast<size_t>(r) * c + channel % c) * 2);
+    uint4* to = reinterpret_cast<uint4*>(detail::raw_row(a.cache, entry_unit(entry), t) + (channel % c) * 2);
     *to = *reinterpret_cast<const uint4*>(from);
   }
 }
 
-/// Per sequence, the rows of the blocks the last `count` tokens completed (k slots, kNoRow beyond).
-__global__ void completed_rows_kernel(const DeviceBatchView batch, int count, int k, uint32_t* out) {
+/// Per sequence, the rows of the blocks the forward's real tokens completed (k slots, kNoRow beyond).
+__global__ void completed_rows_kernel(const DeviceBatchView batch, const DeviceForwardView forward, int k, uint32_t* out) {
   const int i = static_cast<int>(blockIdx.x * blockDim.x + threadIdx.x);
   if (i >= batch.sequences * k) return;
   const int seq = i / k, j = i % k;
-  const int new_len = batch.lengths[seq], old_len = new_len - count;
+  const int new_len = batch.lengths[seq], old_len = new_len - count_of(forward, seq);
   const int block = old_len / kTileTokens + j;
   out[i] = block < new_len / kTileTokens ? batch.rows[batch.indptr[seq] + block] : kNoRow;
 }
@@ -161,18 +157,32 @@ __global__ void completed_rows_kernel(const DeviceBatchView batch, int count, in
 }  // namespace
 
 void begin_tokens(CacheMemory& cache, BatchTable& batch, int count, Stream stream) {
+  begin_tokens(cache, batch, count, {}, false, stream);
+}
+
+void begin_tokens(CacheMemory& cache, BatchTable& batch, int tokens, std::span<const uint8_t> valid, bool attended,
+                  Stream stream) {
   if (batch.scratch_rows() == nullptr)
     throw Error("begin_tokens: needs a batch made by BatchTable::reserve");
-  batch.note_begin(count);  // throws before anything is launched
-  const GrowArgs a{cache.view(), batch.view(), count};
+  const bool pads = std::find(valid.begin(), valid.end(), 0) != valid.end();
+  if (pads) {
+    cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
+    check(cudaStreamIsCapturing(stream, &status), "cudaStreamIsCapturing");
+    if (status != cudaStreamCaptureStatusNone)
+      throw Error("begin_tokens: a forward with pad tokens cannot be captured in a CUDA graph (its counts are copied "
+                  "from the host); capture decoding steps, whose tokens are all real");
+  }
+  batch.note_begin(tokens, valid, attended);  // throws before anything is launched
+  if (pads) batch.upload_forward(stream);
+  const GrowArgs a{cache.view(), batch.view(), batch.forward_view()};
   const auto n = static_cast<unsigned>(batch.sequences());
   const auto layers = static_cast<unsigned>(cache.geometry().layers);
   const bool windows = std::any_of(cache.windows().begin(), cache.windows().end(), [](int w) { return w > 0; });
   if (windows) release_kernel<<<dim3(n, layers), kThreads, 0, stream>>>(a);
-  // A step of `count` tokens starts at most count/16 + 1 blocks of a sequence.
-  const auto opened = static_cast<unsigned>(count / kTileTokens + 1);
+  // A forward of `tokens` tokens starts at most tokens/16 + 1 blocks of a sequence.
+  const auto opened = static_cast<unsigned>(tokens / kTileTokens + 1);
   open_kernel<<<dim3(n, layers, opened), kThreads, 0, stream>>>(a);
-  grow_lengths_kernel<<<(n + 127) / 128, 128, 0, stream>>>(batch.view().lengths, batch.sequences(), count);
+  grow_lengths_kernel<<<(n + 127) / 128, 128, 0, stream>>>(a);
   check(cudaGetLastError(), "begin_tokens launch");
 }
 
@@ -183,8 +193,9 @@ void write_tokens(CacheMemory& cache, const BatchTable& batch, int layer, const 
   const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
   if (!aligned(rows.k) || !aligned(rows.v) || rows.sequence_stride % 8 || rows.head_stride % 8 || rows.token_stride % 8)
     throw Error("write_tokens: K and V need 16-byte aligned rows (strides that are multiples of 8 elements)");
-  const WriteArgs a{cache.view(), batch.view(), layer, batch.last_count(), rows};
-  write_kernel<<<dim3(static_cast<unsigned>(a.count), static_cast<unsigned>(batch.sequences())), kThreads, 0, stream>>>(a);
+  const WriteArgs a{cache.view(), batch.view(), batch.forward_view(), layer, rows};
+  write_kernel<<<dim3(static_cast<unsigned>(batch.last_count()), static_cast<unsigned>(batch.sequences())), kThreads, 0,
+                 stream>>>(a);
   check(cudaGetLastError(), "write_tokens launch");
 }
 
@@ -193,7 +204,8 @@ void finalize_completed(CacheMemory& cache, BatchTable& batch, Stream stream) {
   const int count = batch.last_count();
   const int k = count / kTileTokens + 1;
   const int slots = batch.sequences() * k;
-  completed_rows_kernel<<<(slots + 127) / 128, 128, 0, stream>>>(batch.view(), count, k, batch.scratch_rows());
+  completed_rows_kernel<<<(slots + 127) / 128, 128, 0, stream>>>(batch.view(), batch.forward_view(), k,
+                                                                  batch.scratch_rows());
   check(cudaGetLastError(), "finalize_completed launch");
   finalize_blocks(cache, batch.scratch_rows(), slots, 0, cache.geometry().layers, stream);
 }

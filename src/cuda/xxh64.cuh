@@ -1,5 +1,5 @@
 // XXH64 (seed 0 or any) for one thread: the KV chunk objects' checksums computed on the device, one
-// thread per 4 KiB piece (docs/format.md, section 14). Written from the algorithm's specification;
+// thread per 4 KiB piece (docs/format.md, section 15). Written from the algorithm's specification;
 // plain integer code that compiles for the host too, where a test checks it against libxxhash on every
 // length. Reads `data` with 8-byte loads from its start: the pointer must be 8-byte aligned.
 #pragma once

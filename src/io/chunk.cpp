@@ -1,4 +1,4 @@
-// KV chunk objects on the CPU (docs/format.md, section 14), coded in phases on the codec's threads,
+// KV chunk objects on the CPU (docs/format.md, section 15), coded in phases on the codec's threads,
 // each thread taking whole tensor sections in order. Encoding: (1) a thread encodes each of its
 // sections' tiles straight into their fixed places, its escape bytes into a stream of its own, writes
 // the tail and the padding, and hashes the section while it is in cache; (2) the sections' stream sizes
@@ -360,7 +360,7 @@ size_t ChunkCodec::encode(const ChunkView& chunk, std::string_view key, std::spa
         entries.push_back({type, index, static_cast<uint64_t>(sections[s].data() - base), sections[s].size(),
                            io::combine_piece_checksums(hashes[s])});
       }
-      io::write_container_header(kChunkVersion, entries, object_end, base);
+      io::write_container_header(kChunkVersion, static_cast<uint16_t>(kTileFormatVersion), entries, object_end, base);
     }
   };
   run_phases(threads, 3, work, between);
@@ -368,7 +368,7 @@ size_t ChunkCodec::encode(const ChunkView& chunk, std::string_view key, std::spa
 }
 
 void ChunkCodec::decode(std::span<const uint8_t> object, std::string_view key, const MutableChunkView& chunk) const {
-  const io::ContainerReader reader(object, "KV chunk object", kChunkVersion);
+  const io::ContainerReader reader(object, "KV chunk object", {kChunkVersion});
   if (chunk.geometry != geometry(chunk.geometry.tokens)) {
     throw Error("destination of " + chunk.geometry.describe() + " does not match the calibration's geometry (" +
                 geometry(chunk.geometry.tokens).describe() + ")");
@@ -379,6 +379,9 @@ void ChunkCodec::decode(std::span<const uint8_t> object, std::string_view key, c
   if (chunk.token_stride < row) throw Error("destination token stride shorter than a token's row");
 
   // Structure, metadata and index, before anything else is read.
+  if (reader.tile_version() != kTileFormatVersion) {
+    reader.fail("tile format version " + std::to_string(reader.tile_version()) + " is not supported");
+  }
   const std::vector<io::SectionRef> refs = reader.sections(false, true);
   if (refs.empty() || refs[0].type != io::kMetadataSection || refs[0].index != 0) reader.fail("first section is not the metadata");
   if (io::section_checksum(refs[0].bytes, kChunkVersion) != refs[0].checksum) reader.fail("metadata section checksum mismatch");

@@ -40,6 +40,7 @@ struct DtypeInfo {
 
 constexpr DtypeInfo kDtypes[] = {
     {Dtype::bool_, "BOOL", 1, 0}, {Dtype::u8, "U8", 1, 1},     {Dtype::i8, "I8", 1, 2},
+    {Dtype::f8_e5m2, "F8_E5M2", 1, 3}, {Dtype::f8_e4m3, "F8_E4M3", 1, 4},
     {Dtype::i16, "I16", 2, 5},    {Dtype::u16, "U16", 2, 6},   {Dtype::f16, "F16", 2, 7},
     {Dtype::bf16, "BF16", 2, 8},  {Dtype::i32, "I32", 4, 9},   {Dtype::u32, "U32", 4, 10},
     {Dtype::f32, "F32", 4, 11},   {Dtype::f64, "F64", 8, 12},  {Dtype::i64, "I64", 8, 13},

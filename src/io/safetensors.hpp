@@ -14,7 +14,7 @@
 namespace gaac::io {
 
 /// Element types of the safetensors format that gaac reads or writes.
-enum class Dtype : uint8_t { bool_, u8, i8, u16, i16, u32, i32, u64, i64, f16, bf16, f32, f64, other };
+enum class Dtype : uint8_t { bool_, u8, i8, u16, i16, u32, i32, u64, i64, f16, bf16, f32, f64, f8_e4m3, f8_e5m2, other };
 
 /// The header spelling of a dtype ("BF16", "U8", ...); "other" for unknown ones.
 const char* dtype_name(Dtype dtype);

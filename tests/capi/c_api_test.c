@@ -110,12 +110,73 @@ static void test_calibration(const char* dir) {
   gaac_calibration_free(NULL);
 }
 
+/* An FP8 tile through the C API: every byte pattern (in every other group), modes counted, round trip,
+ * the calibration table of a format, and the conversion's saturation. */
+static void test_fp8(gaac_fp8_format format, gaac_tensor_kind kind, int channels, const char* dir) {
+  uint8_t src[16 * 128], dst[16 * 128], b2[128], b3[128], slot[2048];
+  const uint8_t *p2, *p3;
+  const size_t capacity = gaac_fp8_tile_max_escape_capacity(format, channels);
+  const size_t slot_size = gaac_fp8_tile_slot_bytes(format, channels, capacity);
+  const int max2 = format == GAAC_E4M3 ? 12 : 28;
+  gaac_fp8_tile_info info;
+  gaac_calibration* table = NULL;
+  gaac_calibration* loaded = NULL;
+  uint16_t big[2] = {0x7F80 /* +Inf */, 0xC800 /* -131072 */};
+  uint8_t converted[2];
+  char path[4096];
+  int i;
+  CHECK(slot_size > 0 && slot_size < gaac_fp8_tile_raw_bytes(channels) && gaac_fp8_tile_raw_bytes(channels) == 16u * (size_t)channels);
+  for (i = 0; i < channels; ++i) {
+    b2[i] = (uint8_t)max2;
+    b3[i] = (uint8_t)(max2 - 4);
+  }
+  for (i = 0; i < 16 * channels; ++i) src[i] = (uint8_t)(i * 37);
+  /* Raw groups everywhere: too many escapes for any slot. */
+  CHECK(gaac_fp8_encode_tile(format, kind, channels, src, (size_t)channels, b2, b3, capacity, slot, slot_size, &info) ==
+        GAAC_ERROR_DOES_NOT_FIT);
+  CHECK(info.groups_2bit + info.groups_3bit + info.groups_raw == (uint32_t)(2 * channels));
+  /* The top exponent (NaNs, E5M2's infinities) everywhere but one byte: all 2-bit but one raw group. */
+  for (i = 0; i < 16 * channels; ++i) src[i] = (uint8_t)(0x7F | (i & 1) << 7);
+  src[5] = 0x01;
+  CHECK(gaac_fp8_encode_tile(format, kind, channels, src, (size_t)channels, b2, b3, capacity, slot, slot_size, &info) == GAAC_OK);
+  CHECK(info.groups_raw == 1 && info.groups_3bit == 0 && info.escape_bytes == (format == GAAC_E4M3 ? 2u : 3u));
+  CHECK(gaac_fp8_decode_tile(format, kind, channels, slot, slot_size, b2, b3, capacity, dst, (size_t)channels) == GAAC_OK);
+  CHECK(memcmp(src, dst, 16 * (size_t)channels) == 0);
+  slot[gaac_fp8_tile_slot_bytes(format, channels, 0) - 1] = 0xFF; /* the last tag byte: tag 3 */
+  CHECK(gaac_fp8_decode_tile(format, kind, channels, slot, slot_size, b2, b3, capacity, dst, (size_t)channels) ==
+        GAAC_ERROR_INVALID_TAG);
+  b2[3] = (uint8_t)(max2 + 1);
+  CHECK(gaac_fp8_encode_tile(format, kind, channels, src, (size_t)channels, b2, b3, capacity, slot, slot_size, &info) ==
+        GAAC_ERROR_INVALID_ARGUMENT);
+  b2[3] = (uint8_t)max2;
+  /* The conversion saturates infinities and huge values to the largest finite value. */
+  CHECK(gaac_fp8_from_bf16(format, big, 2, 1.0f, converted) == GAAC_OK);
+  CHECK(converted[0] == (format == GAAC_E4M3 ? 0x7E : 0x7B) && converted[1] == (format == GAAC_E4M3 ? 0xFE : 0xFB));
+  CHECK(gaac_fp8_from_bf16(format, big, 2, 0.0f, converted) == GAAC_ERROR_INVALID_ARGUMENT);
+  /* An FP8 table keeps its format and its bases through a file. */
+  CHECK(gaac_calibration_create_fp8(1, 1, channels, format, &table) == GAAC_OK);
+  CHECK(gaac_calibration_element_format(table) == (int)format);
+  CHECK(gaac_calibration_set_fp8_bases(table, kind, 0, 0, b2, b3) == GAAC_OK);
+  CHECK(gaac_calibration_set_bases(table, kind, 0, 0, b2, b3) == GAAC_ERROR_INVALID_ARGUMENT);
+  snprintf(path, sizeof path, "%s/c_api_fp8_calibration.safetensors", dir);
+  CHECK(gaac_calibration_save(table, path) == GAAC_OK);
+  CHECK(gaac_calibration_load(path, &loaded) == GAAC_OK);
+  CHECK(gaac_calibration_element_format(loaded) == (int)format);
+  CHECK(gaac_calibration_fp8_tile_bases(loaded, kind, 0, 0, 0, &p2, &p3) == GAAC_OK);
+  CHECK(memcmp(p2, b2, (size_t)channels) == 0 && memcmp(p3, b3, (size_t)channels) == 0);
+  CHECK(gaac_calibration_tile_bases(loaded, kind, 0, 0, 0, &p2, &p3) == GAAC_ERROR_INVALID_ARGUMENT);
+  gaac_calibration_free(loaded);
+  gaac_calibration_free(table);
+}
+
 int main(int argc, char** argv) {
   test_version_and_status();
   test_sizes();
   test_tile_round_trip(GAAC_KEY, 128);
   test_tile_round_trip(GAAC_VALUE, 64);
   test_calibration(argc > 1 ? argv[1] : ".");
+  test_fp8(GAAC_E4M3, GAAC_KEY, 128, argc > 1 ? argv[1] : ".");
+  test_fp8(GAAC_E5M2, GAAC_VALUE, 64, argc > 1 ? argv[1] : ".");
   printf("%d passed, %d failed\n", passed, failed);
   return failed == 0 ? 0 : 1;
 }

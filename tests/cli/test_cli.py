@@ -146,6 +146,46 @@ def basics():
 # ---------------------------------------------------------------------------------------------
 # Helpers for the hardening rules
 
+def fp8():
+    """FP8 dumps: convert, calibrate, stats, study, compress/decompress and verify, and clear refusals."""
+    kv = path("fp8-src.safetensors")
+    check("fp8 synth", run("synth", "--layers", "2", "--kv-heads", "2", "--head-dim", "128", "--tokens", "70", "-o", kv).returncode == 0)
+    for fmt in ("e4m3", "e5m2"):
+        out = path(f"kv-{fmt}.safetensors")
+        r = run("convert", kv, "--to", fmt, "-o", out)
+        check(f"convert {fmt}", r.returncode == 0 and fmt in r.stdout, r.stdout + r.stderr)
+        header = json.loads(open(out, "rb").read()[8:8 + struct.unpack("<Q", open(out, "rb").read(8))[0]])
+        check(f"convert {fmt}: FP8 tensors and scales", header["k.0"]["dtype"] == ("F8_E4M3" if fmt == "e4m3" else "F8_E5M2")
+              and header["k_scale"]["dtype"] == "F32" and header["__metadata__"]["fp8_scaling"] == "per-tensor", header)
+        calib = path(f"calib-{fmt}.safetensors")
+        r = run("calibrate", out, "-o", calib)
+        check(f"calibrate {fmt}", r.returncode == 0 and fmt in r.stdout, r.stdout + r.stderr)
+        r = run("stats", out, "--calib", calib, "--json")
+        check(f"stats {fmt}", r.returncode == 0, r.stderr)
+        stats = json.loads(r.stdout)
+        check(f"stats {fmt}: format and modes", stats["element_format"] == fmt and set(stats["modes"]) == {"2bit", "3bit", "raw"},
+              stats)
+        check(f"stats {fmt}: ratio vs BF16 twice the ratio", abs(stats["ratio_vs_bf16"] - 2 * stats["ratio"]) < 1e-9, stats)
+        check(f"stats {fmt}: bits per element", abs(stats["bits_per_element"] - 8 / stats["ratio"]) < 1e-9, stats)
+        r = run("study", "schemes", out)
+        check(f"study schemes {fmt}", r.returncode == 0 and "2+3+raw" in r.stdout, r.stdout + r.stderr)
+        r = run("study", "drift", out, "--calib", calib, "--segment", "32", "--layer", "1")
+        check(f"study drift {fmt}", r.returncode == 0 and "| 0–32 |" in r.stdout, r.stdout + r.stderr)
+        packed, restored = path(f"kv-{fmt}.gaac"), path(f"restored-{fmt}.safetensors")
+        check(f"compress {fmt}", run("compress", out, "--calib", calib, "-o", packed).returncode == 0)
+        r = run("decompress", packed, "-o", restored)
+        check(f"decompress {fmt}", r.returncode == 0, r.stderr)
+        check(f"{fmt} dump restored byte for byte", open(out, "rb").read() == open(restored, "rb").read())
+        r = run("verify", out)
+        check(f"verify {fmt}", r.returncode == 0 and "verify OK" in r.stdout, r.stdout + r.stderr)
+    r = run("stats", path("kv-e4m3.safetensors"), "--calib", path("calib-e5m2.safetensors"))
+    check("a table of another format refused", r.returncode == 1 and "e5m2" in r.stderr and "e4m3" in r.stderr, r.stderr)
+    r = run("convert", path("kv-e4m3.safetensors"), "--to", "e5m2", "-o", path("never.safetensors"))
+    check("convert refuses an FP8 input", r.returncode == 1 and "F8_E4M3" in r.stderr, r.stderr)
+    r = run("convert", kv, "--to", "fp16", "-o", path("never.safetensors"))
+    check("convert refuses an unknown format", is_usage_error(r), r.stderr)
+
+
 def is_usage_error(r):
     """Any exit status other than 0 (success) and 1 (an error or a failed check), as README says."""
     return r.returncode not in (0, 1) and r.returncode > 0
@@ -582,6 +622,7 @@ def main():
     elif model is None:
         print("skipped: tests with a real model (scripts/fetch_models.py)", file=sys.stderr)
     basics()
+    fp8()
     raw_share()
     rule1_outputs()
     rule2_resources()

@@ -2,7 +2,8 @@
 // cache: a prompt then decoding steps, every layer written and attended through the interface. The
 // device cache holds what the host one holds (tile classes, free units, resident bytes), attends with
 // the BF16 twin's bits and with a mirror's bits at the same split, and within bf16 rounding of the
-// CPU; misuse is an error before anything runs. Skipped without a GPU.
+// CPU; misuse is an error before anything runs. (Pads, forks, truncation, copies and forwards of several
+// tokens: batch_kv_cache_modes_test.cpp.) Skipped without a GPU.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -109,7 +110,7 @@ TEST_P(BatchCacheOnDevice, HoldsAndAttendsWhatTheHostCacheDoes) {
   int first = 0;
   for (int step = 0; step <= kSteps; ++step) {
     const int n = step == 0 ? kPrompt : 1;
-    for (BatchKvCache* c : {host.get(), gpu.get(), twin.get()}) c->begin(n, {}, nullptr);
+    for (BatchKvCache* c : {host.get(), gpu.get(), twin.get()}) c->begin(n, {}, nullptr, step > 0);  // a prompt: SDPA's
     for (int layer = 0; layer < 2; ++layer) {
       const Rows k = kv_rows(all, layer, TensorKind::key, first, n), v = kv_rows(all, layer, TensorKind::value, first, n);
       host->write(layer, k.on_host(), v.on_host(), nullptr);
@@ -183,9 +184,9 @@ TEST(BatchCacheOnDeviceErrors, MisuseIsReportedBeforeAnythingRuns) {
   EXPECT_THROW(cache->write(0, r, r, nullptr), Error);  // twice
   EXPECT_THROW(cache->begin(1, {}, nullptr), Error);        // layer 1 not written
   cache->write(1, r, r, nullptr);
-  const MutableBatchRows out{static_cast<uint16_t*>(rows.data()), 1, 4, 16, 64, 4 * 16 * 64, 16 * 64, 64};
-  EXPECT_THROW(cache->attend(0, BatchRows{out.data, 1, 4, 16, 64, 4 * 16 * 64, 16 * 64, 64}, out, 0.0f, nullptr),
-               Error);  // 16 new tokens on the GPU
+  const MutableBatchRows out{static_cast<uint16_t*>(rows.data()), 1, 4, 15, 64, 4 * 15 * 64, 15 * 64, 64};
+  EXPECT_THROW(cache->attend(0, BatchRows{out.data, 1, 4, 15, 64, 4 * 15 * 64, 15 * 64, 64}, out, 0.0f, nullptr),
+               Error);  // 15 queries for a forward of 16 tokens
   try {
     cache->begin(64, {}, nullptr);  // past max_tokens
     FAIL() << "64 more tokens should not fit a table of 64";
@@ -195,7 +196,7 @@ TEST(BatchCacheOnDeviceErrors, MisuseIsReportedBeforeAnythingRuns) {
   EXPECT_EQ(cache->length(0), 16);
 }
 
-TEST(BatchCacheOnDeviceEdits, ResetAndAnEmptyBatchResizeWhatItCannotDoRaises) {
+TEST(BatchCacheOnDeviceEdits, ResetAndAnEmptyBatchResize) {
   if (!device_available()) GTEST_SKIP() << "no CUDA device";
   BatchCacheConfig c;
   c.cache.geometry = {2, 2, 64, {}};
@@ -211,15 +212,12 @@ TEST(BatchCacheOnDeviceEdits, ResetAndAnEmptyBatchResizeWhatItCannotDoRaises) {
   EXPECT_THROW(cache->begin(16, std::vector<uint8_t>(47, 1), nullptr), Error);  // 47 flags for 3 × 16 tokens
   cache->begin(16, {}, nullptr);
   cache->write(0, r, r, nullptr);
+  EXPECT_THROW(cache->select(std::vector<int>{0, 1, 2}), Error);  // the forward did not write every layer
   cache->write(1, r, r, nullptr);
   EXPECT_EQ(cache->length(2), 16);
-  cache->select(std::vector<int>{0, 1, 2});           // the same rows: nothing to do
-  EXPECT_THROW(cache->select(std::vector<int>{1, 0, 2}), Error);  // a reorder: not on the GPU yet
-  EXPECT_THROW(cache->truncate(std::vector<int>{8, 16, 16}), Error);
-  EXPECT_THROW(cache->clone(), Error);
-  std::vector<uint8_t> pads(3 * 1, 1);
-  pads[0] = 0;
-  EXPECT_THROW(cache->begin(1, pads, nullptr), Error);  // pads: not on the GPU yet
+  cache->select(std::vector<int>{0, 1, 2});  // the same rows: nothing to do
+  EXPECT_THROW(cache->select(std::vector<int>{0, 3}), Error);  // no sequence 3
+  EXPECT_THROW(cache->truncate(std::vector<int>{8, 17, 16}), Error);  // past a length
   const uint64_t free_before = cache->usage().units_free;
   cache->reset();
   for (int b = 0; b < 3; ++b) EXPECT_EQ(cache->length(b), 0);

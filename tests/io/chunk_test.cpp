@@ -1,8 +1,8 @@
 // KV chunk objects: bit-exact round trips over every tile width, chunks with and without a BF16 tail,
 // raw tiles, strided views and thread counts (the same bytes whatever the threads); objects exactly as
 // large as the tiles packed plus the container; fixed-size objects; and refusal, with a gaac::Error
-// that says why, of every single-byte corruption, every truncation, another calibration, another key
-// and another geometry.
+// that says why, of every single-byte corruption, every truncation, another calibration, another key,
+// another geometry and a snapshot (container versions: docs/format.md, section 12).
 #include "gaac/chunk.hpp"
 
 #include <gtest/gtest.h>
@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "gaac/error.hpp"
+#include "gaac/snapshot.hpp"
 #include "gaac/synthetic.hpp"
 #include "gaac/tile_codec.hpp"
 #include "gaac/tiling.hpp"
@@ -222,6 +223,31 @@ TEST(Chunk, AnotherCalibrationKeyOrGeometryIsAClearError) {
   EXPECT_THROW(codec.decode(object, "model@0@0@01", wide.mutable_view()), Error);  // not this codec's geometry
   std::vector<uint8_t> not_chunk(256, 0);
   EXPECT_NE(error_of(codec, not_chunk, "k", back).find("bad magic"), std::string::npos);
+}
+
+TEST(Chunk, SnapshotsAndChunkObjectsAreToldApartByTheirContainerVersion) {
+  const ChunkGeometry g{2, 2, 64, 32};
+  const Chunk c = make_chunk(g, 51);
+  const CalibrationTable table = calibration_for(c);
+  const ChunkCodec codec(table);
+  const std::vector<uint8_t> object = encode(codec, c, "model@0@0@01");
+  ASSERT_EQ(object[8] | object[9] << 8, kChunkVersion);
+  try {
+    (void)parse_snapshot(object, "x.gaac");
+    ADD_FAILURE() << "a chunk object parsed as a snapshot";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("container version 3 is not supported here (a KV chunk object; expected 1 or 2)"),
+              std::string::npos)
+        << e.what();
+  }
+  const KvDump dump = make_synthetic_kv({.layers = g.layers, .kv_heads = g.kv_heads, .head_dim = g.head_dim, .tokens = g.tokens, .seed = 52});
+  const KvDump* dumps[] = {&dump};
+  const std::vector<uint8_t> snapshot = snapshot_image(dump, calibrate(dumps));
+  ASSERT_EQ(snapshot[8] | snapshot[9] << 8, kSnapshotVersion);
+  Chunk back{g, std::vector<uint16_t>(g.elements())};
+  EXPECT_NE(error_of(codec, snapshot, "model@0@0@01", back).find("container version 2 is not supported here (a .gaac snapshot; expected 3)"),
+            std::string::npos)
+      << error_of(codec, snapshot, "model@0@0@01", back);
 }
 
 TEST(Chunk, CalibratingAChunkIsCalibratingItsValues) {

@@ -149,13 +149,15 @@ TEST(Safetensors, ReadsTheReferenceMixedFile) {
 
 TEST(Safetensors, DtypeSpellingsRoundTrip) {
   for (const Dtype d : {Dtype::bool_, Dtype::u8, Dtype::i8, Dtype::u16, Dtype::i16, Dtype::u32, Dtype::i32,
-                        Dtype::u64, Dtype::i64, Dtype::f16, Dtype::bf16, Dtype::f32, Dtype::f64}) {
+                        Dtype::u64, Dtype::i64, Dtype::f16, Dtype::bf16, Dtype::f32, Dtype::f64, Dtype::f8_e4m3,
+                        Dtype::f8_e5m2}) {
     EXPECT_EQ(parse_dtype(dtype_name(d)), d) << dtype_name(d);
     EXPECT_GT(dtype_size(d), 0u);
   }
   EXPECT_EQ(dtype_size(Dtype::bf16), 2u);
   EXPECT_EQ(dtype_size(Dtype::f64), 8u);
-  EXPECT_EQ(parse_dtype("F8_E4M3"), Dtype::other);
+  EXPECT_EQ(dtype_size(Dtype::f8_e4m3), 1u);
+  EXPECT_EQ(parse_dtype("F8_E8M0"), Dtype::other);
   EXPECT_EQ(parse_dtype("bf16"), Dtype::other);  // spellings are case-sensitive
   EXPECT_EQ(dtype_size(Dtype::other), 0u);
 }
@@ -461,11 +463,11 @@ TEST(Safetensors, RejectsShapesWhoseProductOverflows) {
 
 TEST(Safetensors, KeepsUnknownDtypesWithTheirSpelling) {
   const SafetensorsFile file =
-      parse(image_of(R"({"q":{"dtype":"F8_E4M3","shape":[2],"data_offsets":[0,2]}})", bytes_of({1, 2})));
+      parse(image_of(R"({"q":{"dtype":"F8_E8M0","shape":[2],"data_offsets":[0,2]}})", bytes_of({1, 2})));
   const TensorView* q = file.find("q");
   ASSERT_NE(q, nullptr);
   EXPECT_EQ(q->dtype, Dtype::other);
-  EXPECT_EQ(q->dtype_spelling, "F8_E4M3");
+  EXPECT_EQ(q->dtype_spelling, "F8_E8M0");
   EXPECT_EQ(q->bytes.size(), 2u);
 }
 

@@ -381,8 +381,11 @@ TEST_F(Malformed, ChecksumsAndHeader) {
   img[1] = 'X';
   EXPECT_PARSE_ERROR(img, "not a .gaac file (bad magic)");
   img = image;
-  put_le(img, 8, 2, 2);
-  EXPECT_PARSE_ERROR(img, "container version 2 is not supported");
+  put_le(img, 8, 4, 2);
+  EXPECT_PARSE_ERROR(img, "container version 4 is not supported here (expected 1 or 2)");
+  img = image;
+  put_le(img, 8, 1, 2);  // version 1 is BF16 without element_format; this metadata names one
+  EXPECT_PARSE_ERROR(img, "metadata of a version-1 snapshot names an element format");
   img = image;
   put_le(img, 10, 7, 2);
   EXPECT_PARSE_ERROR(img, "tile format version 7 is not supported");
@@ -592,8 +595,8 @@ TEST_F(Malformed, HostileMetadata) {
   const std::string tail = R"(, "dump_metadata": [], "calibration_metadata": {}})";
   auto meta = [&](const std::string& layers, const std::string& heads, const std::string& head_dim,
                   const std::string& tokens) {
-    return R"({"format": "gaac-snapshot", "layers": )" + layers + R"(, "kv_heads": )" + heads + R"(, "head_dim": )" +
-           head_dim + R"(, "tokens": )" + tokens + tail;
+    return R"({"format": "gaac-snapshot", "element_format": "bf16", "layers": )" + layers + R"(, "kv_heads": )" + heads +
+           R"(, "head_dim": )" + head_dim + R"(, "tokens": )" + tokens + tail;
   };
   // Control: the same JSON with the true values parses.
   EXPECT_NO_THROW(parse_snapshot(with_metadata(image, meta("1", "1", "64", "[17]")), "control"));
@@ -653,6 +656,15 @@ TEST_F(Malformed, HostileMetadata) {
       {meta("1", "1", "64", "[16]"), "layer 0 K: section is"},
       {meta("1", "1", "64", "[18]"), "layer 0 K: section is"},
       {meta("1", "1", "64", "[0]"), "layer 0 K: section is"},
+      // the element format: named in version 2, one gaac knows, and the one of the other sections
+      {R"({"format": "gaac-snapshot", "layers": 1, "kv_heads": 1, "head_dim": 64, "tokens": [17]})",
+       "metadata field 'element_format' missing or not a string"},
+      {R"({"format": "gaac-snapshot", "element_format": "fp16", "layers": 1, "kv_heads": 1, "head_dim": 64, "tokens": [17]})",
+       "metadata field 'element_format' is not bf16, e4m3 or e5m2"},
+      {R"({"format": "gaac-snapshot", "element_format": "e4m3", "layers": 1, "kv_heads": 1, "head_dim": 64, "tokens": [17]})",
+       "calibration of layer 0"},
+      {R"({"format": "gaac-snapshot", "element_format": "bf16", "scales": true, "layers": 1, "kv_heads": 1, "head_dim": 64, "tokens": [17]})",
+       "metadata field 'scales' is not a boolean of an FP8 snapshot"},
   };
   for (const auto& [json, message] : cases) {
     SCOPED_TRACE(json);
@@ -673,7 +685,7 @@ TEST_F(Malformed, LayerCountMismatchWithConsistentCalibration) {
   // are what gets noticed.
   auto sections = split(image);
   const std::string json =
-      R"({"format": "gaac-snapshot", "layers": 2, "kv_heads": 1, "head_dim": 64, "tokens": [17, 17]})";
+      R"({"format": "gaac-snapshot", "element_format": "bf16", "layers": 2, "kv_heads": 1, "head_dim": 64, "tokens": [17, 17]})";
   sections[0].bytes.assign(json.begin(), json.end());
   CalibrationTable two(2, 1, 64);
   for (const TensorKind kind : kKinds) {
@@ -691,7 +703,7 @@ TEST_F(Malformed, HugeGeometryIsRefusedWithoutAllocating) {
   std::string tokens = "[0";
   for (int i = 1; i < 100000; ++i) tokens += ",0";
   tokens += "]";
-  const std::string json = R"({"format": "gaac-snapshot", "layers": 100000, "kv_heads": 4096, "head_dim": 256, "tokens": )" +
+  const std::string json = R"({"format": "gaac-snapshot", "element_format": "bf16", "layers": 100000, "kv_heads": 4096, "head_dim": 256, "tokens": )" +
                            tokens + "}";
   EXPECT_PARSE_ERROR(with_metadata(image, json), "calibration section has the wrong size");
 }

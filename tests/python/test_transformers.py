@@ -6,6 +6,7 @@ The same on a GPU (GaacCache(device="cuda"): the device cache, GPU finalize and 
 present. Needs torch, transformers, gguf and accelerate (skipped without them unless GAAC_REQUIRE_TRANSFORMERS=1) and
 the models (scripts/fetch_models.py). Gemma 3 takes minutes on a small CPU: it runs with GAAC_SLOW_TESTS=1.
 """
+import contextlib
 import functools
 import os
 import pathlib
@@ -253,40 +254,74 @@ def test_gemma3_gpu_gaac_equals_bf16_twin_with_sliding_windows():
 
 # ---------------------------------------------------------------------------------------------------------------
 # Every generate mode on both real models, each compared with the BF16 twin (same structure, same attention code):
-# the tokens must be equal. Short prompts and few new tokens keep them quick on a small CPU.
+# the tokens must be equal. Short prompts and few new tokens keep them quick on a small CPU. On a GPU the same, and
+# on random weights of both architectures too (no model files needed; Gemma 3's 32-token windows are passed).
 
 REAL_MODELS = ["SmolLM2-135M-Instruct.Q4_1.gguf", "gemma-3-270m-q4_k_m.gguf"]
+RANDOM_MODELS = ["random-llama", "random-gemma3"]
+MODES = ([pytest.param(name, "cpu", id=f"{name}-cpu") for name in REAL_MODELS] +
+         [pytest.param(name, "cuda", id=f"{name}-cuda") for name in REAL_MODELS + RANDOM_MODELS])
 
 
 @functools.lru_cache(maxsize=None)
-def real_model(gguf_file):
+def real_model(name):
     """The model, its calibration and three prompts of different lengths (token ids), loaded once per module."""
-    torch, gt, model = load(gguf_file)
+    if name.startswith("random-"):  # prompts longer than the random Gemma 3's 32-token window
+        torch, gt, model = random_model(name[len("random-"):], "cpu")
+        generator = torch.Generator().manual_seed(7)
+        calibration_ids = torch.randint(3, 512, (1, 300), generator=generator)
+        ids = torch.randint(3, 512, (104,), generator=generator).tolist()
+        prompts = [ids[:45], ids[45:66], ids[66:]]
+    else:
+        torch, gt, model = load(name)
     model.eval()
-    if gguf_file.startswith("SmolLM2"):
+    if name.startswith("SmolLM2"):
         from transformers import AutoTokenizer
 
-        tok = AutoTokenizer.from_pretrained(MODELS, gguf_file=gguf_file)
+        tok = AutoTokenizer.from_pretrained(MODELS, gguf_file=name)
         calibration_ids = tok((ROOT / "data" / "calibration_text.txt").read_text(), return_tensors="pt").input_ids
         texts = ["The history of the printing press begins in", "Rivers of Europe:", "Water boils at a temperature of"]
         prompts = [tok(t).input_ids for t in texts]
-    else:  # transformers' GGUF tokenizer for Gemma 3 is not the model's: ids as gaac's tokenizer makes them
+    elif name.startswith("gemma"):  # transformers' GGUF tokenizer for Gemma 3 is not the model's: gaac's ids
         calibration_ids = torch.randint(100, 20000, (1, 700), generator=torch.Generator().manual_seed(0))
         prompts = [[2, 818, 3925, 529, 506, 19283, 3543, 11979, 528], [2, 818, 3925, 529], [2, 19283, 3543, 11979]]
     table = gt.calibrate(model, calibration_ids[:, :512])
     return torch, gt, model, table, prompts
 
 
-def left_padded(torch, prompts, pad=0):
+def mode_model(name, device):
+    """real_model(name), skipping a GPU run without a GPU before anything is loaded."""
+    if device == "cuda":
+        need_gpu(need_module("torch"))
+    return real_model(name)
+
+
+@contextlib.contextmanager
+def placed(model, device):
+    """The model on `device` for the block, back on the CPU after it (the loaded models are shared)."""
+    model.to(device)
+    try:
+        yield
+    finally:
+        model.to("cpu")
+
+
+def left_padded(torch, prompts, pad=0, device="cpu"):
     width = max(len(p) for p in prompts)
-    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts])
-    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts])
+    ids = torch.tensor([[pad] * (width - len(p)) + p for p in prompts], device=device)
+    mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in prompts], device=device)
     return ids, mask
 
 
-def twins(gt, model, table, run, max_tokens=96, batch=1):
+def cache_for(gt, model, table, device, **kwargs):
+    """A GaacCache on `device`; on a GPU with a fixed split of the context, so that a GAAC cache and its twin sum
+    their attention in one order."""
+    return gt.GaacCache(model.config, table, device=device, blocks_per_split=4 if device == "cuda" else 0, **kwargs)
+
+
+def twins(gt, model, table, run, max_tokens=128, batch=1, device="cpu"):
     """run(cache) for a GAAC cache and its BF16 twin; returns both results."""
-    return [run(gt.GaacCache(model.config, table, max_tokens=max_tokens, batch=batch, cache_format=fmt))
+    return [run(cache_for(gt, model, table, device, max_tokens=max_tokens, batch=batch, cache_format=fmt))
             for fmt in ("gaac", "bf16")]
 
 
@@ -294,70 +329,77 @@ def new_tokens(ids, prompt_width):
     return ids[:, prompt_width:].tolist()
 
 
-@pytest.mark.parametrize("name", REAL_MODELS)
-def test_left_padded_batch(name):
+@pytest.mark.parametrize("name,device", MODES)
+def test_left_padded_batch(name, device):
     """Three prompts of different lengths, left-padded: pads are neither stored nor read, so each row's tokens are
     the ones it gets alone (and the twin's)."""
-    torch, gt, model, table, prompts = real_model(name)
-    ids, mask = left_padded(torch, prompts)
-    gaac_ids, twin_ids = twins(gt, model, table, lambda cache: generate(model, 
-        ids, attention_mask=mask, cache=cache, max_new_tokens=8, do_sample=False, pad_token_id=0), batch=3)
-    assert new_tokens(gaac_ids, ids.shape[1]) == new_tokens(twin_ids, ids.shape[1])
-    for b, p in enumerate(prompts):
-        cache = gt.GaacCache(model.config, table, max_tokens=96)
-        alone = generate(model, torch.tensor([p]), cache=cache, max_new_tokens=8, do_sample=False, pad_token_id=0)
-        assert cache.lengths() == [len(p) + 7]  # the real tokens only
-        agree = new_tokens(alone, len(p))[0] == new_tokens(gaac_ids, ids.shape[1])[b]
-        print(f"[{name}] padded row {b} ({ids.shape[1] - len(p)} pads): "
-              f"{'the tokens it gets alone' if agree else 'differs from its run alone (batched matmuls round apart)'}")
-        assert new_tokens(alone, len(p))[0][:2] == new_tokens(gaac_ids, ids.shape[1])[b][:2]
+    torch, gt, model, table, prompts = mode_model(name, device)
+    with placed(model, device):
+        ids, mask = left_padded(torch, prompts, device=device)
+        gaac_ids, twin_ids = twins(gt, model, table, lambda cache: generate(
+            model, ids, attention_mask=mask, cache=cache, max_new_tokens=8, do_sample=False, pad_token_id=0),
+            batch=3, device=device)
+        assert new_tokens(gaac_ids, ids.shape[1]) == new_tokens(twin_ids, ids.shape[1])
+        for b, p in enumerate(prompts):
+            cache = cache_for(gt, model, table, device, max_tokens=128)
+            alone = generate(model, torch.tensor([p], device=device), cache=cache, max_new_tokens=8, do_sample=False,
+                             pad_token_id=0)
+            assert cache.lengths() == [len(p) + 7]  # the real tokens only
+            agree = new_tokens(alone, len(p))[0] == new_tokens(gaac_ids, ids.shape[1])[b]
+            print(f"[{name} on {device}] padded row {b} ({ids.shape[1] - len(p)} pads): "
+                  f"{'the tokens it gets alone' if agree else 'differs from its run alone (batched matmuls round apart)'}")
+            assert new_tokens(alone, len(p))[0][:2] == new_tokens(gaac_ids, ids.shape[1])[b][:2]
 
 
-@pytest.mark.parametrize("name", REAL_MODELS)
-def test_sampling_with_scores(name):
+@pytest.mark.parametrize("name,device", MODES)
+def test_sampling_with_scores(name, device):
     """Sampling with a seed, return_dict_in_generate with scores: equal sequences and equal scores."""
-    torch, gt, model, table, prompts = real_model(name)
+    torch, gt, model, table, prompts = mode_model(name, device)
 
     def run(cache):
         torch.manual_seed(3)
-        return generate(model, torch.tensor([prompts[0]]), cache=cache, max_new_tokens=8, do_sample=True, top_k=20,
-                              return_dict_in_generate=True, output_scores=True, pad_token_id=0)
+        return generate(model, torch.tensor([prompts[0]], device=device), cache=cache, max_new_tokens=8,
+                        do_sample=True, top_k=20, return_dict_in_generate=True, output_scores=True, pad_token_id=0)
 
-    gaac_out, twin_out = twins(gt, model, table, run)
-    assert gaac_out.sequences.tolist() == twin_out.sequences.tolist()
-    assert all(torch.equal(a, b) for a, b in zip(gaac_out.scores, twin_out.scores))
-    assert gaac_out.cache.get_seq_length() == gaac_out.sequences.shape[1] - 1
+    with placed(model, device):
+        gaac_out, twin_out = twins(gt, model, table, run, device=device)
+        assert gaac_out.sequences.tolist() == twin_out.sequences.tolist()
+        assert all(torch.equal(a, b) for a, b in zip(gaac_out.scores, twin_out.scores))
+        assert gaac_out.cache.get_seq_length() == gaac_out.sequences.shape[1] - 1
 
 
-@pytest.mark.parametrize("name", REAL_MODELS)
-def test_beam_search(name):
+@pytest.mark.parametrize("name,device", MODES)
+def test_beam_search(name, device):
     """num_beams=3 over a padded batch of two: reorder_cache forks the beams' shared prefixes."""
-    torch, gt, model, table, prompts = real_model(name)
-    ids, mask = left_padded(torch, prompts[:2])
-    gaac_ids, twin_ids = twins(gt, model, table, lambda cache: generate(model, 
-        ids, attention_mask=mask, cache=cache, max_new_tokens=6, num_beams=3, do_sample=False, pad_token_id=0),
-        batch=6)
-    assert gaac_ids.tolist() == twin_ids.tolist()
+    torch, gt, model, table, prompts = mode_model(name, device)
+    with placed(model, device):
+        ids, mask = left_padded(torch, prompts[:2], device=device)
+        gaac_ids, twin_ids = twins(gt, model, table, lambda cache: generate(
+            model, ids, attention_mask=mask, cache=cache, max_new_tokens=6, num_beams=3, do_sample=False,
+            pad_token_id=0), batch=6, device=device)
+        assert gaac_ids.tolist() == twin_ids.tolist()
 
 
-@pytest.mark.parametrize("name", REAL_MODELS)
-def test_assisted_decoding_crops(name):
+@pytest.mark.parametrize("name,device", MODES)
+def test_assisted_decoding_crops(name, device):
     """Prompt-lookup decoding: candidate tokens forwarded together on a non-empty cache, the rejected ones cropped."""
-    torch, gt, model, table, prompts = real_model(name)
-    prompt = torch.tensor([prompts[0] + prompts[0][1:]])  # repeated text: the lookup finds candidates
-    gaac_ids, twin_ids = twins(gt, model, table, lambda cache: generate(model, 
-        prompt, cache=cache, max_new_tokens=10, do_sample=False, prompt_lookup_num_tokens=3, pad_token_id=0))
-    assert gaac_ids.tolist() == twin_ids.tolist()
+    torch, gt, model, table, prompts = mode_model(name, device)
+    with placed(model, device):
+        prompt = torch.tensor([prompts[0] + prompts[0][1:]], device=device)  # repeated text: the lookup finds candidates
+        gaac_ids, twin_ids = twins(gt, model, table, lambda cache: generate(
+            model, prompt, cache=cache, max_new_tokens=10, do_sample=False, prompt_lookup_num_tokens=3,
+            pad_token_id=0), device=device)
+        assert gaac_ids.tolist() == twin_ids.tolist()
 
 
-@pytest.mark.parametrize("name", REAL_MODELS)
-def test_prompt_cache_copied_and_conversation_continued(name):
+@pytest.mark.parametrize("name,device", MODES)
+def test_prompt_cache_copied_and_conversation_continued(name, device):
     """A prompt's cache deep-copied and continued with two different suffixes (a second prompt on a non-empty cache);
     the original is left as it was; reset() empties it and it serves as new."""
-    torch, gt, model, table, prompts = real_model(name)
+    torch, gt, model, table, prompts = mode_model(name, device)
     import copy
 
-    prefix = torch.tensor([prompts[0]])
+    prefix = torch.tensor([prompts[0]], device=device)
 
     def run(cache):
         with torch.no_grad():
@@ -366,20 +408,75 @@ def test_prompt_cache_copied_and_conversation_continued(name):
         outs = []
         for suffix in (prompts[1][1:], prompts[2][1:]):
             mine = copy.deepcopy(cache)
-            ids = torch.cat([prefix, torch.tensor([suffix])], dim=1)
+            ids = torch.cat([prefix, torch.tensor([suffix], device=device)], dim=1)
             outs.append(new_tokens(generate(model, ids, cache=mine, max_new_tokens=6, do_sample=False,
-                                                  pad_token_id=0), ids.shape[1]))
+                                            pad_token_id=0), ids.shape[1]))
         assert cache.get_seq_length() == held and cache.lengths() == [held]
         cache.reset()
         assert cache.get_seq_length() == 0 and cache.lengths() == [0] and cache.usage()["units_free"] == cache.usage()["units"]
         fresh = generate(model, prefix, cache=cache, max_new_tokens=4, do_sample=False, pad_token_id=0)
         return outs, fresh.tolist()
 
-    gaac_out, twin_out = twins(gt, model, table, run)
-    assert gaac_out == twin_out
-    alone = generate(model, prefix, cache=gt.GaacCache(model.config, table, max_tokens=96), max_new_tokens=4,
-                           do_sample=False, pad_token_id=0)
-    assert gaac_out[1] == alone.tolist()  # after reset, as a new cache
+    with placed(model, device):
+        gaac_out, twin_out = twins(gt, model, table, run, device=device)
+        assert gaac_out == twin_out
+        alone = generate(model, prefix, cache=cache_for(gt, model, table, device, max_tokens=128), max_new_tokens=4,
+                         do_sample=False, pad_token_id=0)
+        assert gaac_out[1] == alone.tolist()  # after reset, as a new cache
+
+
+def test_random_llama_gpu_captured_decoding_of_a_padded_batch():
+    """Decoding steps of a left-padded batch of unequal lengths captured once in a CUDA graph and replayed (every
+    sequence one real token a step, each at its own position) give the tokens of the same steps run eagerly."""
+    torch = need_module("torch")
+    need_gpu(torch)
+    torch, gt, model, table, prompts = real_model("random-llama")
+    steps, eager_first = 12, 2
+    with placed(model, "cuda"):
+        ids, mask = left_padded(torch, prompts[:2], device="cuda")
+        width = ids.shape[1]
+        results = {}
+        for mode in ("eager", "graph"):
+            cache = cache_for(gt, model, table, "cuda", max_tokens=96, batch=2, plan_tokens=96)
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.no_grad(), torch.cuda.stream(side):
+                positions = (mask.cumsum(-1) - 1).clamp(min=0)
+                out = forward(model, input_ids=ids, attention_mask=mask, position_ids=positions, cache=cache,
+                              use_cache=True)
+                step_ids = out.logits[:, -1].argmax(-1, keepdim=True)
+                position = mask.sum(-1, keepdim=True)  # each sequence's next position: its real tokens so far
+                columns = torch.cat([mask, torch.ones(2, steps, dtype=mask.dtype, device="cuda")], dim=1)
+                logits = []
+
+                def step(i):
+                    return forward(model, input_ids=step_ids, attention_mask=columns[:, :width + i + 1],
+                                   position_ids=position, cache=cache, use_cache=True).logits[:, -1]
+
+                graph = captured = None
+                for i in range(steps):
+                    if mode == "eager" or i < eager_first:  # graph mode: the first steps warm up
+                        last = step(i)
+                    elif graph is None:
+                        graph = torch.cuda.CUDAGraph()
+                        with torch.cuda.graph(graph, stream=side):
+                            captured = step(i)
+                        graph.replay()
+                        last = captured
+                    else:
+                        graph.replay()
+                        cache.note_replayed(1)  # the capture counted its own step
+                        last = captured
+                    logits.append(last.float().clone())
+                    step_ids.copy_(last.argmax(-1, keepdim=True))
+                    position += 1
+            torch.cuda.synchronize()
+            cache.kv.check()
+            assert cache.lengths() == (mask.sum(-1) + steps).tolist()
+            results[mode] = torch.stack(logits)
+    eager, graph = results["eager"], results["graph"]
+    assert torch.equal(eager.argmax(-1), graph.argmax(-1))
+    assert torch.allclose(eager, graph, rtol=1e-2, atol=1e-2), float((eager - graph).abs().max())
 
 
 def test_misuse_raises_a_gaac_error():
@@ -411,60 +508,3 @@ def test_misuse_raises_a_gaac_error():
         cache.crop(3)
 
 
-def check_gpu_sampling_reset_and_what_raises(torch, gt, model, prompts):
-    """On the GPU: sampling with scores equal to the twin's, reset() serving as a new cache, and the modes the device
-    cache does not do yet (pads, beams, a prompt on a non-empty cache) raising gaac.GaacError, never a wrong token.
-    `prompts`: three token-id lists, the first two of different lengths."""
-    need_gpu(torch)
-    import gaac
-
-    model.to("cuda")
-    try:
-        table = gt.calibrate(model, torch.tensor([prompts[0] * 8], device="cuda"))
-        ids = torch.tensor([prompts[0]], device="cuda")
-
-        def run(fmt):
-            cache = gt.GaacCache(model.config, table, max_tokens=64, cache_format=fmt, device="cuda",
-                                 blocks_per_split=4)
-            torch.manual_seed(3)
-            out = generate(model, ids, cache=cache, max_new_tokens=8, do_sample=True, top_k=20,
-                                 return_dict_in_generate=True, output_scores=True, pad_token_id=0)
-            cache.reset()
-            again = generate(model, ids, cache=cache, max_new_tokens=8, do_sample=False, pad_token_id=0)
-            fresh = generate(model, ids, cache=gt.GaacCache(model.config, table, max_tokens=64, cache_format=fmt,
-                                                           device="cuda", blocks_per_split=4),
-                                   max_new_tokens=8, do_sample=False, pad_token_id=0)
-            assert again.tolist() == fresh.tolist()
-            return out.sequences.tolist(), [s.cpu() for s in out.scores], again.tolist()
-
-        gaac_out, twin_out = run("gaac"), run("bf16")
-        assert gaac_out[0] == twin_out[0] and gaac_out[2] == twin_out[2]
-        assert all(torch.equal(a, b) for a, b in zip(gaac_out[1], twin_out[1]))
-        padded, mask = left_padded(torch, prompts[:2])
-        with pytest.raises(gaac.GaacError, match="pad"):
-            generate(model, padded.cuda(), attention_mask=mask.cuda(), max_new_tokens=2, do_sample=False,
-                           pad_token_id=0, cache=gt.GaacCache(model.config, table, max_tokens=64, batch=2,
-                                                              device="cuda"))
-        with pytest.raises(gaac.GaacError, match="reorder"):
-            generate(model, ids, num_beams=3, max_new_tokens=3, do_sample=False, pad_token_id=0,
-                           cache=gt.GaacCache(model.config, table, max_tokens=64, batch=3, device="cuda"))
-        cache = gt.GaacCache(model.config, table, max_tokens=64, device="cuda")
-        out = generate(model, ids, cache=cache, max_new_tokens=2, do_sample=False, pad_token_id=0)
-        with pytest.raises(gaac.GaacError):
-            generate(model, torch.cat([out, ids], dim=1), cache=cache, max_new_tokens=2, do_sample=False,
-                           pad_token_id=0)
-    finally:
-        model.to("cpu")
-
-
-def test_smollm2_gpu_sampling_reset_and_what_raises():
-    need_gpu(need_module("torch"))
-    torch, gt, model, _, prompts = real_model(REAL_MODELS[0])
-    check_gpu_sampling_reset_and_what_raises(torch, gt, model, prompts)
-
-
-def test_random_llama_gpu_sampling_reset_and_what_raises():
-    """The same on random weights (no model files): what the GPU machine can always run."""
-    torch, gt, model = random_model("llama", "cpu")
-    ids = torch.randint(3, 512, (40,), generator=torch.Generator().manual_seed(4)).tolist()
-    check_gpu_sampling_reset_and_what_raises(torch, gt, model, [ids[:17], ids[17:26], ids[26:]])

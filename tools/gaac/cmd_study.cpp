@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <variant>
 
 #include "activity.hpp"
 #include "commands.hpp"
@@ -16,8 +17,14 @@
 namespace gaac::cli {
 namespace {
 
-/// Refuses a calibration dump whose geometry differs from the evaluated one's, naming both files.
-void check_same_model(const KvDump& dump, const std::string& path, const KvDump& evaluated, const std::string& input) {
+/// Refuses a calibration dump whose geometry or element format differs from the evaluated one's, naming
+/// both files.
+template <class Dump>
+void check_same_model(const Dump& dump, const std::string& path, const Dump& evaluated, const std::string& input) {
+  if (format_of(dump) != format_of(evaluated)) {
+    throw Error(fmt::format("{}: the KV dump is {}, but the evaluated dump {} is {}", path, to_string(format_of(dump)), input,
+                            to_string(format_of(evaluated))));
+  }
   if (dump.layers.size() == evaluated.layers.size() && dump.kv_heads() == evaluated.kv_heads() &&
       dump.head_dim() == evaluated.head_dim()) {
     return;
@@ -27,19 +34,34 @@ void check_same_model(const KvDump& dump, const std::string& path, const KvDump&
                           geometry_text(evaluated.layers.size(), evaluated.kv_heads(), evaluated.head_dim())));
 }
 
-void run_schemes(const std::string& input, const std::vector<std::string>& calib_paths) {
-  const KvDump evaluated = load_dump(input);
-  std::vector<KvDump> calibration;
+/// The schemes of a dump's element format: the paper's for BF16, format.md's for FP8.
+std::vector<ModeScheme> schemes_for(const KvDump&) { return paper_mode_schemes(); }
+std::vector<ModeScheme> schemes_for(const Fp8KvDump& dump) { return fp8_mode_schemes(dump.format); }
+
+template <class Dump>
+std::vector<ModeSchemeResult> compare(const Dump& evaluated, const std::string& input, const std::vector<std::string>& calib_paths) {
+  std::vector<Dump> calibration;
   for (const auto& p : calib_paths) {
-    calibration.push_back(load_dump(p));
+    io::AnyKvDump any = load_any_dump(p);
+    if (!std::holds_alternative<Dump>(any)) {
+      throw Error(fmt::format("{}: the KV dump is {}, but the evaluated dump {} is {}", p,
+                              std::visit([](const auto& d) { return to_string(format_of(d)); }, any), input,
+                              to_string(format_of(evaluated))));
+    }
+    calibration.push_back(std::get<Dump>(std::move(any)));
     check_same_model(calibration.back(), p, evaluated, input);
   }
-  std::vector<const KvDump*> dumps;
+  std::vector<const Dump*> dumps;
   for (const auto& d : calibration) dumps.push_back(&d);
   if (dumps.empty()) dumps.push_back(&evaluated);
-  const auto schemes = paper_mode_schemes();
+  const auto schemes = schemes_for(evaluated);
   const Activity activity("comparing mode schemes on " + input);
-  const auto results = compare_mode_schemes(dumps, evaluated, schemes);
+  return compare_mode_schemes(std::span<const Dump* const>(dumps), evaluated, schemes);
+}
+
+void run_schemes(const std::string& input, const std::vector<std::string>& calib_paths) {
+  const io::AnyKvDump evaluated = load_any_dump(input);
+  const auto results = std::visit([&](const auto& d) { return compare(d, input, calib_paths); }, evaluated);
   fmt::print("| scheme | ratio | bits/elem | groups per mode |\n|---|---|---|---|\n");
   for (const auto& r : results) {
     std::string split;
@@ -51,8 +73,8 @@ void run_schemes(const std::string& input, const std::vector<std::string>& calib
   }
 }
 
-void run_drift(const std::string& input, const std::string& calib, int segment, int layer) {
-  const KvDump dump = load_dump(input);
+template <class Dump>
+void drift_of(const Dump& dump, const std::string& input, const std::string& calib, int segment, int layer) {
   if (dump.layers.empty()) throw Error(input + ": the KV dump has no layers");
   if (layer >= static_cast<int>(dump.layers.size())) {
     throw Error(fmt::format("--layer {}: the KV dump {} has {} layers (0 to {})", layer, input, dump.layers.size(),
@@ -80,6 +102,10 @@ void run_drift(const std::string& input, const std::string& calib, int segment, 
   }
 }
 
+void run_drift(const std::string& input, const std::string& calib, int segment, int layer) {
+  std::visit([&](const auto& d) { drift_of(d, input, calib, segment, layer); }, load_any_dump(input));
+}
+
 }  // namespace
 
 void add_study(CLI::App& app) {
@@ -87,7 +113,8 @@ void add_study(CLI::App& app) {
   cmd->require_subcommand(1);
 
   auto* schemes = cmd->add_subcommand(
-      "schemes", "Bits per element under the mode schemes 2+3+4+raw, 3+4+raw (GAAC) and 4+raw (paper Table 4)");
+      "schemes", "Bits per element under the mode schemes 2+3+4+raw, 3+4+raw (GAAC) and 4+raw (paper Table 4); for an FP8 "
+                 "dump, format.md's FP8 schemes (2+3+raw is GAAC-FP8's)");
   auto input = std::make_shared<std::string>();
   auto calib_kv = std::make_shared<std::vector<std::string>>();
   schemes->add_option("input", *input, "KV dump to evaluate (.safetensors)")->required()->check(CLI::ExistingFile);
@@ -96,7 +123,9 @@ void add_study(CLI::App& app) {
   schemes->footer(
       "Windows of 4, 8 and 16 exponents are chosen per channel as calibration chooses GAAC's; each group takes the\n"
       "narrowest mode of the scheme holding its eight exponents. Sizes are the exact bits of such a stream\n"
-      "(8 sign+mantissa bits, 2/8 tag bits and the exponent width per element), without slots or bases.");
+      "(8 sign+mantissa bits, 2/8 tag bits and the exponent width per element), without slots or bases. FP8\n"
+      "dumps: windows of 2, 4, 8 (and 16) exponents, M + 1 sign+mantissa bits, raw groups X bits; the ratio is\n"
+      "over the FP8 bytes.");
   schemes->callback([input, calib_kv] { run_schemes(*input, *calib_kv); });
 
   auto* drift = cmd->add_subcommand("drift", "Mean escape bytes per tile by token-position segment (paper Table 8)");

@@ -25,6 +25,8 @@ void add_generate(CLI::App& app);
 void add_capture(CLI::App& app);
 void add_validate(CLI::App& app);
 void add_study(CLI::App& app);
+/// `gaac convert`: a BF16 KV dump to FP8 (E4M3 or E5M2), per-tensor scaled or not.
+void add_convert(CLI::App& app);
 /// `gaac plan`: how much a KV-cache budget holds (src/cache/capacity.cpp), with GAAC and with BF16.
 void add_capacity(CLI::App& app);
 

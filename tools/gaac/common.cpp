@@ -15,11 +15,19 @@ KvDump load_dump(const std::string& path) {
   return io::load_kv_dump(path);
 }
 
+io::AnyKvDump load_any_dump(const std::string& path) {
+  const Activity activity("reading the KV dump " + path);
+  return io::load_any_kv_dump(path);
+}
+
 std::string geometry_text(size_t layers, int kv_heads, int head_dim) {
   return fmt::format("{} layers × {} KV heads × head_dim {}", layers, kv_heads, head_dim);
 }
 
-CalibrationTable calibration_for(const KvDump& dump, const std::string& dump_path, const std::string& calib_path) {
+namespace {
+
+template <class Dump>
+CalibrationTable calibration_of(const Dump& dump, const std::string& dump_path, const std::string& calib_path) {
   if (!calib_path.empty()) {
     CalibrationTable table = [&] {
       const Activity activity("reading the calibration table " + calib_path);
@@ -33,15 +41,30 @@ CalibrationTable calibration_for(const KvDump& dump, const std::string& dump_pat
                               geometry_text(static_cast<size_t>(table.layers()), table.kv_heads(), table.head_dim()),
                               dump_path, geometry_text(dump.layers.size(), dump.kv_heads(), dump.head_dim())));
     }
+    if (table.element_format() != format_of(dump)) {
+      throw Error(fmt::format("{}: the calibration is for {} elements, but the KV dump {} is {}; calibrate on dumps of "
+                              "the same format",
+                              calib_path, to_string(table.element_format()), dump_path, to_string(format_of(dump))));
+    }
     return table;
   }
   if (dump.layers.empty()) throw Error(dump_path + ": the KV dump has no layers, so there is nothing to calibrate on");
   const Activity activity("calibrating on " + dump_path);
   ProgressBar bar("calibrating");
-  const KvDump* dumps[] = {&dump};
-  CalibrationTable table = calibrate(dumps, std::ref(bar));
+  const Dump* dumps[] = {&dump};
+  CalibrationTable table = calibrate(std::span<const Dump* const>(dumps), std::ref(bar));
   table.metadata()["source"] = "self-calibrated";
   return table;
+}
+
+}  // namespace
+
+CalibrationTable calibration_for(const KvDump& dump, const std::string& dump_path, const std::string& calib_path) {
+  return calibration_of(dump, dump_path, calib_path);
+}
+
+CalibrationTable calibration_for(const Fp8KvDump& dump, const std::string& dump_path, const std::string& calib_path) {
+  return calibration_of(dump, dump_path, calib_path);
 }
 
 CLI::Option* add_threads_option(CLI::App* cmd, int& threads) {

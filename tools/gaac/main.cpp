@@ -71,6 +71,7 @@ int main(int argc, char** argv) {
   gaac::cli::add_capture(app);
   gaac::cli::add_validate(app);
   gaac::cli::add_study(app);
+  gaac::cli::add_convert(app);
   gaac::cli::add_capacity(app);
   if (const auto unknown = unknown_command(app, argc, argv)) {
     fmt::print(stderr, "gaac: {}\n", *unknown);

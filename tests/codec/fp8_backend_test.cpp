@@ -1,0 +1,136 @@
+// The AVX2 FP8 backend against the scalar oracle: equal slot bytes, counts, decoded bytes and statuses on
+// every byte pattern, adversarial tiles (all raw, NaNs and infinities, subnormals), seeded random mixes of
+// modes at every capacity, strided rows, and arbitrary slot bytes.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "gaac/fp8_codec.hpp"
+#include "support/fp8_tile_data.hpp"
+
+namespace gaac {
+namespace {
+
+using test::Fp8TileCase;
+
+bool have_avx2() { return backend_available(Backend::avx2); }
+
+/// Encodes with both backends into rows `stride` apart and checks equal results, then decodes the
+/// slot with both and checks equal statuses and bytes (and, when it fits, the original tile).
+void expect_same(const Fp8TileCase& tile, size_t capacity, size_t stride) {
+  const Fp8TileShape shape = tile.shape;
+  const auto channels = static_cast<size_t>(shape.tile.channels);
+  std::vector<uint8_t> rows(stride * kTileTokens, 0x5A);
+  for (int t = 0; t < kTileTokens; ++t) std::memcpy(rows.data() + t * stride, tile.elements.data() + t * channels, channels);
+  const Fp8TileCodec scalar(shape, tile.bases(), capacity, Backend::scalar), avx2(shape, tile.bases(), capacity, Backend::avx2);
+  std::vector<uint8_t> a(scalar.slot_bytes(), 0x11), b(avx2.slot_bytes(), 0x22);
+  TileEncoding ea, eb;
+  scalar.encode_blocks(rows.data(), stride, 0, 1, a.data(), 0, &ea);
+  avx2.encode_blocks(rows.data(), stride, 0, 1, b.data(), 0, &eb);
+  ASSERT_EQ(ea.groups_by_mode, eb.groups_by_mode);
+  ASSERT_EQ(ea.escape_bytes, eb.escape_bytes);
+  ASSERT_EQ(ea.fits, eb.fits);
+  if (!ea.fits) return;
+  ASSERT_EQ(a, b) << to_string(shape.format) << " channels " << channels << " kind " << int(shape.tile.kind);
+  std::vector<uint8_t> da(stride * kTileTokens, 0x33), db(stride * kTileTokens, 0x33);
+  ASSERT_EQ(scalar.decode_blocks(a.data(), 0, 1, da.data(), stride, 0).status, DecodeStatus::ok);
+  ASSERT_EQ(avx2.decode_blocks(a.data(), 0, 1, db.data(), stride, 0).status, DecodeStatus::ok);
+  ASSERT_EQ(da, db);
+  for (int t = 0; t < kTileTokens; ++t) ASSERT_EQ(std::memcmp(db.data() + t * stride, rows.data() + t * stride, channels), 0);
+}
+
+TEST(Fp8Backends, AgreeOnEveryBytePattern) {
+  if (!have_avx2()) GTEST_SKIP() << "no AVX2 on this machine";
+  for (const Fp8TileShape shape : test::all_fp8_shapes()) {
+    for (const auto& b : {std::pair{0, 0}, std::pair{7, 4}, std::pair{fp8_max_base2(shape.format), fp8_max_base3(shape.format)}}) {
+      Fp8TileCase tile = test::uniform_fp8_tile(shape, b.first, b.second);
+      test::fill_every_pattern(tile);
+      expect_same(tile, shape.max_slot_capacity(), static_cast<size_t>(shape.tile.channels));
+    }
+  }
+}
+
+TEST(Fp8Backends, AgreeOnAdversarialTiles) {
+  if (!have_avx2()) GTEST_SKIP() << "no AVX2 on this machine";
+  for (const Fp8TileShape shape : test::all_fp8_shapes()) {
+    const auto top = static_cast<uint8_t>(fp8_max_base2(shape.format)), top3 = static_cast<uint8_t>(fp8_max_base3(shape.format));
+    // All raw (never fits), all NaN/Inf at the top, all subnormals at the bottom, every element its own
+    // byte value modulo 256 with bases at the top (mostly raw groups, overflowing).
+    Fp8TileCase raw = test::uniform_fp8_tile(shape, top, top3), nan = raw, sub = test::uniform_fp8_tile(shape, 0, 0), mix = raw;
+    for (size_t i = 0; i < raw.elements.size(); ++i) {
+      raw.elements[i] = test::fp8_bits(shape.format, int(i & 1), 0, int(i));
+      nan.elements[i] = static_cast<uint8_t>(0x7F | (i % 3 == 0 ? 0x80 : 0));
+      sub.elements[i] = test::fp8_bits(shape.format, int(i / 7 % 2), 0, int(i));
+      mix.elements[i] = static_cast<uint8_t>(i * 37);
+    }
+    for (const Fp8TileCase* tile : {&raw, &nan, &sub, &mix}) {
+      for (size_t capacity = 0; capacity <= shape.max_slot_capacity(); capacity += 16) {
+        expect_same(*tile, capacity, static_cast<size_t>(shape.tile.channels));
+      }
+    }
+  }
+}
+
+TEST(Fp8Backends, AgreeOnSeededRandomTilesAtEveryCapacityAndStride) {
+  if (!have_avx2()) GTEST_SKIP() << "no AVX2 on this machine";
+  std::mt19937_64 rng(21);
+  const double mixes[][2] = {{1.0, 0.0}, {0.3, 0.6}, {0.1, 0.85}, {0.5, 0.45}, {0.0, 0.9}, {0.3, 0.3}};
+  for (const Fp8TileShape shape : test::all_fp8_shapes()) {
+    for (const auto& mix : mixes) {
+      for (int i = 0; i < 6; ++i) {
+        const Fp8TileCase tile = test::random_fp8_tile(shape, rng, mix[0], mix[1]);
+        const size_t capacity = rng() % (shape.max_slot_capacity() / 16 + 1) * 16;
+        const size_t stride = static_cast<size_t>(shape.tile.channels) + (i % 2 == 0 ? 0 : 32 * (1 + rng() % 4));
+        expect_same(tile, capacity, stride);
+        expect_same(tile, shape.max_slot_capacity(), stride);
+      }
+    }
+  }
+}
+
+TEST(Fp8Backends, AgreeOnArbitrarySlotBytes) {
+  if (!have_avx2()) GTEST_SKIP() << "no AVX2 on this machine";
+  std::mt19937_64 rng(4);
+  for (const Fp8TileShape shape : test::all_fp8_shapes()) {
+    const Fp8TileCase bases = test::random_fp8_tile(shape, rng, 0.5, 0.5);
+    for (const size_t capacity : {size_t{0}, size_t{16}, shape.max_slot_capacity()}) {
+      const Fp8TileCodec scalar(shape, bases.bases(), capacity, Backend::scalar), avx2(shape, bases.bases(), capacity, Backend::avx2);
+      int decoded = 0;
+      for (int i = 0; i < 300; ++i) {
+        std::vector<uint8_t> slot(scalar.slot_bytes());
+        for (auto& x : slot) x = static_cast<uint8_t>(rng());
+        // Three slots in four have valid tags (random modes while their escapes fit, 2-bit after) and
+        // zero padding, so that they decode: random codes, fields and escape bytes.
+        if (i % 4 != 0) {
+          size_t used = 0;
+          const int raw_bytes = exponent_bits(shape.format) - 2;
+          for (int g = 0; g < shape.groups(); ++g) {
+            const uint64_t pick = rng() % 10;
+            int mode = pick < 3 ? 0 : pick < 9 ? 1 : 2;
+            const size_t need = mode == 0 ? 0 : mode == 1 ? 1 : static_cast<size_t>(raw_bytes);
+            if (used + need > capacity) mode = 0;
+            used += mode == 0 ? 0 : need;
+            uint8_t& tag = slot[shape.tag_offset() + static_cast<size_t>(g / 4)];
+            tag = static_cast<uint8_t>((tag & ~(3u << (2 * (g % 4)))) | static_cast<unsigned>(mode) << (2 * (g % 4)));
+          }
+          for (size_t e = shape.escape_offset() + used; e < slot.size(); ++e) slot[e] = 0;
+        }
+        std::vector<uint8_t> da(static_cast<size_t>(shape.elements()), 0), db(da.size(), 0);
+        const auto stride = static_cast<size_t>(shape.tile.channels);
+        const DecodeStatus sa = scalar.decode_blocks(slot.data(), 0, 1, da.data(), stride, 0).status;
+        const DecodeStatus sb = avx2.decode_blocks(slot.data(), 0, 1, db.data(), stride, 0).status;
+        ASSERT_EQ(sa, sb) << i;
+        if (sa == DecodeStatus::ok) {
+          ASSERT_EQ(da, db) << i;
+          ++decoded;
+        }
+      }
+      EXPECT_GT(decoded, 0) << "no slot decoded: the comparison of decoded bytes never ran";
+    }
+  }
+}
+
+}  // namespace
+}  // namespace gaac

@@ -1,11 +1,12 @@
 // Seed corpus for the fuzz targets, so that fuzzing starts from valid inputs:
 //
-//   gaac_fuzz_corpus <snapshot_dir> <tile_dir> [<safetensors_dir> [<gguf_dir>]]
+//   gaac_fuzz_corpus <snapshot_dir> <tile_dir> [<safetensors_dir> [<gguf_dir> [<chunk_dir>]]]
 //
 // writes small valid .gaac images, BF16 and FP8 (gaac_snapshot_fuzz), valid BF16 and FP8 tile slots behind the 6-byte header
 // that fuzz/tile_decode_fuzz.cpp describes (gaac_tile_decode_fuzz) and, when a third directory is
 // given, a KV dump and a calibration table as safetensors (gaac_safetensors_fuzz), and when a fourth
-// is, small GGUF files (gaac_gguf_fuzz). Deterministic: the same files every run.
+// is, small GGUF files (gaac_gguf_fuzz), and with a fifth KV chunk objects behind the 3-byte header
+// of fuzz/chunk_fuzz_setup.hpp (gaac_chunk_fuzz). Deterministic: the same files every run.
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
@@ -19,6 +20,7 @@
 #include <utility>
 #include <vector>
 
+#include "chunk_fuzz_setup.hpp"
 #include "gaac/calibration.hpp"
 #include "gaac/codec.hpp"
 #include "gaac/fp8_codec.hpp"
@@ -356,11 +358,49 @@ int write_gguf(const fs::path& dir) {
   return 3;
 }
 
+/// KV chunk objects of each tile width, with and without a BF16 tail and raw tiles.
+int write_chunks(const fs::path& dir) {
+  int n = 0;
+  for (const int head_dim : {64, 128, 256}) {
+    for (const int tokens : {16, 37}) {
+      const gaac::ChunkCodec& codec = gaac::fuzz::chunk_codec(head_dim);
+      const gaac::ChunkGeometry g = codec.geometry(tokens);
+      const gaac::KvDump dump = gaac::make_synthetic_kv(
+          {.layers = g.layers, .kv_heads = g.kv_heads, .head_dim = head_dim, .tokens = tokens, .seed = static_cast<uint64_t>(n + 9)});
+      std::vector<uint16_t> values(g.elements());
+      const gaac::MutableChunkView view = gaac::dense_chunk_view(values.data(), g);
+      std::mt19937_64 rng(static_cast<uint64_t>(n));
+      for (int l = 0; l < g.layers; ++l) {
+        for (const gaac::TensorKind kind : {gaac::TensorKind::key, gaac::TensorKind::value}) {
+          const gaac::KvTensor& t = dump.layers[static_cast<size_t>(l)].of(kind);
+          for (int tok = 0; tok < tokens; ++tok) {
+            for (int h = 0; h < g.kv_heads; ++h) {
+              for (int c = 0; c < head_dim; ++c) {
+                // Layer 1's K of head 0 incompressible: raw tiles.
+                const bool wild = l == 1 && kind == gaac::TensorKind::key && h == 0;
+                view.tensor(kind, l).at(tok, h)[c] = wild ? static_cast<uint16_t>(rng()) : t.at(tok, h, c);
+              }
+            }
+          }
+        }
+      }
+      std::vector<uint8_t> object(codec.object_bytes(tokens));
+      object.resize(codec.encode(gaac::dense_chunk_view(static_cast<const uint16_t*>(values.data()), g), gaac::fuzz::kChunkKey, object));
+      std::vector<uint8_t> input = {static_cast<uint8_t>(head_dim == 64 ? 0 : head_dim == 128 ? 1 : 2),
+                                    static_cast<uint8_t>(tokens), 0};
+      input.insert(input.end(), object.begin(), object.end());
+      write_file(dir / ("chunk_" + std::to_string(head_dim) + "_" + std::to_string(tokens) + ".bin"), input);
+      ++n;
+    }
+  }
+  return n;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  if (argc < 3 || argc > 5) {
-    std::fprintf(stderr, "usage: %s <snapshot_dir> <tile_dir> [<safetensors_dir> [<gguf_dir>]]\n", argv[0]);
+  if (argc < 3 || argc > 6) {
+    std::fprintf(stderr, "usage: %s <snapshot_dir> <tile_dir> [<safetensors_dir> [<gguf_dir> [<chunk_dir>]]]\n", argv[0]);
     return 2;
   }
   try {
@@ -370,8 +410,9 @@ int main(int argc, char** argv) {
     const int tiles = write_tiles(dirs[1]) + write_fp8_tiles(dirs[1]);
     const int tensors = dirs.size() > 2 ? write_safetensors(dirs[2]) : 0;
     const int ggufs = dirs.size() > 3 ? write_gguf(dirs[3]) : 0;
-    std::printf("wrote %d snapshots, %d tiles, %d safetensors files, %d GGUF files\n", snapshots, tiles, tensors,
-                ggufs);
+    const int chunks = dirs.size() > 4 ? write_chunks(dirs[4]) : 0;
+    std::printf("wrote %d snapshots, %d tiles, %d safetensors files, %d GGUF files, %d chunk objects\n", snapshots, tiles,
+                tensors, ggufs, chunks);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "gaac_fuzz_corpus: %s\n", e.what());
     return 1;

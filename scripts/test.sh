@@ -20,11 +20,13 @@ export GAAC_REQUIRE_MODELS=1
 stage() { printf '\n=== %s\n' "$*"; }
 
 # The Python tests' packages (PyTorch among them: gigabytes to download) install in the background while
-# the suite builds; the Python stage waits for them.
+# the suite builds; the Python stage waits for them. LMCache goes in after them without its dependencies (the
+# light ones it needs are listed; see tests/python/requirements-lmcache.txt).
 rm -rf build/python-venv build/wheels
 mkdir -p build
 python3 -m venv build/python-venv
-(build/python-venv/bin/pip install -q --upgrade pip && build/python-venv/bin/pip install -q -r tests/python/requirements.txt) \
+(build/python-venv/bin/pip install -q --upgrade pip && build/python-venv/bin/pip install -q -r tests/python/requirements.txt &&
+ build/python-venv/bin/pip install -q --no-deps -r tests/python/requirements-lmcache.txt) \
   >build/python-venv-install.log 2>&1 &
 python_deps=$!
 
@@ -39,8 +41,8 @@ stage "Python package: wheel, install, tests"
 wait $python_deps || { tail -30 build/python-venv-install.log; echo "installing tests/python/requirements.txt FAILED"; exit 1; }
 build/python-venv/bin/pip wheel -q --no-build-isolation --no-deps -w build/wheels .
 build/python-venv/bin/pip install -q build/wheels/gaac-*.whl
-# Every test runs: transformers' (both models, on the CPU) too; the GPU ones skip without a device.
-(cd build && GAAC_CLI="$PWD/tools/gaac/gaac" GAAC_REQUIRE_TRANSFORMERS=1 GAAC_SLOW_TESTS=1 \
+# Every test runs: transformers' (both models, on the CPU) and LMCache's too; the GPU ones skip without a device.
+(cd build && GAAC_CLI="$PWD/tools/gaac/gaac" GAAC_REQUIRE_TRANSFORMERS=1 GAAC_REQUIRE_LMCACHE=1 GAAC_SLOW_TESTS=1 \
   python-venv/bin/python -m pytest -q -p no:cacheprovider ../tests/python)
 [ $quick -eq 1 ] && exit 0
 
@@ -65,10 +67,10 @@ cmake -S . -B build-fuzz "${sanitizer_flags[@]}" -DCMAKE_C_COMPILER=clang -DCMAK
 cmake --build build-fuzz -j"$jobs"
 corpus=build-fuzz/corpus
 rm -rf "$corpus"
-mkdir -p "$corpus/snapshot" "$corpus/tile_decode" "$corpus/safetensors" "$corpus/gguf"
-build-fuzz/fuzz/gaac_fuzz_corpus "$corpus/snapshot" "$corpus/tile_decode" "$corpus/safetensors" "$corpus/gguf"
+mkdir -p "$corpus/snapshot" "$corpus/tile_decode" "$corpus/safetensors" "$corpus/gguf" "$corpus/chunk"
+build-fuzz/fuzz/gaac_fuzz_corpus "$corpus/snapshot" "$corpus/tile_decode" "$corpus/safetensors" "$corpus/gguf" "$corpus/chunk"
 # The targets run side by side, as many at once as there are jobs, each for its full time.
-targets=(snapshot tile_decode safetensors gguf)
+targets=(snapshot tile_decode safetensors gguf chunk)
 for ((first = 0; first < ${#targets[@]}; first += jobs)); do
   pids=()
   for target in "${targets[@]:first:jobs}"; do

@@ -19,6 +19,7 @@
 
 #include "gaac/batch_kv_cache.hpp"
 #include "gaac/calibration.hpp"
+#include "gaac/chunk.hpp"
 #include "gaac/cuda_views.hpp"
 #include "gaac/export.h"
 #include "gaac/kv_cache.hpp"
@@ -412,6 +413,37 @@ GAAC_API std::vector<uint8_t> encode_snapshot_section(const uint16_t* tensor, in
 /// on the device: every tensor is copied there and encoded with encode_snapshot_section().
 GAAC_API std::vector<uint8_t> snapshot_image(const KvDump& dump, const CalibrationTable& calibration,
                                              const Progress& progress = {});
+
+/// KV chunk objects (docs/format.md, section 15) coded on the GPU: the same bytes as gaac::ChunkCodec
+/// makes of the same values, from and to chunks and objects in device memory, with no copy through
+/// the host (the host reads back only a few bytes: an object's size, a status). Every tile is one
+/// warp's; the escape stream is placed by a scan; the checksums are computed on the device, one
+/// thread per 4 KiB piece. Thread-safe: calls from many threads (on their own streams) run at once.
+class GAAC_API ChunkCodec {
+ public:
+  /// A codec for `calibration`'s chunks on the current device (its bases copied there);
+  /// `options.threads` is not used. Throws gaac::Error as gaac::ChunkCodec does.
+  explicit ChunkCodec(const CalibrationTable& calibration, ChunkOptions options = {});
+  ~ChunkCodec();
+  ChunkCodec(const ChunkCodec&) = delete;
+  ChunkCodec& operator=(const ChunkCodec&) = delete;
+
+  /// As gaac::ChunkCodec::object_bytes.
+  size_t object_bytes(int tokens) const;
+  /// Writes the object of `chunk` (device memory; rows 16-byte aligned, strides multiples of 8
+  /// elements) stored under `key` to `out` (device memory, `out_bytes` ≥ object_bytes()) and returns
+  /// its size, as gaac::ChunkCodec::encode. Synchronises `stream`.
+  size_t encode(const ChunkView& chunk, std::string_view key, uint8_t* out, size_t out_bytes, Stream stream = nullptr) const;
+  /// Reads the object at the start of `object` (device memory, `object_bytes` long at most) into
+  /// `chunk` (device memory, as for encode), after checking everything gaac::ChunkCodec::decode
+  /// checks; throws gaac::Error saying what is wrong. Synchronises `stream`.
+  void decode(const uint8_t* object, size_t object_bytes, std::string_view key, const MutableChunkView& chunk,
+              Stream stream = nullptr) const;
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
 
 /// A host KvCache copied to the GPU with the table of some of its sequences, for decode attention and
 /// decompression there. A copy: later changes of the host cache are not seen.

@@ -67,11 +67,24 @@ class GAAC_API TileCodec {
   BlockDecodeResult decode_blocks(const uint8_t* slots, size_t slot_stride, size_t count, uint16_t* dst,
                                   size_t row_stride, size_t tile_stride) const noexcept;
 
+  /// Encodes one tile with its escapes apart from the rest of its slot: the fixed part
+  /// (shape().fixed_bytes(): sign+mantissa, codes, tags) to `fixed`, the escape bytes to `escapes`,
+  /// which must have room for escape_capacity() bytes (those past the tile's own are zeroed). The
+  /// same bytes as encode_blocks writes to a slot, in two places. When the escapes do not fit,
+  /// `fits` is false and only the first escape_capacity() of them are written.
+  TileEncoding encode_split(const uint16_t* src, size_t row_stride, uint8_t* fixed, uint8_t* escapes) const noexcept;
+
+  /// Decodes a tile stored as encode_split writes it: the fixed part at `fixed`, an escape slot of
+  /// `escape_capacity` bytes at `escapes` (any multiple of 16 up to the shape's maximum, not
+  /// checked; bytes past the tile's escapes must be zero). Validates as decode_blocks does.
+  DecodeStatus decode_split(const uint8_t* fixed, const uint8_t* escapes, size_t escape_capacity, uint16_t* dst,
+                            size_t row_stride) const noexcept;
+
  private:
   using EncodeFn = TileEncoding (*)(const uint8_t* prepared, const uint16_t* src, size_t row_stride, size_t capacity,
-                                    uint8_t* slot);
-  using DecodeFn = DecodeStatus (*)(const uint8_t* prepared, const uint8_t* slot, size_t capacity, uint16_t* dst,
-                                    size_t row_stride);
+                                    uint8_t* slot, uint8_t* escapes);
+  using DecodeFn = DecodeStatus (*)(const uint8_t* prepared, const uint8_t* slot, const uint8_t* escapes, size_t capacity,
+                                    uint16_t* dst, size_t row_stride);
   TileShape shape_;
   size_t capacity_ = 0;
   Backend backend_ = Backend::scalar;

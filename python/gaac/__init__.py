@@ -34,11 +34,14 @@ from ._gaac import (  # noqa: F401
     BatchKvCache,
     CacheFullError,
     Calibration,
+    ChunkCodec,
     GaacError,
     KvCache,
     KvCacheMirror,
     Snapshot,
     attend,
+    calibrate_chunk,
+    chunk_object_bytes,
     convert_to_fp8,
     cuda_available,
     load_kv_dump,
@@ -46,9 +49,9 @@ from ._gaac import (  # noqa: F401
     synthetic_kv,
 )
 
-__all__ = ["BatchKvCache", "CacheFullError", "Calibration", "GaacError", "KvCache", "KvCacheMirror", "Snapshot", "attend",
-           "calibrate", "compress", "convert_to_fp8", "cuda_available", "load_kv_dump", "save_kv_dump", "synthetic_kv",
-           "to_torch", "SNAPSHOT_VERSION", "TILE_FORMAT_VERSION"]
+__all__ = ["BatchKvCache", "CacheFullError", "Calibration", "ChunkCodec", "GaacError", "KvCache", "KvCacheMirror", "Snapshot",
+           "attend", "calibrate", "calibrate_chunk", "chunk_object_bytes", "compress", "convert_to_fp8", "cuda_available",
+           "load_kv_dump", "save_kv_dump", "synthetic_kv", "to_torch", "SNAPSHOT_VERSION", "TILE_FORMAT_VERSION"]
 
 _FP8_FORMATS = ("e4m3", "e5m2")
 

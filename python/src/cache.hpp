@@ -32,4 +32,7 @@ void bind_batch_cache(nanobind::module_& m);
 /// Adds KvCacheMirror and cuda_available to `m` (cuda.cpp; without CUDA, a KvCacheMirror that says so).
 void bind_cuda(nanobind::module_& m);
 
+/// gaac.ChunkCodec and gaac.calibrate_chunk (python/src/chunk.cpp).
+void bind_chunk(nanobind::module_& m);
+
 }  // namespace gaac::python

@@ -127,6 +127,7 @@ NB_MODULE(_gaac, m) {
   bind_cache(m);
   bind_batch_cache(m);
   bind_cuda(m);
+  bind_chunk(m);
   m.attr("TILE_FORMAT_VERSION") = kTileFormatVersion;
   m.attr("SNAPSHOT_VERSION") = kSnapshotVersion;
 

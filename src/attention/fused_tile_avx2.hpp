@@ -104,7 +104,7 @@ class OpenTile {
     const uint8_t* escapes = slot + G::kShape.escape_offset();
     read_tag_rows(tags, codec.escape_capacity(), rows_);
     if (rows_.used != 0) find_escape_rows(tags, escapes, rows_, escape_rows_);
-    for_each_escaped_group(slot, *bases_, rows_, [&](int at, int, int, uint64_t exponents) { overrides_.add(at, exponents); });
+    for_each_escaped_group(slot, escapes, *bases_, rows_, [&](int at, int, int, uint64_t exponents) { overrides_.add(at, exponents); });
   }
   OpenTile(const OpenTile&) = delete;
   OpenTile& operator=(const OpenTile&) = delete;

@@ -306,9 +306,9 @@ void store_group(__m128i values, int lane, int pair, uint16_t* dst, size_t strid
 /// Rewrites the groups the vector pass got wrong (for_each_escaped_group), after it: its
 /// data-dependent branches would stall the pass if earlier.
 template <class G>
-void patch_escaped_groups(const uint8_t* slot, const DecodeBases<G>& bases, const TagRows<G>& rows, uint16_t* dst,
-                          size_t stride) {
-  for_each_escaped_group(slot, bases, rows, [&](int at, int lane, int pair, uint64_t exponents) {
+void patch_escaped_groups(const uint8_t* slot, const uint8_t* escapes, const DecodeBases<G>& bases, const TagRows<G>& rows,
+                          uint16_t* dst, size_t stride) {
+  for_each_escaped_group(slot, escapes, bases, rows, [&](int at, int lane, int pair, uint64_t exponents) {
     __m128i lo, hi;  // the group's stored bytes are fragment bytes at..at + 7
     compose(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(slot + at)), _mm_cvtsi64_si128(static_cast<long long>(exponents)), lo, hi);
     store_group<G>(_mm_unpacklo_epi8(lo, hi), lane, pair, dst, stride);
@@ -316,9 +316,9 @@ void patch_escaped_groups(const uint8_t* slot, const DecodeBases<G>& bases, cons
 }
 
 template <class G>
-DecodeStatus decode(const uint8_t* slot, size_t capacity, const DecodeBases<G>& decode_bases, uint16_t* dst, size_t stride) {
+DecodeStatus decode(const uint8_t* slot, const uint8_t* escapes, size_t capacity, const DecodeBases<G>& decode_bases,
+                    uint16_t* dst, size_t stride) {
   const uint8_t* tags = slot + G::kShape.tag_offset();
-  const uint8_t* escapes = slot + G::kShape.escape_offset();
   TagRows<G> rows;
   const DecodeStatus status = scan_tags(tags, escapes, capacity, rows);
   if (status != DecodeStatus::ok) return status;
@@ -327,7 +327,7 @@ DecodeStatus decode(const uint8_t* slot, size_t capacity, const DecodeBases<G>& 
   if (rows.used != 0) find_escape_rows(tags, escapes, rows, escape_rows);
   const Exponents<G> exponents(slot + G::kShape.code_offset(), decode_bases, rows.used != 0 ? escape_rows : kNoEscapes<G>);
   write_rows<G>(slot, exponents, dst, stride);
-  patch_escaped_groups(slot, decode_bases, rows, dst, stride);
+  patch_escaped_groups(slot, escapes, decode_bases, rows, dst, stride);
   return DecodeStatus::ok;
 }
 
@@ -428,13 +428,13 @@ TileEncoding write_tags_and_escapes(const uint8_t* offsets, const uint8_t* modes
 }
 
 template <class G>
-TileEncoding encode(const uint16_t* src, size_t stride, const FragmentBases<G>& fragment_bases, size_t capacity, uint8_t* slot) {
+TileEncoding encode(const uint16_t* src, size_t stride, const FragmentBases<G>& fragment_bases, size_t capacity, uint8_t* slot,
+                    uint8_t* escapes) {
   alignas(32) uint8_t offsets[G::kElements];
   alignas(8) uint8_t modes[G::kGroups];
   read_rows(src, stride, fragment_bases, slot, offsets, modes);
   write_code_words<G>(offsets, slot + G::kShape.code_offset());
-  return write_tags_and_escapes<G>(offsets, modes, capacity, slot + G::kShape.tag_offset(),
-                                   slot + G::kShape.escape_offset());
+  return write_tags_and_escapes<G>(offsets, modes, capacity, slot + G::kShape.tag_offset(), escapes);
 }
 
 /// The prepared bases of a tile shape: the decoder's and the encoder's forms, side by side.
@@ -450,11 +450,15 @@ detail::ShapeKernels kernels(TileShape shape) {
     static_assert(std::is_trivially_copyable_v<Prepared> && std::is_trivially_destructible_v<Prepared>);
     return detail::ShapeKernels{
         [](const TileBases& bases, uint8_t* prepared) { new (prepared) Prepared(bases); },
-        [](const uint8_t* prepared, const uint16_t* src, size_t row_stride, size_t capacity, uint8_t* slot) {
-          return encode<G>(src, row_stride, std::launder(reinterpret_cast<const Prepared*>(prepared))->encode, capacity, slot);
+        [](const uint8_t* prepared, const uint16_t* src, size_t row_stride, size_t capacity, uint8_t* slot,
+           uint8_t* escapes) {
+          return encode<G>(src, row_stride, std::launder(reinterpret_cast<const Prepared*>(prepared))->encode, capacity,
+                           slot, escapes);
         },
-        [](const uint8_t* prepared, const uint8_t* slot, size_t capacity, uint16_t* dst, size_t row_stride) {
-          return decode<G>(slot, capacity, std::launder(reinterpret_cast<const Prepared*>(prepared))->decode, dst, row_stride);
+        [](const uint8_t* prepared, const uint8_t* slot, const uint8_t* escapes, size_t capacity, uint16_t* dst,
+           size_t row_stride) {
+          return decode<G>(slot, escapes, capacity, std::launder(reinterpret_cast<const Prepared*>(prepared))->decode, dst,
+                           row_stride);
         }};
   });
 }

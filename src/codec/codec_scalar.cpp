@@ -59,13 +59,13 @@ uint32_t get_code(TileShape shape, const uint32_t* words, int quad, int byte) {
 }
 
 TileEncoding encode_tile(TileShape shape, const uint16_t* src, size_t row_stride, const TileBases& bases,
-                         size_t escape_capacity, uint8_t* slot) {
+                         size_t escape_capacity, uint8_t* slot, uint8_t* escapes) {
   TileEncoding result;
-  std::memset(slot, 0, shape.slot_bytes(escape_capacity));
+  std::memset(slot, 0, shape.fixed_bytes());
+  std::memset(escapes, 0, escape_capacity);
   uint8_t* sign_mantissa = slot;
   uint8_t* codes = slot + shape.code_offset();
   uint8_t* tags = slot + shape.tag_offset();
-  uint8_t* escapes = slot + shape.escape_offset();
   const int words_per_lane = code_words_per_lane(shape);
   std::vector<uint32_t> tag_words(static_cast<size_t>(shape.groups()) / 16, 0);
   size_t escape_used = 0;
@@ -110,12 +110,11 @@ TileEncoding encode_tile(TileShape shape, const uint16_t* src, size_t row_stride
   return result;
 }
 
-DecodeStatus decode_tile(TileShape shape, const uint8_t* slot, size_t escape_capacity, const TileBases& bases,
-                         uint16_t* dst, size_t row_stride) {
+DecodeStatus decode_tile(TileShape shape, const uint8_t* slot, const uint8_t* escapes, size_t escape_capacity,
+                         const TileBases& bases, uint16_t* dst, size_t row_stride) {
   const uint8_t* sign_mantissa = slot;
   const uint8_t* codes = slot + shape.code_offset();
   const uint8_t* tags = slot + shape.tag_offset();
-  const uint8_t* escapes = slot + shape.escape_offset();
   const int words_per_lane = code_words_per_lane(shape);
   size_t escape_next = 0;
 
@@ -167,11 +166,15 @@ detail::ShapeKernels kernels(TileShape shape) {
           std::memcpy(prepared, bases.b3.data(), Channels);
           std::memcpy(prepared + Channels, bases.b4.data(), Channels);
         },
-        [](const uint8_t* prepared, const uint16_t* src, size_t row_stride, size_t capacity, uint8_t* slot) {
-          return encode_tile(TileShape{Kind, Channels}, src, row_stride, unprepare<Channels>(prepared), capacity, slot);
+        [](const uint8_t* prepared, const uint16_t* src, size_t row_stride, size_t capacity, uint8_t* slot,
+           uint8_t* escapes) {
+          return encode_tile(TileShape{Kind, Channels}, src, row_stride, unprepare<Channels>(prepared), capacity, slot,
+                             escapes);
         },
-        [](const uint8_t* prepared, const uint8_t* slot, size_t capacity, uint16_t* dst, size_t row_stride) {
-          return decode_tile(TileShape{Kind, Channels}, slot, capacity, unprepare<Channels>(prepared), dst, row_stride);
+        [](const uint8_t* prepared, const uint8_t* slot, const uint8_t* escapes, size_t capacity, uint16_t* dst,
+           size_t row_stride) {
+          return decode_tile(TileShape{Kind, Channels}, slot, escapes, capacity, unprepare<Channels>(prepared), dst,
+                             row_stride);
         }};
   });
 }

@@ -690,11 +690,12 @@ inline uint64_t add_bytes(uint64_t a, uint64_t b) {
 /// (it gives them the escape byte they would have if the raw group had none). `exponents` holds
 /// the group's eight exponents, byte e for element e (fragment bytes at .. at + 7). About one raw
 /// group per tile, so scalar code, one group (eight bytes) at a time.
+/// `escapes` is the tile's escape slot (in a slot, right after the fixed part).
 template <class G, class Visit>
-void for_each_escaped_group(const uint8_t* slot, const DecodeBases<G>& bases, const TagRows<G>& rows, Visit&& visit) {
+void for_each_escaped_group(const uint8_t* slot, const uint8_t* escapes, const DecodeBases<G>& bases, const TagRows<G>& rows,
+                            Visit&& visit) {
   constexpr TileShape shape = G::kShape;
   const uint8_t* tags = slot + shape.tag_offset();
-  const uint8_t* escapes = slot + shape.escape_offset();
   for (uint32_t pending = rows.raw_rows; pending != 0; pending &= pending - 1) {
     const int r = __builtin_ctz(pending);
     uint32_t word;

@@ -11,12 +11,15 @@ namespace gaac::detail {
 struct ShapeKernels {
   /// Writes the bases in the backend's order into `prepared` (TileCodec::kPreparedBytes, 64-aligned).
   void (*prepare)(const TileBases& bases, uint8_t* prepared);
-  /// Encodes the tile at `src` (rows `row_stride` apart) into `slot`.
+  /// Encodes the tile at `src` (rows `row_stride` apart): its fixed part (sign+mantissa, codes, tags) to
+  /// `slot`, its escape bytes to `escapes` (`capacity` bytes, zero past the tile's own; in a slot they
+  /// follow the fixed part).
   TileEncoding (*encode)(const uint8_t* prepared, const uint16_t* src, size_t row_stride, size_t capacity,
-                         uint8_t* slot);
-  /// Decodes `slot` into the tile at `dst`.
-  DecodeStatus (*decode)(const uint8_t* prepared, const uint8_t* slot, size_t capacity, uint16_t* dst,
-                         size_t row_stride);
+                         uint8_t* slot, uint8_t* escapes);
+  /// Decodes the tile whose fixed part is at `slot` and whose escape slot is the `capacity` bytes at
+  /// `escapes` into the tile at `dst`.
+  DecodeStatus (*decode)(const uint8_t* prepared, const uint8_t* slot, const uint8_t* escapes, size_t capacity,
+                         uint16_t* dst, size_t row_stride);
 };
 
 }  // namespace gaac::detail

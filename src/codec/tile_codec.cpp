@@ -31,15 +31,27 @@ TileCodec::TileCodec(TileShape shape, const TileBases& bases, size_t escape_capa
 void TileCodec::encode_blocks(const uint16_t* src, size_t row_stride, size_t tile_stride, size_t count, uint8_t* slots,
                               size_t slot_stride, TileEncoding* results) const noexcept {
   for (size_t i = 0; i < count; ++i) {
-    const TileEncoding e = encode_(prepared_.data(), src + i * tile_stride, row_stride, capacity_, slots + i * slot_stride);
+    uint8_t* slot = slots + i * slot_stride;
+    const TileEncoding e = encode_(prepared_.data(), src + i * tile_stride, row_stride, capacity_, slot, slot + shape_.escape_offset());
     if (results != nullptr) results[i] = e;
   }
+}
+
+TileEncoding TileCodec::encode_split(const uint16_t* src, size_t row_stride, uint8_t* fixed, uint8_t* escapes) const noexcept {
+  return encode_(prepared_.data(), src, row_stride, capacity_, fixed, escapes);
+}
+
+DecodeStatus TileCodec::decode_split(const uint8_t* fixed, const uint8_t* escapes, size_t escape_capacity, uint16_t* dst,
+                                     size_t row_stride) const noexcept {
+  return decode_(prepared_.data(), fixed, escapes, escape_capacity, dst, row_stride);
 }
 
 BlockDecodeResult TileCodec::decode_blocks(const uint8_t* slots, size_t slot_stride, size_t count, uint16_t* dst,
                                            size_t row_stride, size_t tile_stride) const noexcept {
   for (size_t i = 0; i < count; ++i) {
-    const DecodeStatus status = decode_(prepared_.data(), slots + i * slot_stride, capacity_, dst + i * tile_stride, row_stride);
+    const uint8_t* slot = slots + i * slot_stride;
+    const DecodeStatus status =
+        decode_(prepared_.data(), slot, slot + shape_.escape_offset(), capacity_, dst + i * tile_stride, row_stride);
     if (status != DecodeStatus::ok) return {i, status};
   }
   return {count, DecodeStatus::ok};

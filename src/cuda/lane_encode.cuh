@@ -65,17 +65,18 @@ __device__ __forceinline__ void load_quad(const uint16_t* staged, int lane, int 
 }
 
 /// Encodes the staged tile (16 rows of kStagedRow<C> elements in shared memory) with the tile's bases
-/// (`b3`, `b4`: C bytes each, any memory) and escape capacity `capacity` (a multiple of 16). Returns
-/// the tile's escape bytes, the same in every lane. When they fit the capacity the slot,
-/// `fixed_bytes + capacity` bytes with its unused escape bytes zero, is written to `slot` (16-byte
-/// aligned); otherwise nothing is written. All 32 lanes must call it.
+/// (`b3`, `b4`: C bytes each, any memory) and escape capacity `capacity`. Returns the tile's escape
+/// bytes, the same in every lane. When they fit the capacity, the fixed part (sign+mantissa, codes,
+/// tags: fixed_bytes) is written to `slot` (16-byte aligned) and the escapes to `escape_slot` (any
+/// alignment; with `zero_fill`, the rest of its `capacity` bytes zeroed: 16-byte aligned and capacity
+/// a multiple of 16 then); otherwise nothing is written. All 32 lanes must call it.
 ///
 /// Four elements at a time in the bytes of a word: offsets are one byte-wise subtraction
 /// (`__vsub4`), and because calibrated bases keep every window inside 0..255 (b3 ≤ 248, b4 ≤ 240) an
 /// exponent below its base wraps to at least 8 (16), so "fits the window" is one mask test.
 template <int C, bool Key>
-__device__ uint32_t encode_staged_tile(const uint16_t* staged, const uint8_t* b3, const uint8_t* b4, uint32_t capacity,
-                                       uint8_t* slot, int lane) {
+__device__ uint32_t encode_staged_tile_split(const uint16_t* staged, const uint8_t* b3, const uint8_t* b4, uint32_t capacity,
+                                             uint8_t* slot, uint8_t* escape_slot, bool zero_fill, int lane) {
   constexpr TileShape shape{Key ? TensorKind::key : TensorKind::value, C};
   constexpr int kQuads = shape.quads_per_lane();
   constexpr int kGroups = shape.groups_per_lane();
@@ -104,11 +105,12 @@ __device__ uint32_t encode_staged_tile(const uint16_t* staged, const uint8_t* b3
   if (total > capacity) return total;
 
   // Pass 2: sign+mantissa chunks (16 bytes per lane each), code words, escape bit-planes.
-  uint8_t* escape_slot = slot + shape.escape_offset();
-  for (uint32_t i = static_cast<uint32_t>(lane) * 16; i < capacity; i += 32 * 16) {
-    *reinterpret_cast<uint4*>(escape_slot + i) = make_uint4(0, 0, 0, 0);
+  if (zero_fill) {
+    for (uint32_t i = static_cast<uint32_t>(lane) * 16; i < capacity; i += 32 * 16) {
+      *reinterpret_cast<uint4*>(escape_slot + i) = make_uint4(0, 0, 0, 0);
+    }
+    __syncwarp();
   }
-  __syncwarp();
 #pragma unroll
   for (int chunk = 0; chunk < kQuads / 4; ++chunk) {
     *reinterpret_cast<uint4*>(slot + sign_mantissa_offset(lane, 4 * chunk, 0)) =
@@ -155,6 +157,15 @@ __device__ uint32_t encode_staged_tile(const uint16_t* staged, const uint8_t* b3
     *reinterpret_cast<uint32_t*>(slot + shape.tag_offset() + 4 * (lane / kLanesPerWord)) = word;
   }
   return total;
+}
+
+/// encode_staged_tile_split into one slot: `fixed_bytes + capacity` bytes at `slot` (16-byte aligned,
+/// capacity a multiple of 16), the unused escape bytes zero.
+template <int C, bool Key>
+__device__ uint32_t encode_staged_tile(const uint16_t* staged, const uint8_t* b3, const uint8_t* b4, uint32_t capacity,
+                                       uint8_t* slot, int lane) {
+  constexpr TileShape shape{Key ? TensorKind::key : TensorKind::value, C};
+  return encode_staged_tile_split<C, Key>(staged, b3, b4, capacity, slot, slot + shape.escape_offset(), true, lane);
 }
 
 }  // namespace gaac::cuda::lane

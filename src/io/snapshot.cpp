@@ -1,7 +1,7 @@
 // The .gaac snapshot's sections (docs/format.md, sections 11 and 14.8): metadata, calibration, one
 // tensor section per (layer, K/V) and, for FP8 dumps with scales, the scales. BF16 and FP8 dumps share
 // every step, with the element type (uint16_t or uint8_t) and the tile codec as parameters; the
-// container around the sections is io/snapshot_container.cpp's. Every read is bounds-checked first.
+// container around the sections is io/container.cpp's. Every read is bounds-checked first.
 #include "gaac/snapshot.hpp"
 
 #include <algorithm>
@@ -16,23 +16,44 @@
 #include "gaac/error.hpp"
 #include "gaac/fp8_codec.hpp"
 #include "gaac/tile_codec.hpp"
+#include "io/calibration_section.hpp"
+#include "io/container.hpp"
 #include "io/files.hpp"
-#include "io/snapshot_container.hpp"
 
 namespace gaac {
+
+namespace io {
+
+std::vector<uint8_t> calibration_section(const CalibrationTable& c) {
+  std::vector<uint8_t> out;
+  for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
+    for (int window = 0; window < 2; ++window) {
+      for (int l = 0; l < c.layers(); ++l) {
+        for (int h = 0; h < c.kv_heads(); ++h) {
+          const auto bases = window == 0 ? c.narrow(kind, l, h) : c.wide(kind, l, h);
+          out.insert(out.end(), bases.begin(), bases.end());
+        }
+      }
+    }
+  }
+  for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
+    for (int l = 0; l < c.layers(); ++l) append_le(out, static_cast<uint16_t>(c.escape_capacity(kind, l)), 2);
+  }
+  return out;
+}
+
+}  // namespace io
+
 namespace {
 
-using io::container::get_le;
-using io::container::put_u16;
-using io::container::put_u32;
-using io::container::Reader;
-using io::container::Section;
-using io::container::SectionRef;
-
-constexpr uint32_t kMetadataSection = 1;
-constexpr uint32_t kCalibrationSection = 2;
-constexpr uint32_t kTensorSection = 3;
-constexpr uint32_t kScalesSection = 4;
+using io::get_le;
+using io::kCalibrationSection;
+using io::kMetadataSection;
+using io::kScalesSection;
+using io::kTensorSection;
+using io::Section;
+using io::SectionRef;
+using Reader = io::ContainerReader;
 constexpr uint8_t kStoredSlot = 0;
 constexpr uint8_t kStoredRaw = 1;
 // Geometry limits a reader accepts: far beyond any model, small enough that sizes cannot overflow.
@@ -87,24 +108,6 @@ std::vector<uint8_t> metadata_section(const Dump& dump, const CalibrationTable& 
   return {text.begin(), text.end()};
 }
 
-std::vector<uint8_t> calibration_section(const CalibrationTable& c) {
-  std::vector<uint8_t> out;
-  for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
-    for (int window = 0; window < 2; ++window) {
-      for (int l = 0; l < c.layers(); ++l) {
-        for (int h = 0; h < c.kv_heads(); ++h) {
-          const auto bases = window == 0 ? c.narrow(kind, l, h) : c.wide(kind, l, h);
-          out.insert(out.end(), bases.begin(), bases.end());
-        }
-      }
-    }
-  }
-  for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
-    for (int l = 0; l < c.layers(); ++l) put_u16(out, static_cast<uint16_t>(c.escape_capacity(kind, l)));
-  }
-  return out;
-}
-
 template <class T, class Codec>
 std::vector<uint8_t> tensor_section(const BasicKvTensor<T>& tensor, std::span<const Codec> codecs) {
   const auto t = view_of(tensor);
@@ -128,7 +131,7 @@ std::vector<uint8_t> tensor_section(const BasicKvTensor<T>& tensor, std::span<co
 std::vector<uint8_t> scales_section(const Fp8KvDump& dump) {
   std::vector<uint8_t> out;
   for (const auto* scales : {&dump.k_scales, &dump.v_scales}) {
-    for (const float s : *scales) put_u32(out, std::bit_cast<uint32_t>(s));
+    for (const float s : *scales) io::append_le(out, std::bit_cast<uint32_t>(s), 4);
   }
   return out;
 }
@@ -141,7 +144,7 @@ std::vector<Section> build_sections(const Dump& dump, const CalibrationTable& ca
   calibration.check_matches(dump);
   std::vector<Section> sections;
   sections.push_back({kMetadataSection, 0, metadata_section(dump, calibration)});
-  sections.push_back({kCalibrationSection, 0, calibration_section(calibration)});
+  sections.push_back({kCalibrationSection, 0, io::calibration_section(calibration)});
   for (size_t l = 0; l < dump.layers.size(); ++l) {
     for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
       sections.push_back({kTensorSection, static_cast<uint32_t>(2 * l + (kind == TensorKind::key ? 0 : 1)),
@@ -158,8 +161,8 @@ std::vector<Section> build_sections(const Dump& dump, const CalibrationTable& ca
 template <class Dump>
 std::vector<uint8_t> image_of(const Dump& dump, const CalibrationTable& calibration,
                               const std::function<std::vector<uint8_t>(int, TensorKind)>& encode, const Progress& progress) {
-  return io::container::image_of(build_sections(dump, calibration, encode, progress), kSnapshotVersion,
-                                 static_cast<uint16_t>(tile_version_of(format_of(dump))));
+  return io::container_image(build_sections(dump, calibration, encode, progress), kSnapshotVersion,
+                             static_cast<uint16_t>(tile_version_of(format_of(dump))));
 }
 
 // ---- reading -------------------------------------------------------------------------------------
@@ -423,8 +426,8 @@ void write_snapshot(const Fp8KvDump& dump, const CalibrationTable& calibration, 
 }
 
 AnySnapshot parse_any_snapshot(std::span<const uint8_t> image, const std::string& label, const Progress& progress) {
-  const Reader reader(image, label);
-  const std::vector<SectionRef> sections = reader.sections();
+  const Reader reader(image, label, {io::kBf16SnapshotContainer, io::kSnapshotContainer});
+  const std::vector<SectionRef> sections = reader.sections(true);
   if (sections.size() < 2 || sections[0].type != kMetadataSection || sections[1].type != kCalibrationSection) {
     reader.fail("sections must start with metadata and calibration");
   }
@@ -450,7 +453,7 @@ Snapshot parse_snapshot(std::span<const uint8_t> image, const std::string& label
 }
 
 std::vector<uint8_t> read_snapshot_image(const std::string& path) {
-  return io::read_file(path, {io::container::kMagic, "a .gaac snapshot"});
+  return io::read_file(path, {io::kContainerMagic, "a .gaac snapshot"});
 }
 
 Snapshot read_snapshot(const std::string& path, const Progress& progress) {

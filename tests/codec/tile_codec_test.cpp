@@ -113,6 +113,53 @@ TEST(TileCodec, DecodeBlocksStopsAtTheFirstBadSlot) {
   }
 }
 
+/// encode_split writes a slot's bytes in two places (fixed part, escape slot), on every backend;
+/// decode_split reads them back from there with an escape slot of any multiple of 16 that holds the
+/// escapes, and rejects what decode_blocks rejects.
+TEST(TileCodec, SplitCodingIsTheSlotInTwoPlaces) {
+  std::mt19937_64 rng(23);
+  for (const TileShape shape : test::all_shapes()) {
+    for (int round = 0; round < 12; ++round) {
+      const test::TileCase tile = test::random_tile(shape, rng, round % 3 == 0 ? 0.5 : 0.9, 0.08);
+      const size_t most = shape.max_slot_capacity();
+      for (const Backend backend : available_backends()) {
+        const TileCodec codec(shape, tile.bases(), most, backend);
+        std::vector<uint8_t> slot(codec.slot_bytes());
+        TileEncoding whole;
+        codec.encode_blocks(tile.elements.data(), static_cast<size_t>(shape.channels), 0, 1, slot.data(), 0, &whole);
+        std::vector<uint8_t> fixed(shape.fixed_bytes() + 32, 0x5A), escapes(most + 32, 0x5A);
+        const TileEncoding split =
+            codec.encode_split(tile.elements.data(), static_cast<size_t>(shape.channels), fixed.data(), escapes.data());
+        EXPECT_EQ(split.escape_bytes, whole.escape_bytes);
+        EXPECT_EQ(split.fits, whole.fits);
+        EXPECT_EQ(split.groups_by_mode, whole.groups_by_mode);
+        for (size_t i = shape.fixed_bytes(); i < fixed.size(); ++i) ASSERT_EQ(fixed[i], 0x5A) << "written past the fixed part";
+        for (size_t i = most; i < escapes.size(); ++i) ASSERT_EQ(escapes[i], 0x5A) << "written past the escape slot";
+        if (!whole.fits) continue;
+        EXPECT_TRUE(std::equal(fixed.begin(), fixed.begin() + static_cast<std::ptrdiff_t>(shape.fixed_bytes()), slot.begin()));
+        EXPECT_TRUE(std::equal(escapes.begin(), escapes.begin() + static_cast<std::ptrdiff_t>(most),
+                               slot.begin() + static_cast<std::ptrdiff_t>(shape.fixed_bytes())));
+        // The smallest escape slot that holds the escapes, and the largest.
+        const size_t tight = (split.escape_bytes + 15) / 16 * 16;
+        for (const size_t capacity : {tight, most}) {
+          std::vector<uint16_t> out(tile.elements.size(), 0xBEEF);
+          ASSERT_EQ(codec.decode_split(fixed.data(), escapes.data(), capacity, out.data(), static_cast<size_t>(shape.channels)),
+                    DecodeStatus::ok);
+          EXPECT_EQ(out, tile.elements);
+        }
+        std::vector<uint16_t> out(tile.elements.size());
+        if (split.escape_bytes >= 16) {
+          EXPECT_EQ(codec.decode_split(fixed.data(), escapes.data(), tight - 16, out.data(), static_cast<size_t>(shape.channels)),
+                    DecodeStatus::escape_overrun);
+        }
+        escapes[tight] = 1;  // a byte past the escapes, inside the slot given
+        EXPECT_EQ(codec.decode_split(fixed.data(), escapes.data(), tight + 16, out.data(), static_cast<size_t>(shape.channels)),
+                  DecodeStatus::nonzero_padding);
+      }
+    }
+  }
+}
+
 TEST(CalibratedCodecs, CoverEveryTileOfACalibration) {
   SyntheticKvSpec spec;
   spec.layers = 2;

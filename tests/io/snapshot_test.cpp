@@ -381,8 +381,8 @@ TEST_F(Malformed, ChecksumsAndHeader) {
   img[1] = 'X';
   EXPECT_PARSE_ERROR(img, "not a .gaac file (bad magic)");
   img = image;
-  put_le(img, 8, 3, 2);
-  EXPECT_PARSE_ERROR(img, "container version 3 is not supported");
+  put_le(img, 8, 4, 2);
+  EXPECT_PARSE_ERROR(img, "container version 4 is not supported here (expected 1 or 2)");
   img = image;
   put_le(img, 8, 1, 2);  // version 1 is BF16 without element_format; this metadata names one
   EXPECT_PARSE_ERROR(img, "metadata of a version-1 snapshot names an element format");

@@ -1,0 +1,381 @@
+#!/usr/bin/env python3
+"""LMCache serdes on the same KV chunks, in one process: gaac (gaac.lmcache) beside LMCache's own (none, fp8) and,
+on a GPU, nvCOMP ANS where its Python package is installed; then the end-to-end figure: seconds to store the KV
+of a long prompt through LMCache's file-system L2 adapter and to load it back, with and without gaac.
+
+Chunks of 256 tokens, [2, layers, 256, kv_heads * head_dim] bfloat16, as LMCache holds them:
+  smollm2, gemma3   the real caches scripts/bench_kv.sh writes (2,048 tokens of GPL-3 each: 8 chunks) with their
+                    calibration tables (learnt on another text), from --kv-dir
+  8b                the 8B geometry (32 layers, 8 KV heads of 128; 32 query heads) with real statistics: SmolLM2's
+                    64-wide heads side by side, (layer, head) pairs taken in turn, tokens cycled over its 2,048
+                    (bench/gpu/bench_codecs.py's pairing); its calibration is SmolLM2's table rearranged the same way
+For each serde and chunk set: ratio (BF16 bytes / bytes stored), serialize and deserialize GB/s (of BF16), on
+the CPU with 1 and 4 threads (gaac's per-chunk threads, PyTorch's intra-op threads for fp8), and with --device cuda
+on the GPU. gaac's ratio is given for objects of their own size and for the fixed size LMCache's adapters need
+(object_ratio 1.38). Every lossless result is checked bit for bit before it is timed; fp8 is lossy (its error
+is reported). Times are the best of --repeats passes over all chunks of a set (serialize, then deserialize).
+
+End to end (--e2e-tokens, default 32,768: 128 chunks of the 8B geometry, 4 GiB of BF16): the chunks are put in
+LMCache's L1 manager and stored through its FSL2Adapter (one store task per 8 chunks, all submitted at once),
+then loaded back into fresh L1 buffers; with gaac the adapter is wrapped by SerdeL2AdapterWrapper (the serde
+built from the JSON a user configures). With --odirect the adapter bypasses the page cache (O_DIRECT); without,
+files are written to and read from the page cache. Every chunk loaded is checked bit for bit.
+
+  python3 bench/lmcache_serde.py --kv-dir ~/.cache/gaac/kv --out results.json [--device cuda] [--e2e-tokens 32768]
+      [--e2e-dir /path/on/the/disk] [--odirect] [--repeats 3] [--skip-e2e | --skip-serdes]
+"""
+import argparse
+import json
+import os
+import platform
+import sys
+import tempfile
+import time
+
+import numpy as np
+import torch
+
+import gaac
+
+CHUNK = 256
+
+
+def log(*a):
+    print(*a, file=sys.stderr, flush=True)
+
+
+# ---- chunks ------------------------------------------------------------------------------------------
+
+def load_dump(path):
+    k, v = gaac.load_kv_dump(path)
+    return torch.stack([torch.stack([gaac.to_torch(x).reshape(x.shape[0], -1) for x in layers]) for layers in (k, v)])
+
+
+def real_set(kv_dir, model):
+    full = load_dump(os.path.join(kv_dir, f"{model}-gpl3-2048.safetensors"))
+    chunks = [full[:, :, s:s + CHUNK].contiguous() for s in range(0, full.shape[2] - CHUNK + 1, CHUNK)]
+    return chunks, gaac.Calibration.load(os.path.join(kv_dir, f"{model}-calibration.safetensors"))
+
+
+class RealStatistics8B:
+    """The 8B geometry from SmolLM2's KV: head h of 8B layer l = SmolLM2 (layer, head) pieces 16l + 2h and
+    16l + 2h + 1 (modulo its 90) side by side; token t of chunk c = its token (256c + t) mod 2048."""
+
+    LAYERS, HEADS, WIDTH = 32, 8, 128
+
+    def __init__(self, kv_dir):
+        self.src = load_dump(os.path.join(kv_dir, "smollm2-gpl3-2048.safetensors"))  # [2, 30, 2048, 192]
+        self.tokens = self.src.shape[2]
+        layers, heads = self.src.shape[1], self.src.shape[3] // 64
+        self.pieces = [divmod((16 * l + 2 * h + part) % (layers * heads), heads)
+                       for l in range(self.LAYERS) for h in range(self.HEADS) for part in range(2)]
+        # One period of the token cycle, rearranged once: [2, 32, 2048, 1024].
+        self.period = torch.empty((2, self.LAYERS, self.tokens, self.HEADS * self.WIDTH), dtype=torch.bfloat16)
+        for i, (sl, sh) in enumerate(self.pieces):
+            l, rest = divmod(i, 2 * self.HEADS)
+            h, part = divmod(rest, 2)
+            self.period[:, l, :, h * 128 + part * 64:h * 128 + part * 64 + 64] = self.src[:, sl, :, sh * 64:sh * 64 + 64]
+        self.calibration = self._calibration(kv_dir)
+
+    def chunk(self, c, out=None):
+        start = (c * CHUNK) % self.tokens
+        piece = self.period[:, :, start:start + CHUNK]
+        if out is None:
+            return piece.contiguous()
+        out.copy_(piece)
+        return out
+
+    def _calibration(self, kv_dir):
+        from safetensors import safe_open
+        from safetensors.numpy import save_file
+
+        with safe_open(os.path.join(kv_dir, "smollm2-calibration.safetensors"), "np") as f:
+            meta, tables = f.metadata(), {k: f.get_tensor(k) for k in f.keys()}
+        out = {}
+        for name, src in tables.items():  # [30, 3, 64] → [32, 8, 128]
+            dst = np.empty((self.LAYERS, self.HEADS, self.WIDTH), dtype=np.uint8)
+            for i, (sl, sh) in enumerate(self.pieces):
+                l, rest = divmod(i, 2 * self.HEADS)
+                h, part = divmod(rest, 2)
+                dst[l, h, part * 64:part * 64 + 64] = src[sl, sh]
+            out[name] = dst
+        capacities = json.dumps([64] * self.LAYERS)
+        metadata = {"format": meta["format"], "format_version": meta["format_version"],
+                    "tile_format_version": meta["tile_format_version"], "layers": str(self.LAYERS),
+                    "kv_heads": str(self.HEADS), "head_dim": str(self.WIDTH), "k.escape_capacity": capacities,
+                    "v.escape_capacity": capacities, "info.source": "smollm2 table, heads paired as the 8B chunks"}
+        path = os.path.join(tempfile.mkdtemp(prefix="gaac-bench-"), "8b-calibration.safetensors")
+        save_file(out, path, metadata=metadata)
+        return gaac.Calibration.load(path)
+
+
+# ---- serdes ------------------------------------------------------------------------------------------
+
+def memory_obj(tensor):
+    """LMCache's TensorMemoryObj over a tensor (any device), as its L1 manager hands serdes."""
+    from lmcache.v1.memory_management import MemoryObjMetadata, TensorMemoryObj
+
+    raw = tensor.reshape(-1).view(torch.uint8)
+    meta = MemoryObjMetadata(shape=tensor.shape, dtype=tensor.dtype, address=0, phy_size=raw.numel(), ref_count=1,
+                             shapes=[tensor.shape], dtypes=[tensor.dtype])
+    return TensorMemoryObj(raw, meta, None)
+
+
+def key_of(i):
+    from lmcache.v1.distributed.api import ObjectKey
+
+    return ObjectKey(chunk_hash=i.to_bytes(8, "little"), model_name="bench", kv_rank=0)
+
+
+def sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def time_serde(name, serializer, deserializer, chunks, device, repeats, lossless):
+    """Ratio, serialize and deserialize GB/s of a Serializer / Deserializer pair over the chunks."""
+    from lmcache.v1.distributed.api import MemoryLayoutDesc
+
+    chunks = [c.to(device) for c in chunks]
+    size = serializer.estimate_serialized_size(MemoryLayoutDesc(shapes=[chunks[0].shape], dtypes=[chunks[0].dtype]))
+    srcs = [memory_obj(c) for c in chunks]
+    dsts = [memory_obj(torch.zeros(size, dtype=torch.uint8, device=device)) for _ in chunks]
+    backs = [torch.zeros_like(c) for c in chunks]
+    outs = [memory_obj(b) for b in backs]
+    keys = [key_of(i) for i in range(len(chunks))]
+    written = [serializer.serialize(s, d, k) for s, d, k in zip(srcs, dsts, keys)]
+    for d, o, k in zip(dsts, outs, keys):
+        deserializer.deserialize(d, o, k)
+    sync(device)
+    if lossless:
+        bad = [i for i, (b, c) in enumerate(zip(backs, chunks)) if not torch.equal(b.view(torch.int16), c.view(torch.int16))]
+        if bad:
+            raise RuntimeError(f"{name}: chunks {bad} did not come back bit for bit")
+        error = 0.0
+    else:
+        error = max(float((b.float() - c.float()).abs().max()) for b, c in zip(backs, chunks))
+    best_s = best_d = float("inf")
+    for _ in range(repeats):
+        sync(device)
+        t0 = time.perf_counter()
+        for s, d, k in zip(srcs, dsts, keys):
+            serializer.serialize(s, d, k)
+        sync(device)
+        t1 = time.perf_counter()
+        for d, o, k in zip(dsts, outs, keys):
+            deserializer.deserialize(d, o, k)
+        sync(device)
+        t2 = time.perf_counter()
+        best_s, best_d = min(best_s, t1 - t0), min(best_d, t2 - t1)
+    bf16 = sum(c.numel() * 2 for c in chunks)
+    return {"serde": name, "device": device, "ratio": bf16 / sum(written), "stored_bytes": sum(written),
+            "bf16_bytes": bf16, "serialize_gbps": bf16 / best_s / 1e9, "deserialize_gbps": bf16 / best_d / 1e9,
+            "max_abs_error": error}
+
+
+def gaac_pair(calibration, threads, object_ratio):
+    import gaac.lmcache as gl
+
+    path = os.path.join(tempfile.mkdtemp(prefix="gaac-bench-"), "calibration.safetensors")
+    calibration.save(path)
+    serde = gl.GaacSerde(path, threads=threads, object_ratio=object_ratio)
+    return gl.GaacSerializer(serde), gl.GaacDeserializer(serde)
+
+
+def fp8_pair():
+    from lmcache.v1.distributed.serde.fp8 import Fp8QuantizationDeserializer, Fp8QuantizationSerializer
+
+    return Fp8QuantizationSerializer(), Fp8QuantizationDeserializer()
+
+
+def time_nvcomp(chunks, repeats):
+    """nvCOMP's ANS (what FlexKV uses) on the GPU through its Python package, on the chunks' bytes as float16
+    words; None when the package is missing."""
+    try:
+        from nvidia import nvcomp
+    except ImportError:
+        return None
+    stream = torch.cuda.current_stream().cuda_stream
+    codec = nvcomp.Codec(algorithm="ANS", data_type="<f2", cuda_stream=stream)
+    arrays = [nvcomp.as_array(c.cuda().reshape(-1).view(torch.float16), stream) for c in chunks]
+    encoded = [codec.encode(a) for a in arrays]
+    decoded = [codec.decode(e) for e in encoded]
+    torch.cuda.synchronize()
+    for d, c in zip(decoded, chunks):
+        if not torch.equal(torch.from_dlpack(d).view(torch.int16).reshape(-1).cpu(), c.view(torch.int16).reshape(-1)):
+            raise RuntimeError("nvCOMP ANS: a chunk did not come back bit for bit")
+    best_s = best_d = float("inf")
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        encoded = [codec.encode(a) for a in arrays]
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        decoded = [codec.decode(e) for e in encoded]
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        best_s, best_d = min(best_s, t1 - t0), min(best_d, t2 - t1)
+    bf16 = sum(c.numel() * 2 for c in chunks)
+    stored = sum(int(e.buffer_size) if hasattr(e, "buffer_size") else torch.from_dlpack(e).numel() for e in encoded)
+    return {"serde": "nvcomp-ans", "device": "cuda", "ratio": bf16 / stored, "stored_bytes": stored, "bf16_bytes": bf16,
+            "serialize_gbps": bf16 / best_s / 1e9, "deserialize_gbps": bf16 / best_d / 1e9, "max_abs_error": 0.0}
+
+
+# ---- end to end --------------------------------------------------------------------------------------
+
+def e2e(source, tokens, directory, use_gaac, threads, odirect, batch=8):
+    """Seconds to store `tokens` tokens of 8B chunks through the fs adapter (wrapped with gaac's serde or not)
+    and to load them back; every chunk checked."""
+    import argparse as ap
+
+    from lmcache.v1.distributed.api import MemoryLayoutDesc
+    from lmcache.v1.distributed.config import L1ManagerConfig, L1MemoryManagerConfig
+    from lmcache.v1.distributed.l1_manager import L1Manager
+    from lmcache.v1.distributed.l2_adapters import create_l2_adapter
+    from lmcache.v1.distributed.l2_adapters.config import add_l2_adapters_args, parse_args_to_l2_adapters_config
+    from lmcache.v1.distributed.l2_adapters.serde_wrapper import SerdeL2AdapterWrapper
+    from lmcache.v1.distributed.serde import create_serde_processor
+
+    import gaac.lmcache  # noqa: F401  (registers the serde)
+
+    n = tokens // CHUNK
+    shape = torch.Size([2, source.LAYERS, CHUNK, source.HEADS * source.WIDTH])
+    chunk_bytes = shape.numel() * 2
+    spec = {"type": "fs", "base_path": directory, "use_odirect": bool(odirect)}
+    if use_gaac:
+        path = os.path.join(directory, "8b-calibration.safetensors")
+        source.calibration.save(path)
+        spec["serde"] = {"type": "gaac", "calibration": path, "threads": threads, "max_workers": 2}
+    parser = ap.ArgumentParser()
+    add_l2_adapters_args(parser)
+    config = parse_args_to_l2_adapters_config(parser.parse_args(["--l2-adapter", json.dumps(spec)])).adapters[0]
+    # Room for the chunks and, all tasks being in flight at once, the serde's buffer of each.
+    l1 = L1Manager(L1ManagerConfig(memory_config=L1MemoryManagerConfig(
+        size_in_bytes=2 * n * chunk_bytes + (1 << 30), use_lazy=False, shm_name="")))
+    adapter = create_l2_adapter(config, l1.get_l1_memory_desc())
+    if use_gaac:
+        adapter = SerdeL2AdapterWrapper(inner=adapter, serde=create_serde_processor(config.serde_config), l1_manager=l1)
+    layout = MemoryLayoutDesc(shapes=[shape], dtypes=[torch.bfloat16])
+    keys = [key_of(i) for i in range(n)]
+    try:
+        objs = []
+        for i, k in enumerate(keys):
+            obj = l1.reserve_write([k], [False], layout)[k][1]
+            source.chunk(i, obj.tensor)
+            objs.append(obj)
+        l1.finish_write(keys)
+        l1.reserve_read(keys)
+        t0 = time.perf_counter()
+        tasks = {adapter.submit_store_task(keys[i:i + batch], objs[i:i + batch]) for i in range(0, n, batch)}
+        failed = 0
+        while tasks:
+            for task, result in adapter.pop_completed_store_tasks().items():
+                tasks.discard(task)
+                failed += not result.is_successful()
+            time.sleep(0.0005)
+        store_s = time.perf_counter() - t0
+        if failed:
+            raise RuntimeError(f"{failed} store tasks failed")
+        l1.finish_read(keys)
+        l1.delete(keys)
+        on_disk = sum(os.path.getsize(os.path.join(directory, f)) for f in os.listdir(directory) if f.endswith(".data"))
+        load_keys = [key_of(n + i) for i in range(n)]
+        bufs = [l1.reserve_write([k], [False], layout)[k][1] for k in load_keys]
+        t0 = time.perf_counter()
+        pending = {adapter.submit_load_task(keys[i:i + batch], bufs[i:i + batch]): i for i in range(0, n, batch)}
+        loaded = 0
+        while pending:
+            for task in list(pending):
+                bitmap = adapter.query_load_result(task)
+                if bitmap is not None:
+                    loaded += len(bitmap.get_indices_list())
+                    del pending[task]
+            time.sleep(0.0005)
+        load_s = time.perf_counter() - t0
+        if loaded != n:
+            raise RuntimeError(f"{n - loaded} chunks were not loaded")
+        scratch = torch.empty(shape, dtype=torch.bfloat16)
+        for i, b in enumerate(bufs):
+            if not torch.equal(b.tensor.view(torch.int16), source.chunk(i, scratch).view(torch.int16)):
+                raise RuntimeError(f"chunk {i} did not come back bit for bit")
+        return {"serde": "gaac" if use_gaac else "none", "tokens": tokens, "chunks": n, "bf16_bytes": n * chunk_bytes,
+                "bytes_on_disk": on_disk, "store_s": store_s, "load_s": load_s, "odirect": bool(odirect),
+                "threads": threads}
+    finally:
+        adapter.close()
+        l1.close()
+
+
+# ---- main --------------------------------------------------------------------------------------------
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--kv-dir", default=os.environ.get("GAAC_KV_DIR", os.path.expanduser("~/.cache/gaac/kv")))
+    ap.add_argument("--out", required=True, help="JSON results")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: the GPU figures too")
+    ap.add_argument("--threads", default="1,4", help="CPU thread counts")
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--e2e-tokens", type=int, default=32768)
+    ap.add_argument("--e2e-threads", type=int, default=4)
+    ap.add_argument("--e2e-dir", default=None, help="directory for the fs adapter's files (default: a temporary one)")
+    ap.add_argument("--odirect", action="store_true", help="the fs adapter bypasses the page cache")
+    ap.add_argument("--skip-e2e", action="store_true")
+    ap.add_argument("--skip-serdes", action="store_true", help="the end-to-end figure alone")
+    args = ap.parse_args()
+    if args.repeats < 1 or args.e2e_tokens < CHUNK or args.e2e_tokens % CHUNK:
+        ap.error("--repeats ≥ 1 and --e2e-tokens a positive multiple of 256")
+    threads = [int(t) for t in args.threads.split(",")]
+    if args.device == "cuda" and not torch.cuda.is_available():
+        ap.error("--device cuda: no CUDA device")
+
+    results = {"machine": {"platform": platform.platform(), "cpus": os.cpu_count(), "torch": torch.__version__,
+                           "gpu": torch.cuda.get_device_name() if args.device == "cuda" else None},
+               "command": " ".join(sys.argv), "serdes": [], "e2e": []}
+    eight_b = RealStatistics8B(args.kv_dir)
+    sets = {name: real_set(args.kv_dir, name) for name in ("smollm2", "gemma3")}
+    sets["8b"] = ([eight_b.chunk(c) for c in range(8)], eight_b.calibration)
+
+    for name, (chunks, calibration) in ([] if args.skip_serdes else sets.items()):
+        for t in threads:
+            torch.set_num_threads(t)
+            runs = [("gaac", *gaac_pair(calibration, t, 0), True),
+                    ("gaac-fixed-1.38", *gaac_pair(calibration, t, 1.38), True),
+                    ("fp8", *fp8_pair(), False)]
+            for label, ser, de, lossless in runs:
+                r = time_serde(label, ser, de, chunks, "cpu", args.repeats, lossless)
+                r.update(chunks=name, threads=t)
+                results["serdes"].append(r)
+                log(f"{name:8s} {label:16s} cpu x{t}: ratio {r['ratio']:.4f}  serialize {r['serialize_gbps']:.2f} GB/s  "
+                    f"deserialize {r['deserialize_gbps']:.2f} GB/s")
+        results["serdes"].append({"serde": "none", "chunks": name, "ratio": 1.0, "device": "cpu",
+                                  "bf16_bytes": sum(c.numel() * 2 for c in chunks)})
+        if args.device == "cuda":
+            runs = [("gaac", *gaac_pair(calibration, 1, 0), True), ("fp8", *fp8_pair(), False)]
+            for label, ser, de, lossless in runs:
+                r = time_serde(label, ser, de, chunks, "cuda", args.repeats, lossless)
+                r.update(chunks=name)
+                results["serdes"].append(r)
+                log(f"{name:8s} {label:16s} cuda: ratio {r['ratio']:.4f}  serialize {r['serialize_gbps']:.1f} GB/s  "
+                    f"deserialize {r['deserialize_gbps']:.1f} GB/s")
+            r = time_nvcomp(chunks, args.repeats)
+            if r is None:
+                log("nvCOMP: the nvidia.nvcomp package is not installed; skipped")
+            else:
+                r.update(chunks=name)
+                results["serdes"].append(r)
+                log(f"{name:8s} nvcomp-ans       cuda: ratio {r['ratio']:.4f}  serialize {r['serialize_gbps']:.1f} GB/s  "
+                    f"deserialize {r['deserialize_gbps']:.1f} GB/s")
+
+    if not args.skip_e2e:
+        for use_gaac in (False, True):
+            with tempfile.TemporaryDirectory(prefix="gaac-e2e-", dir=args.e2e_dir) as directory:
+                r = e2e(eight_b, args.e2e_tokens, directory, use_gaac, args.e2e_threads, args.odirect)
+            results["e2e"].append(r)
+            log(f"e2e {r['serde']:5s} {r['tokens']} tokens: store {r['store_s']:.2f} s, load {r['load_s']:.2f} s, "
+                f"{r['bytes_on_disk'] / 2**30:.2f} GiB on disk")
+    with open(args.out, "w") as f:
+        json.dump(results, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,189 @@
+// gaac.ChunkCodec: KV chunk objects (docs/format.md, section 15) from and to DLPack arrays shaped as
+// LMCache holds a chunk, `[2, layers, tokens, kv_heads · head_dim]` bfloat16, and flat uint8 buffers;
+// on the CPU (the GIL released while the library works) or, for CUDA arrays, on the GPU.
+#include <nanobind/nanobind.h>
+#include <nanobind/ndarray.h>
+#include <nanobind/stl/string.h>
+
+#include <cstdint>
+#include <cstdio>
+#include <memory>
+#include <mutex>
+#include <string>
+
+#include "arrays.hpp"
+#include "cache.hpp"
+#include "gaac/chunk.hpp"
+#include "gaac/error.hpp"
+
+#if GAAC_PYTHON_CUDA
+#include "gaac/cuda.hpp"
+#endif
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace gaac::python {
+namespace {
+
+/// A read-only array of any dtype on any device.
+using ReadArray = nb::ndarray<nb::ro>;
+
+/// The chunk codecs of one calibration: the CPU's, and the GPU's once a CUDA array comes.
+struct Codecs {
+  ChunkCodec host;
+#if GAAC_PYTHON_CUDA
+  std::mutex device_mutex;
+  std::unique_ptr<cuda::ChunkCodec> device;
+  const cuda::ChunkCodec& on_device() {
+    const std::lock_guard lock(device_mutex);
+    if (!device) device = std::make_unique<cuda::ChunkCodec>(host.calibration(), host.options());
+    return *device;
+  }
+#endif
+};
+
+bool is_cuda(int device_type) {
+  if (device_type == nb::device::cuda::value) return true;
+  if (device_type == nb::device::cpu::value) return false;
+  throw Error("chunk arrays must be in host (CPU) or CUDA device memory");
+}
+
+/// The chunk view of a `[2, layers, tokens, kv_heads · head_dim]` bfloat16 (or uint16) array, any
+/// strides with each token's row contiguous; `head_dim` splits the row into heads.
+template <class Element, class Array>
+BasicChunkView<Element> chunk_view_of(const Array& a, int head_dim, const std::string& what) {
+  const nb::dlpack::dtype dt = a.dtype();
+  const bool bf16 = dt.code == static_cast<uint8_t>(nb::dlpack::dtype_code::Bfloat) && dt.bits == 16 && dt.lanes == 1;
+  const bool u16 = dt.code == static_cast<uint8_t>(nb::dlpack::dtype_code::UInt) && dt.bits == 16 && dt.lanes == 1;
+  if (!bf16 && !u16) throw Error(what + ": expected a bfloat16 (or uint16) array");
+  if (a.ndim() != 4 || a.shape(0) != 2) {
+    throw Error(what + ": expected a chunk [2, layers, tokens, kv_heads · head_dim] (K and V), got " + std::to_string(a.ndim()) +
+                " dimensions" + (a.ndim() > 0 ? " starting with " + std::to_string(a.shape(0)) : ""));
+  }
+  for (size_t i = 0; i < 4; ++i) {
+    if (a.shape(i) >= (size_t{1} << 31) || a.stride(i) < 0) throw Error(what + ": shape or strides out of range");
+  }
+  if (a.stride(3) != 1 && a.shape(3) > 1) throw Error(what + ": each token's row must be contiguous");
+  if (a.shape(3) % static_cast<size_t>(head_dim) != 0) {
+    throw Error(what + ": rows of " + std::to_string(a.shape(3)) + " elements are not heads of " + std::to_string(head_dim));
+  }
+  const ChunkGeometry g{static_cast<int>(a.shape(1)), static_cast<int>(a.shape(3) / static_cast<size_t>(head_dim)), head_dim,
+                        static_cast<int>(a.shape(2))};
+  return {static_cast<Element*>(a.data()), g, static_cast<size_t>(a.stride(0)), static_cast<size_t>(a.stride(1)),
+          static_cast<size_t>(a.stride(2))};
+}
+
+/// A flat byte buffer: a contiguous uint8 array (any shape) on the chunk's device.
+template <class Array>
+std::span<uint8_t> bytes_of(const Array& a, bool cuda, const std::string& what) {
+  const nb::dlpack::dtype dt = a.dtype();
+  if (dt.bits != 8 || dt.lanes != 1 || (dt.code != static_cast<uint8_t>(nb::dlpack::dtype_code::UInt) &&
+                                         dt.code != static_cast<uint8_t>(nb::dlpack::dtype_code::Int))) {
+    throw Error(what + ": expected a uint8 array");
+  }
+  if (is_cuda(a.device_type()) != cuda) throw Error(what + ": expected it where the chunk is (" + (cuda ? "CUDA" : "CPU") + ")");
+  int64_t stride = 1;
+  for (size_t i = a.ndim(); i-- > 0;) {
+    if (a.stride(i) != stride && a.shape(i) != 1) throw Error(what + ": expected a contiguous array");
+    stride *= static_cast<int64_t>(a.shape(i));
+  }
+  return {static_cast<uint8_t*>(const_cast<void*>(static_cast<const void*>(a.data()))), a.size()};
+}
+
+}  // namespace
+
+void bind_chunk(nb::module_& m) {
+  nb::class_<Codecs>(m, "ChunkCodec",
+                     "KV chunk objects (docs/format.md, section 15) of one model's cache with one calibration: a chunk "
+                     "[2, layers, tokens, kv_heads * head_dim] (bfloat16, K then V, as LMCache holds it) to one "
+                     "self-describing, checksummed object and back, bit for bit. CPU arrays are coded on `threads` "
+                     "threads, CUDA arrays on the GPU (on `stream`).")
+      .def(
+          "__init__",
+          [](Codecs* self, const CalibrationTable& calibration, int threads, double object_ratio) {
+            new (self) Codecs{ChunkCodec(calibration, {threads, object_ratio})};
+          },
+          "calibration"_a, "threads"_a = 1, "object_ratio"_a = 0.0,
+          "`object_ratio` 0: objects take their own size; otherwise every object of a chunk size takes exactly "
+          "BF16 bytes / object_ratio (rounded up to 64), for stores that read back exactly the bytes they were told, "
+          "and a chunk that does not fit is refused with CacheFullError.")
+      .def_prop_ro("calibration", [](const Codecs& c) { return c.host.calibration(); }, "The calibration.")
+      .def_prop_ro("threads", [](const Codecs& c) { return c.host.options().threads; }, "CPU threads per chunk.")
+      .def_prop_ro("object_ratio", [](const Codecs& c) { return c.host.options().object_ratio; }, "See __init__.")
+      .def_prop_ro(
+          "calibration_id",
+          [](const Codecs& c) {
+            char text[17];
+            std::snprintf(text, sizeof text, "%016llx", static_cast<unsigned long long>(c.host.calibration_id()));
+            return std::string(text);
+          },
+          "The calibration's identity, as objects record it (16 hex digits).")
+      .def("object_bytes", [](const Codecs& c, int tokens) { return c.host.object_bytes(tokens); }, "tokens"_a,
+           "Bytes encode() needs for a chunk of `tokens` tokens: the fixed object size, or the most an object can take.")
+      .def(
+          "encode",
+          [](Codecs& c, const ReadArray& chunk, const nb::ndarray<>& out, const std::string& key, uintptr_t stream) {
+            const bool cuda = is_cuda(chunk.device_type());
+            const ChunkView view = chunk_view_of<const uint16_t>(chunk, c.host.calibration().head_dim(), "encode: chunk");
+            const std::span<uint8_t> bytes = bytes_of(out, cuda, "encode: out");
+            if (cuda) {
+#if GAAC_PYTHON_CUDA
+              const cuda::ChunkCodec& device = c.on_device();
+              nb::gil_scoped_release release;
+              return device.encode(view, key, bytes.data(), bytes.size(), stream_of(stream));
+#else
+              throw Error("encode: a CUDA chunk needs a gaac built with CUDA (nvcc found at install)");
+#endif
+            }
+            nb::gil_scoped_release release;
+            return c.host.encode(view, key, bytes);
+          },
+          "chunk"_a, "out"_a, "key"_a, "stream"_a = 0,
+          "Writes the object of `chunk`, stored under `key` (bytes it records a hash of, checked when read), to the "
+          "start of `out` (uint8, on the chunk's device, at least object_bytes() long) and returns its size.")
+      .def(
+          "decode",
+          [](Codecs& c, const ReadArray& object, const nb::ndarray<>& chunk, const std::string& key, uintptr_t stream) {
+            const bool cuda = is_cuda(chunk.device_type());
+            const MutableChunkView view = chunk_view_of<uint16_t>(chunk, c.host.calibration().head_dim(), "decode: chunk");
+            const std::span<uint8_t> bytes = bytes_of(object, cuda, "decode: object");
+            if (cuda) {
+#if GAAC_PYTHON_CUDA
+              const cuda::ChunkCodec& device = c.on_device();
+              nb::gil_scoped_release release;
+              device.decode(bytes.data(), bytes.size(), key, view, stream_of(stream));
+              return;
+#else
+              throw Error("decode: a CUDA chunk needs a gaac built with CUDA (nvcc found at install)");
+#endif
+            }
+            nb::gil_scoped_release release;
+            c.host.decode(std::span<const uint8_t>(bytes), key, view);
+          },
+          "object"_a, "chunk"_a, "key"_a, "stream"_a = 0,
+          "Reads the object at the start of `object` (uint8; bytes past its end are not looked at) into `chunk`, "
+          "after checking all of it: container, checksums, calibration, key, geometry, every tile. Raises GaacError "
+          "saying what is wrong.");
+
+  m.def(
+      "chunk_object_bytes",
+      [](int layers, int kv_heads, int head_dim, int tokens, double object_ratio) {
+        return chunk_object_bytes({layers, kv_heads, head_dim, tokens}, {1, object_ratio});
+      },
+      "layers"_a, "kv_heads"_a, "head_dim"_a, "tokens"_a, "object_ratio"_a = 0.0,
+      "ChunkCodec.object_bytes() without a calibration: the bytes an object of a chunk of this geometry takes "
+      "(object_ratio > 0), or the most it can take (0).");
+  m.def(
+      "calibrate_chunk",
+      [](const ReadArray& chunk, int head_dim) {
+        if (is_cuda(chunk.device_type())) throw Error("calibrate_chunk: the chunk must be in host memory");
+        const ChunkView view = chunk_view_of<const uint16_t>(chunk, head_dim, "calibrate_chunk");
+        nb::gil_scoped_release release;
+        return calibrate_chunk(view);
+      },
+      "chunk"_a, "head_dim"_a,
+      "Learns a calibration from one chunk [2, layers, tokens, kv_heads * head_dim] (bfloat16, in host memory).");
+}
+
+}  // namespace gaac::python

@@ -1,0 +1,728 @@
+// KV chunk objects coded on the device (docs/format.md, section 15): the same bytes as the CPU's
+// gaac::ChunkCodec, from a chunk in device memory to an object in device memory and back, with no copy
+// through the host. The host computes the layout (every place but the escape stream's is fixed by the
+// geometry) and reads back a few words at the end: the object's size and a status.
+//
+// Encode, on one stream: every tile encoded by one warp, its fixed part in place, its escapes (or a raw
+// tile's bytes past the fixed part) into a scratch place of its own, its stream size counted; the maps'
+// padding, the tails and the metadata written; an exclusive scan of the sizes (CUB) places every tile's
+// escapes in the escape section, the rest of which is zeroed, and gives the index; one thread hashes
+// each 4 KiB checksum piece; one block combines them per section and writes the table and the header.
+//
+// Decode: one block checks the header, the table against the layout and the metadata byte for byte;
+// the pieces are hashed and the checksums compared; every tile's stream size is counted from its tags
+// (tag 3, an unknown storage kind or too many escapes: refused) and scanned; the index must be what the
+// scan gives and the escape section's tail zero; every tile is rebuilt by one warp into the chunk; the tails are copied and every
+// padding byte checked. Any problem sets a status bit; then the object is copied to the host and read
+// by the CPU decoder, whose message (the same as on the CPU) is what is thrown.
+#include <cuda_runtime.h>
+
+#include <cub/device/device_scan.cuh>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "cuda/check.hpp"
+#include "cuda/dispatch.hpp"
+#include "cuda/lane_bases.hpp"
+#include "cuda/lane_decode.cuh"
+#include "cuda/lane_encode.cuh"
+#include "cuda/tile_rows.cuh"
+#include "cuda/xxh64.cuh"
+#include "gaac/chunk.hpp"
+#include "gaac/cuda.hpp"
+#include "gaac/error.hpp"
+#include "gaac/paged_layout.hpp"
+#include "io/container.hpp"
+
+namespace gaac::cuda {
+namespace {
+
+constexpr int kWarps = 4;
+constexpr uint32_t kPieceBytes = 4096;
+constexpr int kMaxMetadata = 512;
+constexpr uint32_t kMapRaw = 1;
+constexpr uint64_t kMagic = 0x1A0A0D4341414789ull;  // "\x89GAAC\r\n\x1a", little-endian
+
+// Status bits (result word 1).
+constexpr uint64_t kTooLarge = 1;       ///< encode: the escapes do not fit the fixed object size
+constexpr uint64_t kBadHeader = 2;      ///< decode: header, table or metadata not as the layout says
+constexpr uint64_t kBadChecksum = 4;    ///< decode: a section's checksum
+constexpr uint64_t kBadTile = 8;        ///< decode: a storage-map byte, tag 3, too many escapes
+constexpr uint64_t kBadPadding = 16;    ///< decode: padding or the escape section's tail not zero
+constexpr uint64_t kBadEscapes = 32;    ///< decode: the tiles need more escape bytes than the section has
+
+/// The metadata section's bytes, as a kernel argument.
+struct Metadata {
+  uint32_t size = 0;
+  uint8_t bytes[kMaxMetadata] = {};
+};
+
+/// Everything a kernel needs, by value.
+struct Args {
+  uint16_t* values = nullptr;  ///< the chunk (read by encode, written by decode)
+  uint64_t kind_stride = 0, layer_stride = 0, token_stride = 0;
+  int layers = 0, kv_heads = 0, head_dim = 0, tokens = 0;
+  PagedGeometry bases_geometry;      ///< for bases_index / lane_bases_index
+  const uint8_t* bases = nullptr;    ///< [layers][K, V][b3, b4][kv_heads][head_dim]
+  const uint32_t* lane_bases = nullptr;
+  uint8_t* object = nullptr;
+  uint64_t buffer_bytes = 0;  ///< bytes at `object`
+  // layout
+  uint64_t tiles = 0, tiles_per_tensor = 0;
+  uint32_t fixed_bytes = 0, map_bytes = 0, tail_bytes = 0, raw_rest = 0, max_escapes = 0;
+  uint64_t tensor_bytes = 0, tensor_stride = 0, first_tensor = 0, metadata_offset = 0, index_offset = 0, escape_offset = 0;
+  uint32_t metadata_bytes = 0, index_bytes = 0, sections = 0, tensors = 0;
+  uint64_t fixed_end = 0;  ///< encode: the fixed object size, 0 for objects of their own size
+  // pieces
+  uint64_t metadata_pieces = 0, index_pieces = 0, tensor_pieces = 0, max_pieces = 0;
+  // workspace
+  uint8_t* scratch = nullptr;
+  uint32_t scratch_stride = 0;
+  uint32_t* sizes = nullptr;
+  uint32_t* offsets = nullptr;
+  uint64_t* hashes = nullptr;
+  uint64_t* section_sums = nullptr;
+  uint64_t* result = nullptr;  ///< [0] escape bytes, [1] status, [2] object bytes
+};
+
+__device__ __forceinline__ uint64_t pieces_of(uint64_t bytes) { return (bytes + kPieceBytes - 1) / kPieceBytes; }
+
+/// Section s: 0 metadata, 1 index, 2 .. 2L + 1 tensors, 2L + 2 escapes. Its offset and size (the escape
+/// section's from the object's end).
+__device__ __forceinline__ void section_at(const Args& a, uint32_t s, uint64_t object_end, uint64_t& offset, uint64_t& bytes) {
+  if (s == 0) {
+    offset = a.metadata_offset, bytes = a.metadata_bytes;
+  } else if (s == 1) {
+    offset = a.index_offset, bytes = a.index_bytes;
+  } else if (s + 1 < a.sections) {
+    offset = a.first_tensor + (s - 2) * a.tensor_stride, bytes = a.tensor_bytes;
+  } else {
+    offset = a.escape_offset, bytes = object_end - a.escape_offset;
+  }
+}
+
+/// Type and index of section s in the table.
+__device__ __forceinline__ void section_kind(const Args& a, uint32_t s, uint32_t& type, uint32_t& index) {
+  type = s == 0               ? io::kMetadataSection
+         : s == 1             ? io::kChunkIndexSection
+         : s + 1 < a.sections ? io::kChunkTensorSection
+                              : io::kEscapeSection;
+  index = type == io::kChunkTensorSection ? s - 2 : 0u;
+}
+
+/// First piece of section s (pieces numbered over all sections).
+__device__ __forceinline__ uint64_t first_piece(const Args& a, uint32_t s) {
+  if (s == 0) return 0;
+  if (s == 1) return a.metadata_pieces;
+  if (s + 1 < a.sections) return a.metadata_pieces + a.index_pieces + (s - 2) * a.tensor_pieces;
+  return a.metadata_pieces + a.index_pieces + a.tensors * a.tensor_pieces;
+}
+
+/// Where tile g is: its tensor section s − 1 = 2·layer + kind, and (block, head, half).
+struct TileAt {
+  int layer, block, head, half;
+  bool key;
+  uint64_t tile;      ///< index in its tensor
+  uint8_t* section;   ///< its tensor section
+};
+template <int P>
+__device__ __forceinline__ TileAt tile_at(const Args& a, uint64_t g) {
+  TileAt t;
+  const uint64_t s = g / a.tiles_per_tensor;
+  t.tile = g % a.tiles_per_tensor;
+  t.layer = static_cast<int>(s / 2);
+  t.key = s % 2 == 0;
+  t.half = static_cast<int>(t.tile % P);
+  t.head = static_cast<int>((t.tile / P) % a.kv_heads);
+  t.block = static_cast<int>(t.tile / P / a.kv_heads);
+  t.section = a.object + a.first_tensor + s * a.tensor_stride;
+  return t;
+}
+
+template <int C, int P>
+__device__ __forceinline__ uint16_t* tile_origin(const Args& a, const TileAt& t) {
+  return a.values + (t.key ? 0 : a.kind_stride) + static_cast<uint64_t>(t.layer) * a.layer_stride +
+         static_cast<uint64_t>(t.block) * kTileTokens * a.token_stride + static_cast<uint64_t>(t.head) * a.head_dim + t.half * C;
+}
+
+// ---- encode ---------------------------------------------------------------------------------------
+
+template <int C, int P>
+__global__ void __launch_bounds__(kWarps * 32) encode_tiles_kernel(const Args a) {
+  __shared__ __align__(16) uint16_t staged[kWarps][kTileTokens * lane::kStagedRow<C>];
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const uint64_t g = static_cast<uint64_t>(blockIdx.x) * kWarps + warp;
+  if (g >= a.tiles) return;
+  const TileAt t = tile_at<P>(a, g);
+  lane::stage_rows<C>(tile_origin<C, P>(a, t), a.token_stride, 0, kTileTokens, staged[warp], lane);
+  __syncwarp();
+  const TensorKind kind = t.key ? TensorKind::key : TensorKind::value;
+  const uint8_t* b3 = a.bases + a.bases_geometry.bases_index(t.layer, kind, 0, t.head) + t.half * C;
+  const uint8_t* b4 = a.bases + a.bases_geometry.bases_index(t.layer, kind, 1, t.head) + t.half * C;
+  uint8_t* fixed = t.section + a.map_bytes + t.tile * a.fixed_bytes;
+  uint8_t* escapes = a.scratch + g * a.scratch_stride;
+  const uint32_t total = t.key ? lane::encode_staged_tile_split<C, true>(staged[warp], b3, b4, a.max_escapes, fixed, escapes, false, lane)
+                               : lane::encode_staged_tile_split<C, false>(staged[warp], b3, b4, a.max_escapes, fixed, escapes, false, lane);
+  const bool raw = total > a.max_escapes;
+  if (raw) {  // the raw rows: the first fixed_bytes in place, the rest to the stream
+    constexpr int kPieces = C * 2 / 16;
+    for (int v = lane; v < kTileTokens * kPieces; v += 32) {
+      const uint4 piece = *reinterpret_cast<const uint4*>(staged[warp] + (v / kPieces) * lane::kStagedRow<C> + (v % kPieces) * 8);
+      const uint32_t at = static_cast<uint32_t>(v) * 16;
+      *reinterpret_cast<uint4*>(at < a.fixed_bytes ? fixed + at : escapes + (at - a.fixed_bytes)) = piece;
+    }
+  }
+  if (lane == 0) {
+    t.section[t.tile] = raw ? kMapRaw : 0;
+    a.sizes[g] = raw ? a.raw_rest : total;
+  }
+}
+
+/// Block s < 2L: tensor section s's map padding, tail and padding after it; block 2L: the metadata
+/// and the padding after it and after the index (whose entries come after the scan).
+__global__ void fill_sections_kernel(const Args a, const Metadata meta) {
+  const uint32_t s = blockIdx.x;
+  if (s == static_cast<uint32_t>(2 * a.layers)) {
+    for (uint64_t i = threadIdx.x; i < a.first_tensor - a.metadata_offset; i += blockDim.x) {
+      a.object[a.metadata_offset + i] = i < meta.size ? meta.bytes[i] : 0;
+    }
+    return;
+  }
+  uint8_t* section = a.object + a.first_tensor + s * a.tensor_stride;
+  for (uint64_t i = a.tiles_per_tensor + threadIdx.x; i < a.map_bytes; i += blockDim.x) section[i] = 0;
+  for (uint64_t i = a.tensor_bytes + threadIdx.x; i < a.tensor_stride; i += blockDim.x) section[i] = 0;
+  const int tail_rows = a.tokens % kTileTokens;
+  const uint32_t row_bytes = static_cast<uint32_t>(a.kv_heads) * a.head_dim * 2;
+  const uint16_t* tensor = a.values + (s % 2 == 0 ? 0 : a.kind_stride) + (s / 2) * a.layer_stride;
+  uint8_t* tail = section + a.map_bytes + a.tiles_per_tensor * a.fixed_bytes;
+  for (uint32_t v = threadIdx.x; v < tail_rows * (row_bytes / 16); v += blockDim.x) {
+    const uint32_t r = v / (row_bytes / 16), piece = v % (row_bytes / 16);
+    *reinterpret_cast<uint4*>(tail + r * row_bytes + piece * 16) =
+        *reinterpret_cast<const uint4*>(tensor + (a.tokens - tail_rows + r) * a.token_stride + piece * 8);
+  }
+}
+
+/// Copies each tile's stream bytes to its place in the escape section (never past the buffer).
+__global__ void __launch_bounds__(kWarps * 32) place_escapes_kernel(const Args a) {
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const uint64_t g = static_cast<uint64_t>(blockIdx.x) * kWarps + warp;
+  if (g >= a.tiles) return;
+  const uint64_t at = a.escape_offset + a.offsets[g];
+  const uint32_t n = a.sizes[g];
+  if (at + n > a.buffer_bytes) return;  // too large: refused by finish_escapes_kernel
+  const uint8_t* from = a.scratch + g * a.scratch_stride;
+  for (uint32_t i = lane; i < n; i += 32) a.object[at + i] = from[i];
+}
+
+__device__ __forceinline__ uint64_t stream_total(const Args& a) {
+  return a.tiles == 0 ? 0 : static_cast<uint64_t>(a.offsets[a.tiles - 1]) + a.sizes[a.tiles - 1];
+}
+
+/// The index: where each tensor section's escapes start (its first tile's offset).
+__global__ void write_index_kernel(const Args a) {
+  for (uint32_t s = blockIdx.x * blockDim.x + threadIdx.x; s < a.tensors; s += gridDim.x * blockDim.x) {
+    reinterpret_cast<uint64_t*>(a.object + a.index_offset)[s] = a.tiles_per_tensor == 0 ? 0 : a.offsets[s * a.tiles_per_tensor];
+  }
+}
+
+/// The object's end, the escape section's zeros after the streams, and the result words.
+__global__ void finish_escapes_kernel(const Args a) {
+  const uint64_t total = stream_total(a);
+  const uint64_t end = a.fixed_end != 0 ? a.fixed_end : a.escape_offset + (total + 63) / 64 * 64;
+  const bool too_large = a.escape_offset + total > end;
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    a.result[0] = total;
+    a.result[1] = too_large ? kTooLarge : 0;
+    a.result[2] = end;
+  }
+  if (too_large) return;
+  const uint64_t from = a.escape_offset + total;
+  for (uint64_t i = from + static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < end; i += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
+    a.object[i] = 0;
+  }
+}
+
+// ---- checksums ------------------------------------------------------------------------------------
+
+/// One thread per piece of every section (the escape section's size from result[2]).
+__global__ void hash_pieces_kernel(const Args a) {
+  if (a.result[1] != 0) return;
+  const uint64_t p = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  const uint64_t end = a.result[2];
+  uint32_t s;
+  const uint64_t tensors_from = a.metadata_pieces + a.index_pieces;
+  if (p < a.metadata_pieces) {
+    s = 0;
+  } else if (p < tensors_from) {
+    s = 1;
+  } else if (p < tensors_from + a.tensors * a.tensor_pieces) {
+    s = 2 + static_cast<uint32_t>((p - tensors_from) / a.tensor_pieces);
+  } else {
+    s = a.sections - 1;
+  }
+  uint64_t offset, bytes;
+  section_at(a, s, end, offset, bytes);
+  const uint64_t piece = p - first_piece(a, s);
+  if (piece >= pieces_of(bytes)) return;
+  const uint64_t from = piece * kPieceBytes;
+  const uint64_t length = bytes - from < kPieceBytes ? bytes - from : kPieceBytes;
+  a.hashes[p] = xxh::xxh64(a.object + offset + from, length, 0);
+}
+
+/// Section checksums from their pieces' (thread per section), into section_sums.
+__device__ void combine_sections(const Args& a, uint64_t end) {
+  for (uint32_t s = threadIdx.x; s < a.sections; s += blockDim.x) {
+    uint64_t offset, bytes;
+    section_at(a, s, end, offset, bytes);
+    a.section_sums[s] = xxh::xxh64(reinterpret_cast<const uint8_t*>(a.hashes + first_piece(a, s)), pieces_of(bytes) * 8, 0);
+  }
+}
+
+/// One block: section checksums, the table and the header.
+__global__ void write_header_kernel(const Args a) {
+  if (a.result[1] != 0) return;
+  const uint64_t end = a.result[2];
+  combine_sections(a, end);
+  __syncthreads();
+  uint8_t* table = a.object + 32;
+  for (uint32_t s = threadIdx.x; s < a.sections; s += blockDim.x) {
+    uint64_t offset, bytes;
+    section_at(a, s, end, offset, bytes);
+    uint32_t type, index;
+    section_kind(a, s, type, index);
+    uint32_t* e32 = reinterpret_cast<uint32_t*>(table + 32 * s);
+    uint64_t* e64 = reinterpret_cast<uint64_t*>(table + 32 * s);
+    e32[0] = type, e32[1] = index;
+    e64[1] = offset, e64[2] = bytes, e64[3] = a.section_sums[s];
+  }
+  for (uint64_t i = 32 + 32ull * a.sections + threadIdx.x; i < a.metadata_offset; i += blockDim.x) a.object[i] = 0;
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    *reinterpret_cast<uint64_t*>(a.object) = kMagic;
+    *reinterpret_cast<uint16_t*>(a.object + 8) = kChunkVersion;
+    *reinterpret_cast<uint16_t*>(a.object + 10) = static_cast<uint16_t>(kTileFormatVersion);
+    *reinterpret_cast<uint32_t*>(a.object + 12) = a.sections;
+    *reinterpret_cast<uint64_t*>(a.object + 16) = end;
+    *reinterpret_cast<uint64_t*>(a.object + 24) = xxh::xxh64(table, 32ull * a.sections, 0);
+  }
+}
+
+// ---- decode ---------------------------------------------------------------------------------------
+
+/// One block: the header, the table against the layout, the metadata byte for byte. Sets result[2]
+/// (the object's size) and kBadHeader.
+__global__ void check_header_kernel(const Args a, const Metadata meta) {
+  __shared__ int bad;
+  __shared__ uint64_t end;
+  if (threadIdx.x == 0) {
+    bad = 0;
+    end = *reinterpret_cast<const uint64_t*>(a.object + 16);
+    bad |= *reinterpret_cast<const uint64_t*>(a.object) != kMagic;
+    bad |= *reinterpret_cast<const uint16_t*>(a.object + 8) != kChunkVersion;
+    bad |= *reinterpret_cast<const uint16_t*>(a.object + 10) != kTileFormatVersion;
+    bad |= *reinterpret_cast<const uint32_t*>(a.object + 12) != a.sections;
+    bad |= end > a.buffer_bytes || end < a.escape_offset || end % 64 != 0;
+    bad |= *reinterpret_cast<const uint64_t*>(a.object + 24) != xxh::xxh64(a.object + 32, 32ull * a.sections, 0);
+  }
+  __syncthreads();
+  const uint64_t object_end = bad ? a.escape_offset : end;
+  int local = 0;
+  for (uint32_t s = threadIdx.x; s < a.sections; s += blockDim.x) {
+    uint64_t offset, bytes;
+    section_at(a, s, object_end, offset, bytes);
+    const uint8_t* e = a.object + 32 + 32ull * s;
+    uint32_t type, index;
+    section_kind(a, s, type, index);
+    local |= reinterpret_cast<const uint32_t*>(e)[0] != type || reinterpret_cast<const uint32_t*>(e)[1] != index ||
+             reinterpret_cast<const uint64_t*>(e)[1] != offset || reinterpret_cast<const uint64_t*>(e)[2] != bytes;
+  }
+  for (uint32_t i = threadIdx.x; i < meta.size; i += blockDim.x) local |= a.object[a.metadata_offset + i] != meta.bytes[i];
+  if (local) atomicOr(&bad, 1);
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    a.result[1] = bad ? kBadHeader : 0;
+    a.result[2] = bad ? a.escape_offset : end;
+  }
+}
+
+/// One block: the section checksums against the table.
+__global__ void check_checksums_kernel(const Args a) {
+  if (a.result[1] != 0) return;
+  combine_sections(a, a.result[2]);
+  __syncthreads();
+  for (uint32_t s = threadIdx.x; s < a.sections; s += blockDim.x) {
+    if (a.section_sums[s] != reinterpret_cast<const uint64_t*>(a.object + 32 + 32ull * s)[3]) atomicOr(reinterpret_cast<unsigned long long*>(a.result + 1), kBadChecksum);
+  }
+}
+
+/// Thread per tile: its stream bytes from the map and its tags; refuses unknown map bytes, tag 3 and
+/// more escapes than a tile may have.
+template <int C, int P>
+__global__ void count_streams_kernel(const Args a) {
+  const uint64_t g = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (g >= a.tiles) return;
+  const TileAt t = tile_at<P>(a, g);
+  const uint8_t kind = t.section[t.tile];
+  uint32_t n = 0;
+  bool bad = kind > kMapRaw;
+  if (kind == kMapRaw) {
+    n = a.raw_rest;
+  } else if (!bad) {
+    const uint32_t* tags = reinterpret_cast<const uint32_t*>(t.section + a.map_bytes + t.tile * a.fixed_bytes + TileShape{TensorKind::key, C}.tag_offset());
+    for (int w = 0; w < C / 8; ++w) {  // C/2 bytes of tags
+      const uint32_t x = tags[w], lo = x & 0x55555555u, hi = (x >> 1) & 0x55555555u;
+      bad |= (lo & hi) != 0;
+      n += static_cast<uint32_t>(__popc(lo & ~hi)) + 5u * static_cast<uint32_t>(__popc(hi & ~lo));
+    }
+    bad |= n > a.max_escapes;
+  }
+  a.sizes[g] = bad ? 0 : n;
+  if (bad) atomicOr(reinterpret_cast<unsigned long long*>(a.result + 1), kBadTile);
+}
+
+/// The escape bytes fit the section, and its bytes after them are zero.
+__global__ void check_escapes_kernel(const Args a) {
+  if (a.result[1] != 0) return;
+  const uint64_t total = stream_total(a), end = a.result[2];
+  if (a.escape_offset + total > end) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) atomicOr(reinterpret_cast<unsigned long long*>(a.result + 1), kBadEscapes);
+    return;
+  }
+  bool nonzero = false;
+  for (uint64_t i = a.escape_offset + total + static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < end;
+       i += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
+    nonzero |= a.object[i] != 0;
+  }
+  if (nonzero) atomicOr(reinterpret_cast<unsigned long long*>(a.result + 1), kBadPadding);
+  bool wrong_index = false;
+  for (uint32_t s = blockIdx.x * blockDim.x + threadIdx.x; s < a.tensors; s += gridDim.x * blockDim.x) {
+    const uint64_t want = a.tiles_per_tensor == 0 ? 0 : a.offsets[s * a.tiles_per_tensor];
+    wrong_index |= reinterpret_cast<const uint64_t*>(a.object + a.index_offset)[s] != want;
+  }
+  if (wrong_index) atomicOr(reinterpret_cast<unsigned long long*>(a.result + 1), kBadEscapes);
+}
+
+template <int C, int P>
+__global__ void __launch_bounds__(kWarps * 32) decode_tiles_kernel(const Args a) {
+  constexpr int kEscapeRoom = 1216 + 32;  // the most a tile has, and the decoder's read-ahead
+  __shared__ __align__(16) uint16_t tiles[kWarps][kTileTokens * kRow<C>];
+  __shared__ __align__(16) uint8_t escapes[kWarps][kEscapeRoom];
+  if (a.result[1] != 0) return;
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const uint64_t g = static_cast<uint64_t>(blockIdx.x) * kWarps + warp;
+  if (g >= a.tiles) return;
+  const TileAt t = tile_at<P>(a, g);
+  const uint8_t* fixed = t.section + a.map_bytes + t.tile * a.fixed_bytes;
+  const uint8_t* stream = a.object + a.escape_offset + a.offsets[g];
+  const uint32_t n = a.sizes[g];
+  uint16_t* origin = tile_origin<C, P>(a, t);
+  constexpr int kPieces = C * 2 / 16;
+  if (t.section[t.tile] == kMapRaw) {
+    // Row-major raw bytes: the first fixed_bytes (16-byte pieces) in place, the rest from the stream,
+    // which has any alignment: element by element.
+    for (int v = lane; v < kTileTokens * kPieces; v += 32) {
+      const uint32_t at = static_cast<uint32_t>(v) * 16;
+      if (at >= a.fixed_bytes) break;
+      *reinterpret_cast<uint4*>(origin + (v / kPieces) * a.token_stride + (v % kPieces) * 8) = *reinterpret_cast<const uint4*>(fixed + at);
+    }
+    for (uint32_t e = a.fixed_bytes / 2 + lane; e < kTileTokens * C; e += 32) {
+      const uint32_t at = 2 * e - a.fixed_bytes;
+      origin[(e / C) * a.token_stride + e % C] = static_cast<uint16_t>(stream[at] | stream[at + 1] << 8);
+    }
+    return;
+  }
+  lane::LaneSlot<C> slot;
+  lane::load_lane_slot<C>(fixed, lane, slot);
+  const uint32_t padded = (n + 15) / 16 * 16 + 16;
+  for (uint32_t i = lane; i < padded; i += 32) escapes[warp][i] = i < n ? stream[i] : 0;
+  __syncwarp();
+  const uint32_t* words = a.lane_bases + detail::lane_bases_index(a.bases_geometry, t.layer, t.head) +
+                          t.half * detail::lane_base_words_per_half(C);
+  constexpr int kKeyWords = 32 * (C / 16), kValueWords = 32 * (C / 8);
+  if (t.key) {
+    decode_tile_to_rows<C, true>(slot, escapes[warp], words, words + kKeyWords, lane, tiles[warp]);
+  } else {
+    decode_tile_to_rows<C, false>(slot, escapes[warp], words + 2 * kKeyWords, words + 2 * kKeyWords + kValueWords, lane, tiles[warp]);
+  }
+  __syncwarp();
+  for (int v = lane; v < kTileTokens * kPieces; v += 32) {
+    *reinterpret_cast<uint4*>(origin + (v / kPieces) * a.token_stride + (v % kPieces) * 8) =
+        *reinterpret_cast<const uint4*>(tiles[warp] + (v / kPieces) * kRow<C> + (v % kPieces) * 8);
+  }
+}
+
+/// Block s < 2L: tensor section s's tail into the chunk, its map padding and the padding after it
+/// zero; block 2L: the padding after the table and after the metadata zero.
+__global__ void finish_decode_kernel(const Args a) {
+  if (a.result[1] != 0) return;
+  const uint32_t s = blockIdx.x;
+  bool nonzero = false;
+  if (s == static_cast<uint32_t>(2 * a.layers)) {
+    for (uint64_t i = 32 + 32ull * a.sections + threadIdx.x; i < a.metadata_offset; i += blockDim.x) nonzero |= a.object[i] != 0;
+    for (uint64_t i = a.metadata_offset + a.metadata_bytes + threadIdx.x; i < a.index_offset; i += blockDim.x) nonzero |= a.object[i] != 0;
+    for (uint64_t i = a.index_offset + a.index_bytes + threadIdx.x; i < a.first_tensor; i += blockDim.x) nonzero |= a.object[i] != 0;
+  } else {
+    const uint8_t* section = a.object + a.first_tensor + s * a.tensor_stride;
+    for (uint64_t i = a.tiles_per_tensor + threadIdx.x; i < a.map_bytes; i += blockDim.x) nonzero |= section[i] != 0;
+    for (uint64_t i = a.tensor_bytes + threadIdx.x; i < a.tensor_stride; i += blockDim.x) nonzero |= section[i] != 0;
+    const int tail_rows = a.tokens % kTileTokens;
+    const uint32_t row_bytes = static_cast<uint32_t>(a.kv_heads) * a.head_dim * 2;
+    uint16_t* tensor = a.values + (s % 2 == 0 ? 0 : a.kind_stride) + (s / 2) * a.layer_stride;
+    const uint8_t* tail = section + a.map_bytes + a.tiles_per_tensor * a.fixed_bytes;
+    for (uint32_t v = threadIdx.x; v < tail_rows * (row_bytes / 16); v += blockDim.x) {
+      const uint32_t r = v / (row_bytes / 16), piece = v % (row_bytes / 16);
+      *reinterpret_cast<uint4*>(tensor + (a.tokens - tail_rows + r) * a.token_stride + piece * 8) =
+          *reinterpret_cast<const uint4*>(tail + r * row_bytes + piece * 16);
+    }
+  }
+  if (nonzero) atomicOr(reinterpret_cast<unsigned long long*>(a.result + 1), kBadPadding);
+}
+
+// ---- host side ------------------------------------------------------------------------------------
+
+/// A stream-ordered device allocation, freed on the same stream.
+class StreamBuffer {
+ public:
+  StreamBuffer(size_t bytes, cudaStream_t stream) : stream_(stream) {
+    check(cudaMallocAsync(&data_, std::max<size_t>(bytes, 16), stream), "cudaMallocAsync");
+  }
+  ~StreamBuffer() { cudaFreeAsync(data_, stream_); }
+  StreamBuffer(const StreamBuffer&) = delete;
+  StreamBuffer& operator=(const StreamBuffer&) = delete;
+  uint8_t* data() const { return static_cast<uint8_t*>(data_); }
+
+ private:
+  void* data_ = nullptr;
+  cudaStream_t stream_;
+};
+
+size_t align_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+}  // namespace
+
+/// The bases on each device a codec has run on.
+struct ChunkCodec::State {
+  explicit State(const CalibrationTable& table, ChunkOptions options) : host(table, options) {}
+  gaac::ChunkCodec host;
+  PagedGeometry geometry;
+  std::vector<uint8_t> bases;
+  std::vector<uint32_t> lane_bases;
+  std::mutex mutex;
+  std::map<int, std::pair<DeviceBuffer, DeviceBuffer>> on_device;  ///< device → (bases, lane bases)
+
+  /// The bases on the current device, copied there on first use.
+  std::pair<const uint8_t*, const uint32_t*> current_bases() {
+    int device = 0;
+    check(cudaGetDevice(&device), "cudaGetDevice");
+    const std::lock_guard lock(mutex);
+    auto it = on_device.find(device);
+    if (it == on_device.end()) {
+      DeviceBuffer b(bases.size()), l(lane_bases.size() * 4);
+      b.upload(bases.data(), bases.size());
+      l.upload(lane_bases.data(), lane_bases.size() * 4);
+      it = on_device.emplace(device, std::make_pair(std::move(b), std::move(l))).first;
+    }
+    return {static_cast<const uint8_t*>(it->second.first.data()), static_cast<const uint32_t*>(it->second.second.data())};
+  }
+};
+
+ChunkCodec::ChunkCodec(const CalibrationTable& calibration, ChunkOptions options)
+    : state_(std::make_unique<State>(calibration, options)) {
+  State& s = *state_;
+  s.geometry.layers = calibration.layers();
+  s.geometry.kv_heads = calibration.kv_heads();
+  s.geometry.head_dim = calibration.head_dim();
+  s.bases.resize(s.geometry.bases_bytes());
+  for (int l = 0; l < calibration.layers(); ++l) {
+    for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
+      for (int which = 0; which < 2; ++which) {
+        for (int h = 0; h < calibration.kv_heads(); ++h) {
+          const auto src = which == 0 ? calibration.b3(kind, l, h) : calibration.b4(kind, l, h);
+          std::copy(src.begin(), src.end(), s.bases.begin() + static_cast<std::ptrdiff_t>(s.geometry.bases_index(l, kind, which, h)));
+        }
+      }
+    }
+  }
+  s.lane_bases.resize(detail::lane_bases_index(s.geometry, s.geometry.layers, 0));
+  detail::fill_lane_bases(s.geometry, s.bases.data(), s.lane_bases.data());
+}
+
+ChunkCodec::~ChunkCodec() = default;
+
+size_t ChunkCodec::object_bytes(int tokens) const { return state_->host.object_bytes(tokens); }
+
+namespace {
+
+/// The arguments every kernel shares, for a chunk view and an object buffer.
+template <class Element>
+Args make_args(const BasicChunkView<Element>& chunk, const ChunkLayout& layout, const PagedGeometry& geometry, uint8_t* object,
+               size_t buffer_bytes, const char* what) {
+  const auto aligned = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  if (!aligned(chunk.data) || !aligned(object)) throw Error(std::string(what) + ": the chunk and the object must be 16-byte aligned in device memory");
+  const size_t strides[3] = {chunk.kind_stride, chunk.layer_stride, chunk.token_stride};
+  for (const size_t stride : strides) {
+    if (stride % 8 != 0) throw Error(std::string(what) + ": chunk strides must be multiples of 8 elements (16 bytes)");
+  }
+  Args a;
+  a.values = const_cast<uint16_t*>(chunk.data);
+  a.kind_stride = chunk.kind_stride, a.layer_stride = chunk.layer_stride, a.token_stride = chunk.token_stride;
+  a.layers = layout.geometry.layers, a.kv_heads = layout.geometry.kv_heads, a.head_dim = layout.geometry.head_dim;
+  a.tokens = layout.geometry.tokens;
+  a.bases_geometry = geometry;
+  a.object = object;
+  a.buffer_bytes = buffer_bytes;
+  a.tiles = layout.tiles(), a.tiles_per_tensor = layout.tiles_per_tensor;
+  a.fixed_bytes = static_cast<uint32_t>(layout.fixed_bytes), a.map_bytes = static_cast<uint32_t>(layout.map_bytes);
+  a.tail_bytes = static_cast<uint32_t>(layout.tail_bytes), a.raw_rest = static_cast<uint32_t>(layout.raw_stream_bytes());
+  a.max_escapes = static_cast<uint32_t>(layout.shape.max_slot_capacity());
+  a.tensor_bytes = layout.tensor_bytes, a.tensor_stride = layout.tensor_stride, a.first_tensor = layout.first_tensor_offset;
+  a.metadata_offset = layout.metadata_offset, a.index_offset = layout.index_offset, a.escape_offset = layout.escape_offset;
+  a.metadata_bytes = static_cast<uint32_t>(layout.metadata_bytes), a.index_bytes = static_cast<uint32_t>(layout.index_bytes);
+  a.sections = static_cast<uint32_t>(layout.sections()), a.tensors = static_cast<uint32_t>(layout.tensors());
+  a.metadata_pieces = (layout.metadata_bytes + kPieceBytes - 1) / kPieceBytes;
+  a.index_pieces = (layout.index_bytes + kPieceBytes - 1) / kPieceBytes;
+  a.tensor_pieces = (layout.tensor_bytes + kPieceBytes - 1) / kPieceBytes;
+  const uint64_t escape_room = buffer_bytes > layout.escape_offset ? buffer_bytes - layout.escape_offset : 0;
+  a.max_pieces = a.metadata_pieces + a.index_pieces + a.tensors * a.tensor_pieces + (escape_room + kPieceBytes - 1) / kPieceBytes;
+  a.scratch_stride = static_cast<uint32_t>(align_up(layout.raw_stream_bytes(), 16));
+  return a;
+}
+
+/// Carves the workspace (scratch, sizes, offsets, hashes, sums, result, CUB's) out of one allocation.
+struct Workspace {
+  std::unique_ptr<StreamBuffer> buffer;
+  void* cub = nullptr;
+  size_t cub_bytes = 0;
+
+  Workspace(Args& a, bool scratch, cudaStream_t stream) {
+    const auto n = static_cast<int>(a.tiles);
+    check(cub::DeviceScan::ExclusiveSum(nullptr, cub_bytes, a.sizes, a.offsets, std::max(n, 1), stream), "cub scan");
+    size_t at = 0;
+    const auto take = [&](size_t bytes) {
+      const size_t here = at;
+      at = align_up(at + bytes, 256);
+      return here;
+    };
+    const size_t scratch_at = take(scratch ? a.tiles * a.scratch_stride : 0), sizes_at = take(a.tiles * 4 + 4),
+                 offsets_at = take(a.tiles * 4 + 4), hashes_at = take(a.max_pieces * 8 + 8), sums_at = take(a.sections * 8),
+                 result_at = take(32), cub_at = take(cub_bytes);
+    buffer = std::make_unique<StreamBuffer>(at, stream);
+    uint8_t* base = buffer->data();
+    a.scratch = base + scratch_at;
+    a.sizes = reinterpret_cast<uint32_t*>(base + sizes_at);
+    a.offsets = reinterpret_cast<uint32_t*>(base + offsets_at);
+    a.hashes = reinterpret_cast<uint64_t*>(base + hashes_at);
+    a.section_sums = reinterpret_cast<uint64_t*>(base + sums_at);
+    a.result = reinterpret_cast<uint64_t*>(base + result_at);
+    cub = base + cub_at;
+    check(cudaMemsetAsync(a.result, 0, 32, stream), "cudaMemsetAsync");
+  }
+  void scan(const Args& a, cudaStream_t stream) {
+    if (a.tiles == 0) return;
+    check(cub::DeviceScan::ExclusiveSum(cub, cub_bytes, a.sizes, a.offsets, static_cast<int>(a.tiles), stream), "cub scan");
+  }
+};
+
+Metadata metadata_of(const std::string& text) {
+  if (text.size() > kMaxMetadata) throw Error("chunk metadata longer than " + std::to_string(kMaxMetadata) + " bytes");
+  Metadata m;
+  m.size = static_cast<uint32_t>(text.size());
+  std::memcpy(m.bytes, text.data(), text.size());
+  return m;
+}
+
+unsigned blocks_for(uint64_t items, unsigned per_block) { return static_cast<unsigned>(std::max<uint64_t>((items + per_block - 1) / per_block, 1)); }
+
+}  // namespace
+
+size_t ChunkCodec::encode(const ChunkView& chunk, std::string_view key, uint8_t* out, size_t out_bytes, Stream stream) const {
+  State& s = *state_;
+  const char* what = "cuda::ChunkCodec::encode";
+  if (chunk.geometry != s.host.geometry(chunk.geometry.tokens)) {
+    throw Error(std::string(what) + ": chunk of " + chunk.geometry.describe() + " does not match the calibration's geometry (" +
+                s.host.geometry(chunk.geometry.tokens).describe() + ")");
+  }
+  const ChunkLayout layout = chunk_layout(chunk.geometry);
+  const size_t object_bytes = s.host.object_bytes(chunk.geometry.tokens);
+  if (out_bytes < object_bytes) {
+    throw Error(std::string(what) + ": output of " + std::to_string(out_bytes) + " bytes is smaller than the " +
+                std::to_string(object_bytes) + " a chunk object of " + layout.geometry.describe() + " may take");
+  }
+  Args a = make_args(chunk, layout, s.geometry, out, object_bytes, what);
+  a.fixed_end = s.host.options().object_ratio != 0 ? object_bytes : 0;
+  const auto [bases, lane_bases] = s.current_bases();
+  a.bases = bases, a.lane_bases = lane_bases;
+  const Metadata meta = metadata_of(chunk_metadata(layout.geometry, s.host.calibration_id(), chunk_key_id(key)));
+  Workspace work(a, true, stream);
+  detail::with_head_shape(layout.geometry.head_dim, what, [&]<int C, int P>() {
+    if (a.tiles > 0) encode_tiles_kernel<C, P><<<blocks_for(a.tiles, kWarps), kWarps * 32, 0, stream>>>(a);
+  });
+  fill_sections_kernel<<<static_cast<unsigned>(2 * a.layers + 1), 256, 0, stream>>>(a, meta);
+  work.scan(a, stream);
+  if (a.tiles > 0) place_escapes_kernel<<<blocks_for(a.tiles, kWarps), kWarps * 32, 0, stream>>>(a);
+  finish_escapes_kernel<<<blocks_for(object_bytes - layout.escape_offset, 256 * 8), 256, 0, stream>>>(a);
+  write_index_kernel<<<blocks_for(a.tensors, 256), 256, 0, stream>>>(a);
+  hash_pieces_kernel<<<blocks_for(a.max_pieces, 128), 128, 0, stream>>>(a);
+  write_header_kernel<<<1, 256, 0, stream>>>(a);
+  check(cudaGetLastError(), std::string(what) + " launch");
+  uint64_t result[3] = {};
+  check(cudaMemcpyAsync(result, a.result, sizeof result, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
+  check(cudaStreamSynchronize(stream), what);
+  if (result[1] & kTooLarge) {
+    throw Error(ErrorCode::out_of_space, "chunk of " + layout.geometry.describe() + " needs " +
+                                             std::to_string(layout.escape_offset + result[0]) +
+                                             " bytes, more than the fixed object size of " + std::to_string(object_bytes) +
+                                             " (object_ratio " + std::to_string(s.host.options().object_ratio) + ")");
+  }
+  return result[2];
+}
+
+void ChunkCodec::decode(const uint8_t* object, size_t object_bytes, std::string_view key, const MutableChunkView& chunk,
+                        Stream stream) const {
+  State& s = *state_;
+  const char* what = "cuda::ChunkCodec::decode";
+  if (chunk.geometry != s.host.geometry(chunk.geometry.tokens)) {
+    throw Error(std::string(what) + ": destination of " + chunk.geometry.describe() + " does not match the calibration's geometry (" +
+                s.host.geometry(chunk.geometry.tokens).describe() + ")");
+  }
+  const ChunkLayout layout = chunk_layout(chunk.geometry);
+  const auto host_verdict = [&](const std::string& device_finding) {
+    // The object, read by the CPU decoder into a scratch chunk: its message says what is wrong.
+    std::vector<uint8_t> bytes(object_bytes);
+    check(cudaMemcpyAsync(bytes.data(), object, object_bytes, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
+    check(cudaStreamSynchronize(stream), what);
+    std::vector<uint16_t> values(layout.geometry.elements());
+    s.host.decode(bytes, key, dense_chunk_view(values.data(), layout.geometry));
+    throw Error(std::string(what) + ": " + device_finding + ", which the CPU reader does not find: a device fault");
+  };
+  if (object_bytes < layout.escape_offset) host_verdict("an object shorter than its fixed parts");
+  Args a = make_args(chunk, layout, s.geometry, const_cast<uint8_t*>(object), object_bytes, what);
+  const auto [bases, lane_bases] = s.current_bases();
+  a.bases = bases, a.lane_bases = lane_bases;
+  const Metadata meta = metadata_of(chunk_metadata(layout.geometry, s.host.calibration_id(), chunk_key_id(key)));
+  Workspace work(a, false, stream);
+  check_header_kernel<<<1, 256, 0, stream>>>(a, meta);
+  hash_pieces_kernel<<<blocks_for(a.max_pieces, 128), 128, 0, stream>>>(a);
+  check_checksums_kernel<<<1, 256, 0, stream>>>(a);
+  detail::with_head_shape(layout.geometry.head_dim, what, [&]<int C, int P>() {
+    if (a.tiles > 0) count_streams_kernel<C, P><<<blocks_for(a.tiles, 128), 128, 0, stream>>>(a);
+  });
+  work.scan(a, stream);
+  check_escapes_kernel<<<blocks_for(object_bytes - layout.escape_offset, 256 * 8), 256, 0, stream>>>(a);
+  detail::with_head_shape(layout.geometry.head_dim, what, [&]<int C, int P>() {
+    if (a.tiles > 0) decode_tiles_kernel<C, P><<<blocks_for(a.tiles, kWarps), kWarps * 32, 0, stream>>>(a);
+  });
+  finish_decode_kernel<<<static_cast<unsigned>(2 * a.layers + 1), 256, 0, stream>>>(a);
+  check(cudaGetLastError(), std::string(what) + " launch");
+  uint64_t result[3] = {};
+  check(cudaMemcpyAsync(result, a.result, sizeof result, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
+  check(cudaStreamSynchronize(stream), what);
+  if (result[1] != 0) host_verdict("status " + std::to_string(result[1]));
+}
+
+}  // namespace gaac::cuda

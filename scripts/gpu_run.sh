@@ -49,6 +49,7 @@ nvcc --version | tail -1
 bin=""
 if [ -n "$prebuilt" ] && "$prebuilt/cuda_decode_test" --gtest_list_tests >/dev/null 2>&1 &&
   "$prebuilt/cuda_codec_test" --gtest_list_tests >/dev/null 2>&1 && "$prebuilt/cuda_grow_test" --gtest_list_tests >/dev/null 2>&1 &&
+  "$prebuilt/cuda_chunk_test" --gtest_list_tests >/dev/null 2>&1 &&
   python3 -c "import torch, ctypes; ctypes.CDLL('$prebuilt/libgaac_gpu_bench.so')" 2>/dev/null; then
   bin=$prebuilt
   echo "using prebuilt binaries from $prebuilt"
@@ -62,10 +63,10 @@ else
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DGAAC_BUILD_BENCHMARKS=OFF -DGAAC_BUILD_TOOLS=OFF \
     -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_CUDA_HOST_COMPILER="$cxx" "${xx[@]}" >"$out/cmake.log" 2>&1 ||
     { tail -30 "$out/cmake.log"; exit 1; }
-  ninja -C build-gpu cuda_decode_test cuda_codec_test cuda_grow_test lane_decode_test gaac_gpu_bench >"$out/build.log" 2>&1 ||
+  ninja -C build-gpu cuda_decode_test cuda_codec_test cuda_grow_test cuda_chunk_test lane_decode_test gaac_gpu_bench >"$out/build.log" 2>&1 ||
     { tail -40 "$out/build.log"; exit 1; }
   mkdir -p build-gpu/collected
-  cp build-gpu/tests/cuda_decode_test build-gpu/tests/cuda_codec_test build-gpu/tests/cuda_grow_test \
+  cp build-gpu/tests/cuda_decode_test build-gpu/tests/cuda_codec_test build-gpu/tests/cuda_grow_test build-gpu/tests/cuda_chunk_test \
     build-gpu/tests/lane_decode_test build-gpu/bench/gpu/libgaac_gpu_bench.so build-gpu/collected/
   bin=build-gpu/collected
 fi
@@ -73,7 +74,7 @@ fi
 status=0
 if [ $skip_tests -eq 0 ]; then
   stage "tests"
-  for t in lane_decode_test cuda_codec_test cuda_decode_test cuda_grow_test; do
+  for t in lane_decode_test cuda_codec_test cuda_decode_test cuda_grow_test cuda_chunk_test; do
     timeout 300 "$bin/$t" --gtest_brief=1 >"$out/$t.log" 2>&1
     rc=$?
     echo "$t: exit $rc"; tail -3 "$out/$t.log"

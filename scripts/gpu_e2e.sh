@@ -6,18 +6,20 @@
 # bench/gpu/bench_e2e.py. $OUT (default
 # ./gpu-out) receives e2e.json and the logs.
 #   scripts/gpu_e2e.sh --data DIR [--models DIR] [--prebuilt DIR] [--wheel FILE] [--skip-tests] [--skip-bench]
-#                      [--bench-args "..."] [--build-only]
+#                      [--bench-args "..."] [--build-only] [--lmcache DIR]
 # (--wheel: the package built elsewhere for this machine's Python, used when it imports and sees the GPU)
 # (without --models: the tests that need no model files, random-weight models among them; the benchmark
 # only when --bench-args names models that need no files, e.g. "--only llama8b,gemma3_geometry")
 # (--build-only: the package alone, e.g. in the background while the models are still on their way).
+# (--lmcache DIR: wheels of LMCache and those of its light dependencies the machine lacks; after the tests, its
+# tests (tests/python/test_lmcache.py) and bench/lmcache_serde.py --device cuda on DATA/kv, into lmcache.json.)
 # MODELS holds the two GGUF files; DATA holds xxhash/ (xxhash.h: the build machine may lack it) and the
 # gguf wheel (gguf-*.whl), which transformers needs to read GGUF files. The package is built once per
 # machine (into /tmp/gaac-site), and the models are converted once (save_pretrained, into /tmp/gaac-hf)
 # so that every later load takes seconds.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-models="" data="" prebuilt="" wheel="" skip_tests=0 skip_bench=0 bench_args="" build_only=0
+models="" data="" prebuilt="" wheel="" skip_tests=0 skip_bench=0 bench_args="" build_only=0 lmcache=""
 while [ $# -gt 0 ]; do
   case $1 in
     --models) models=$2; shift 2 ;;
@@ -27,6 +29,7 @@ while [ $# -gt 0 ]; do
     --skip-tests) skip_tests=1; shift ;;
     --skip-bench) skip_bench=1; shift ;;
     --build-only) build_only=1; shift ;;
+    --lmcache) lmcache=$2; shift 2 ;;
     --bench-args) bench_args=$2; shift 2 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
@@ -111,6 +114,18 @@ if [ $skip_tests = 0 ]; then
   GAAC_MODEL_DIR=${models:-/nonexistent} GAAC_HF_MODELS=$hf GAAC_REQUIRE_TRANSFORMERS=1 GAAC_SLOW_TESTS=1 \
     python3 -m pytest -q -s -p no:cacheprovider tests/python/test_cuda.py tests/python/test_transformers.py -k "$select" \
     2>&1 | tee "$out/pytest.log" | tail -30
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+fi
+
+if [ -n "$lmcache" ]; then
+  stage "LMCache"
+  lm=/tmp/gaac-lmcache
+  rm -rf "$lm" && mkdir -p "$lm" && python3 -m pip install -q --no-index --no-deps --target "$lm" "$lmcache"/*.whl || exit 1
+  GAAC_REQUIRE_LMCACHE=1 GAAC_MODEL_DIR=${models:-/nonexistent} PYTHONPATH=$site:$lm \
+    python3 -m pytest -q -p no:cacheprovider tests/python/test_lmcache.py 2>&1 | tee "$out/pytest-lmcache.log" | tail -8
+  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  PYTHONPATH=$site:$lm python3 bench/lmcache_serde.py --kv-dir "$data/kv" --device cuda --out "$out/lmcache.json" \
+    2>&1 | tee "$out/lmcache.log" | grep -v Warning | tail -40
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi
 

@@ -110,7 +110,7 @@ if [ $skip_tests = 0 ]; then
   done
   stage "Python GPU tests"
   select="cuda or gpu or device"
-  [ -n "$models" ] || select="($select) and not smollm2 and not gemma3_gpu"  # those need the model files
+  [ -n "$models" ] || select="($select) and not smollm2 and not gemma3_gpu and not gguf"  # those need the model files
   GAAC_MODEL_DIR=${models:-/nonexistent} GAAC_HF_MODELS=$hf GAAC_REQUIRE_TRANSFORMERS=1 GAAC_SLOW_TESTS=1 \
     python3 -m pytest -q -s -p no:cacheprovider tests/python/test_cuda.py tests/python/test_transformers.py -k "$select" \
     2>&1 | tee "$out/pytest.log" | tail -30

@@ -57,9 +57,10 @@ SERVING_BUDGETS = {"llama8b": [40 * 10**9, 100 * 10**9], "gemma3": [2 * 10**9, 8
 SERVING_CONTEXTS = [8192, 16384, 32768]
 REPLAYS = 30
 # Tokens written into a gaac cache per begin when filling it from a prefill. A forward's blocks stay raw (two
-# units a tile) until its end, and a fill writes every sequence at once: small chunks keep that transient
-# small, as a server's chunked prefill of one sequence at a time does (4096 cost 6-15% of the sequences).
-FILL_CHUNK = 256
+# units a tile) until its end, and a fill writes every sequence at once: chunks of one block keep that transient
+# to one open block a sequence and layer, as a server's chunked prefill of one sequence at a time does (chunks of
+# 4096 tokens cost 6-15% of the sequences, chunks of 256 still 10-20% at Gemma's 2 GB).
+FILL_CHUNK = 16
 GROWTH = 64  # tokens a cache may grow by while being timed (warm-up, capture, replays)
 
 
@@ -299,11 +300,20 @@ def release():
 
 
 def gaac_fits(model, kv, table, fmt, n, context, budget):
-    """True when a `fmt` cache of `budget` bytes holds `n` sequences of `context` tokens (plus the growth
-    of a measurement)."""
+    """True when a `fmt` cache of `budget` bytes holds `n` sequences of `context` tokens and then grows by the
+    GROWTH tokens of a measurement as decoding does (one attended token a step: sliding layers keep the blocks
+    their queries see until the next step)."""
     fits = True
-    try:  # the tokens a measurement grows by too
-        cache = gaac_cache(model, kv, table, fmt, n, context + GROWTH, budget)
+    try:
+        cache = gaac_cache(model, kv, table, fmt, n, context, budget)
+        stream = torch.cuda.current_stream().cuda_stream
+        for step in range(GROWTH):
+            cache.kv.begin(1, stream=stream)
+            for layer, (k, v) in enumerate(kv):
+                at = (context + step) % k.shape[2]
+                cache.kv.write(layer, k[:, :, at:at + 1].expand(n, -1, -1, -1),
+                               v[:, :, at:at + 1].expand(n, -1, -1, -1), stream)
+        cache.kv.check()
         del cache
     except gaac.CacheFullError:
         fits = False

@@ -283,11 +283,17 @@ void BatchTable::select(CacheMemory& cache, std::span<const int> sources) {
       throw Error("select: sequence " + std::to_string(s) + " out of range for a batch of " + std::to_string(n));
   check_complete(cache, "select");  // synchronises the device: work on every stream is done
   const PagedGeometry& geo = cache.geometry();
+  // The sequences no one names are let go first, so a fork may take their block rows.
   std::vector<bool> used(static_cast<size_t>(n), false);
+  for (const int s : sources) used[static_cast<size_t>(s)] = true;
+  std::vector<uint32_t> released;
+  for (int s = 0; s < n; ++s)
+    if (!used[static_cast<size_t>(s)]) released.push_back(first_rows_[static_cast<size_t>(s)]);
+  std::vector<bool> placed(static_cast<size_t>(n), false);
   std::vector<uint32_t> first_rows, taken;
   std::vector<int32_t> lengths, held;
   std::vector<ForkJob> forks;
-  size_t spare_used = 0;
+  size_t spare_used = 0, released_used = 0;
   uint64_t need = 0;
   const auto give_back = [&] { spare_.insert(spare_.end(), taken.begin(), taken.end()); };
   try {
@@ -295,14 +301,16 @@ void BatchTable::select(CacheMemory& cache, std::span<const int> sources) {
       const auto i = static_cast<size_t>(s);
       lengths.push_back(lengths_[i]);
       held.push_back(held_.empty() ? 0 : held_[i]);
-      if (!used[i]) {
-        used[i] = true;
+      if (!placed[i]) {
+        placed[i] = true;
         first_rows.push_back(first_rows_[i]);
         continue;
       }
       uint32_t range = 0;
       if (spare_used < spare_.size()) {
         range = spare_[spare_used++];
+      } else if (released_used < released.size()) {
+        range = released[released_used++];
       } else {
         range = cache.take_rows(static_cast<uint32_t>(reserved_blocks_));
         taken.push_back(range);
@@ -323,7 +331,14 @@ void BatchTable::select(CacheMemory& cache, std::span<const int> sources) {
                                              " free units and " + std::to_string(free) +
                                              " are free; the cache is unchanged (a larger budget holds more)");
   }
-  // Commit: forks first (they take references), then the sequences no one named let go.
+  // Commit: the sequences no one named let go (their rows emptied, their references dropped; every source keeps
+  // its own), then the forks take references into their rows.
+  std::vector<FreeJob> frees;
+  for (int s = 0; s < n; ++s) {
+    if (used[static_cast<size_t>(s)]) continue;
+    frees.push_back({first_rows_[static_cast<size_t>(s)], blocks_for(lengths_[static_cast<size_t>(s)])});
+  }
+  free_rows(cache, frees);
   if (!forks.empty()) {
     const DeviceBuffer d = upload_all(forks);
     const auto shared = static_cast<size_t>(geo.entries_per_layer_row()) * sizeof(int);
@@ -332,15 +347,8 @@ void BatchTable::select(CacheMemory& cache, std::span<const int> sources) {
     check(cudaGetLastError(), "fork_kernel launch");
     check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");
   }
-  std::vector<FreeJob> frees;
-  for (int s = 0; s < n; ++s) {
-    if (used[static_cast<size_t>(s)]) continue;
-    frees.push_back({first_rows_[static_cast<size_t>(s)], blocks_for(lengths_[static_cast<size_t>(s)])});
-  }
-  free_rows(cache, frees);
   spare_.erase(spare_.begin(), spare_.begin() + static_cast<std::ptrdiff_t>(spare_used));
-  for (int s = 0; s < n; ++s)
-    if (!used[static_cast<size_t>(s)]) spare_.push_back(first_rows_[static_cast<size_t>(s)]);
+  spare_.insert(spare_.end(), released.begin() + static_cast<std::ptrdiff_t>(released_used), released.end());
   first_rows_ = std::move(first_rows);
   lay_out(lengths, held);
   check(cudaDeviceSynchronize(), "cudaDeviceSynchronize");

@@ -308,6 +308,20 @@ TEST_P(BatchCacheModes, APromptAttendedFromTheCache) {
   trio.expect_lengths();
 }
 
+TEST_P(BatchCacheModes, BeamsReorderedInAFullBlockTable) {
+  // A table with rows for the batch alone (beam search's cache): forks take the rows of the sequences let go.
+  Trio trio(GetParam(), values_, table_, 4, 4);
+  trio.forward(37, {}, false);
+  for (int i = 0; i < 4; ++i) trio.forward(1, {});
+  trio.select({0, 0, 3, 3});
+  trio.expect_lengths();
+  for (int i = 0; i < 20; ++i) trio.forward(1, {});
+  trio.select({1, 1, 1, 2});
+  for (int i = 0; i < 5; ++i) trio.forward(1, {});
+  trio.expect_lengths();
+  EXPECT_LT(trio.worst(), 1e-2);
+}
+
 TEST_F(BatchCacheModeLimits, WhatCannotBeDoneRaisesChangingNothing) {
   const Shape& shape = shape_;
   // A forward begun unattended that passes a sliding window: its first queries' blocks were never kept.

@@ -33,6 +33,7 @@
 #include <utility>
 
 #include "codec/decode_avx2.hpp"
+#include "codec/encode_avx2.hpp"
 
 namespace gaac::avx2 {
 namespace {
@@ -495,18 +496,9 @@ void classify(int v, __m256i exponent, const Fp8Bases<F>& bases, uint8_t* offset
   const __m256i b2 = bases.narrow(v);
   const __m256i d2 = _mm256_sub_epi8(exponent, b2);
   const __m256i d3 = _mm256_sub_epi8(d2, bases.step(v));
-  const __m256i in2 = _mm256_cmpeq_epi8(_mm256_min_epu8(d2, _mm256_set1_epi8(3 << kM)), d2);
-  const __m256i in3 = _mm256_cmpeq_epi8(_mm256_min_epu8(d3, _mm256_set1_epi8(7 << kM)), d3);
-  const __m256i ones = _mm256_set1_epi8(-1);
-  const __m256i group2 = _mm256_cmpeq_epi64(in2, ones), group3 = _mm256_cmpeq_epi64(in3, ones);
+  const __m256i offset = choose_modes<F>(v, exponent, d2, d3, _mm256_set1_epi8(3 << kM), _mm256_set1_epi8(7 << kM), modes);
   // Every byte a multiple of 2^M: the 16-bit shift back moves no bit across bytes.
-  store(offsets + 32 * v, _mm256_srli_epi16(_mm256_blendv_epi8(_mm256_blendv_epi8(exponent, d3, group3), d2, group2), kM));
-  const auto not2 = ~static_cast<unsigned>(_mm256_movemask_pd(_mm256_castsi256_pd(group2))) & 15u;
-  const auto raw = not2 & ~static_cast<unsigned>(_mm256_movemask_pd(_mm256_castsi256_pd(group3)));
-  const uint32_t mode_bytes = _pdep_u32(not2, 0x01010101u) + _pdep_u32(raw, 0x01010101u);  // 0, 1 or 2 per group
-  const int lane = 2 * (v % 16), k = 2 * (v / 16);
-  store_u16(modes + lane * F::kGroupsPerLane + k, static_cast<uint16_t>(mode_bytes));
-  store_u16(modes + (lane + 1) * F::kGroupsPerLane + k, static_cast<uint16_t>(mode_bytes >> 16));
+  store(offsets + 32 * v, _mm256_srli_epi16(offset, kM));
 }
 
 /// Reads the rows into fragment registers, classifying each, and keeps their sign+mantissa fields.
@@ -553,33 +545,6 @@ void write_stream(const uint8_t* values, uint8_t* stream) {
   }
 }
 
-/// Writes the tags of every group and the escapes of the 3-bit and raw groups, in group order.
-template <class F>
-TileEncoding write_tags_and_escapes(const uint8_t* offsets, const uint8_t* modes, size_t capacity, uint8_t* tags, uint8_t* escapes) {
-  TileEncoding result;
-  size_t used = 0;
-  for (int g0 = 0; g0 < F::kGroups; g0 += 8) {
-    const uint64_t eight = load_u64(modes + g0);
-    store_u16(tags + g0 / 4, static_cast<uint16_t>(_pext_u64(eight, 0x0303030303030303ull)));
-    for (uint64_t pending = eight; pending != 0; pending &= ~(0xFFull << (__builtin_ctzll(pending) & ~7))) {
-      const int i = __builtin_ctzll(pending) / 8;
-      const int mode = modes[g0 + i];
-      ++result.groups_by_mode[mode];
-      // Plane k holds bit 2 + k of every offset (raw groups: of every exponent).
-      const uint64_t offset = load_u64(offsets + F::group_offset(g0 + i));
-      const int planes = fp8_escape_bytes_for(static_cast<Fp8GroupMode>(mode), F::kFormat);
-      for (int k = 0; k < planes; ++k, ++used) {
-        if (used < capacity) escapes[used] = static_cast<uint8_t>(_pext_u64(offset, 0x0404040404040404ull << k));
-      }
-    }
-  }
-  if (used < capacity) std::memset(escapes + used, 0, capacity - used);
-  result.groups_by_mode[0] = F::kGroups - result.groups_by_mode[1] - result.groups_by_mode[2];
-  result.escape_bytes = static_cast<uint32_t>(used);
-  result.fits = used <= capacity;
-  return result;
-}
-
 template <class F>
 TileEncoding encode(const uint8_t* src, size_t stride, const Fp8Bases<F>& bases, size_t capacity, uint8_t* slot) {
   constexpr Fp8TileShape shape = F::kFp8Shape;
@@ -596,7 +561,8 @@ TileEncoding encode(const uint8_t* src, size_t stride, const Fp8Bases<F>& bases,
     write_stream<2, F::kRegisters>(fields, slot + shape.mantissa_offset());
   }
   write_stream<kFp8CodeBits, F::kRegisters>(offsets, slot + shape.code_offset());
-  return write_tags_and_escapes<F>(offsets, modes, capacity, slot + shape.tag_offset(), slot + shape.escape_offset());
+  return write_tags_and_escapes<F, kFp8CodeBits>(offsets, modes, capacity, slot + shape.tag_offset(), slot + shape.escape_offset(),
+                                                 [](int mode) { return fp8_escape_bytes_for(static_cast<Fp8GroupMode>(mode), F::kFormat); });
 }
 
 }  // namespace

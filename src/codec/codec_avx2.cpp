@@ -31,6 +31,7 @@
 #include <type_traits>
 
 #include "codec/decode_avx2.hpp"
+#include "codec/encode_avx2.hpp"
 
 namespace gaac::avx2 {
 namespace {
@@ -340,18 +341,7 @@ template <class G>
 void classify(int v, __m256i exponent, const FragmentBases<G>& bases, uint8_t* offsets, uint8_t* modes) {
   const __m256i d3 = _mm256_sub_epi8(exponent, bases.b3(v));
   const __m256i d4 = _mm256_sub_epi8(exponent, bases.b4(v));
-  const __m256i in3 = _mm256_cmpeq_epi8(_mm256_min_epu8(d3, _mm256_set1_epi8(7)), d3);
-  const __m256i in4 = _mm256_cmpeq_epi8(_mm256_min_epu8(d4, _mm256_set1_epi8(15)), d4);
-  const __m256i ones = _mm256_set1_epi8(-1);
-  const __m256i group3 = _mm256_cmpeq_epi64(in3, ones), group4 = _mm256_cmpeq_epi64(in4, ones);
-  store(offsets + 32 * v, _mm256_blendv_epi8(_mm256_blendv_epi8(exponent, d4, group4), d3, group3));
-  const auto not3 = ~static_cast<unsigned>(_mm256_movemask_pd(_mm256_castsi256_pd(group3))) & 15u;
-  const auto raw = not3 & ~static_cast<unsigned>(_mm256_movemask_pd(_mm256_castsi256_pd(group4)));
-  const uint32_t mode_bytes = _pdep_u32(not3, 0x01010101u) + _pdep_u32(raw, 0x01010101u);  // 0, 1 or 2 per group
-  // The four groups are (lane 2p, k), (2p, k+1), (2p+1, k), (2p+1, k+1) with k = 2·chunk.
-  const int lane = 2 * (v % 16), k = 2 * (v / 16);
-  store_u16(modes + lane * G::kGroupsPerLane + k, static_cast<uint16_t>(mode_bytes));
-  store_u16(modes + (lane + 1) * G::kGroupsPerLane + k, static_cast<uint16_t>(mode_bytes >> 16));
+  store(offsets + 32 * v, choose_modes<G>(v, exponent, d3, d4, _mm256_set1_epi8(7), _mm256_set1_epi8(15), modes));
 }
 
 /// Reads the rows, writes the sign+mantissa section, classifies every group.
@@ -399,34 +389,6 @@ void read_rows(const uint16_t* src, size_t stride, const FragmentBases<G>& bases
   }
 }
 
-/// Writes the tags of every group and the escapes of the 4-bit and raw groups, in group order.
-template <class G>
-TileEncoding write_tags_and_escapes(const uint8_t* offsets, const uint8_t* modes, size_t capacity, uint8_t* tags,
-                                    uint8_t* escapes) {
-  TileEncoding result;
-  size_t used = 0;
-  for (int g0 = 0; g0 < G::kGroups; g0 += 8) {
-    const uint64_t eight = load_u64(modes + g0);
-    store_u16(tags + g0 / 4, static_cast<uint16_t>(_pext_u64(eight, 0x0303030303030303ull)));
-    for (uint64_t pending = eight; pending != 0; pending &= ~(0xFFull << (__builtin_ctzll(pending) & ~7))) {
-      const int i = __builtin_ctzll(pending) / 8;
-      const int mode = modes[g0 + i];
-      ++result.groups_by_mode[mode];
-      // Plane k holds bit 3+k of every offset (raw groups: of every exponent).
-      const uint64_t offset = load_u64(offsets + G::group_offset(g0 + i));
-      const int planes = escape_bytes_for(static_cast<GroupMode>(mode));
-      for (int k = 0; k < planes; ++k, ++used) {
-        if (used < capacity) escapes[used] = static_cast<uint8_t>(_pext_u64(offset, 0x0808080808080808ull << k));
-      }
-    }
-  }
-  if (used < capacity) std::memset(escapes + used, 0, capacity - used);
-  result.groups_by_mode[0] = G::kGroups - result.groups_by_mode[1] - result.groups_by_mode[2];
-  result.escape_bytes = static_cast<uint32_t>(used);
-  result.fits = used <= capacity;
-  return result;
-}
-
 template <class G>
 TileEncoding encode(const uint16_t* src, size_t stride, const FragmentBases<G>& fragment_bases, size_t capacity, uint8_t* slot,
                     uint8_t* escapes) {
@@ -434,7 +396,9 @@ TileEncoding encode(const uint16_t* src, size_t stride, const FragmentBases<G>& 
   alignas(8) uint8_t modes[G::kGroups];
   read_rows(src, stride, fragment_bases, slot, offsets, modes);
   write_code_words<G>(offsets, slot + G::kShape.code_offset());
-  return write_tags_and_escapes<G>(offsets, modes, capacity, slot + G::kShape.tag_offset(), escapes);
+  // Offsets hold 3 bits in the code words; plane k is bit 3 + k (raw groups: of every exponent).
+  return write_tags_and_escapes<G, 3>(offsets, modes, capacity, slot + G::kShape.tag_offset(), escapes,
+                                      [](int mode) { return escape_bytes_for(static_cast<GroupMode>(mode)); });
 }
 
 /// The prepared bases of a tile shape: the decoder's and the encoder's forms, side by side.

@@ -2,45 +2,18 @@
 // of gaac/format.hpp and favours plainness over speed: every other executor is tested against it.
 #include <array>
 #include <cstring>
-#include <vector>
 
+#include "codec/group_scalar.hpp"
 #include "codec/kernels.hpp"
 #include "codec/shape_dispatch.hpp"
 
 namespace gaac::scalar {
 namespace {
 
-uint32_t load_le32(const uint8_t* p) {
-  return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 | static_cast<uint32_t>(p[2]) << 16 |
-         static_cast<uint32_t>(p[3]) << 24;
-}
+using group::Group;
 
-void store_le32(uint8_t* p, uint32_t v) {
-  for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
-
-/// Exponents and channels of one group's eight elements, in group order.
-struct Group {
-  std::array<uint8_t, kGroupSize> exponent{};
-  std::array<uint16_t, kGroupSize> channel{};
-};
-
-GroupMode choose_mode(const Group& group, const TileBases& bases) {
-  bool fits3 = true;
-  bool fits4 = true;
-  for (int i = 0; i < kGroupSize; ++i) {
-    const int e = group.exponent[i];
-    const int d3 = e - bases.b3[group.channel[i]];
-    const int d4 = e - bases.b4[group.channel[i]];
-    fits3 = fits3 && d3 >= 0 && d3 < 8;
-    fits4 = fits4 && d4 >= 0 && d4 < 16;
-  }
-  return fits3 ? GroupMode::bits3 : fits4 ? GroupMode::bits4 : GroupMode::raw;
-}
-
-int base_for(GroupMode mode, const TileBases& bases, int channel) {
-  return mode == GroupMode::bits3 ? bases.b3[channel] : mode == GroupMode::bits4 ? bases.b4[channel] : 0;
-}
+/// The BF16 windows: 3-bit offsets from b3, 4-bit from b4.
+group::Windows<3> windows(const TileBases& bases) { return {bases.b3, bases.b4}; }
 
 /// Writes bits 0..2 of `code` into the lane's code words at the position of (quad, byte).
 void put_code(TileShape shape, uint32_t* words, int quad, int byte, uint32_t code) {
@@ -67,7 +40,8 @@ TileEncoding encode_tile(TileShape shape, const uint16_t* src, size_t row_stride
   uint8_t* codes = slot + shape.code_offset();
   uint8_t* tags = slot + shape.tag_offset();
   const int words_per_lane = code_words_per_lane(shape);
-  std::vector<uint32_t> tag_words(static_cast<size_t>(shape.groups()) / 16, 0);
+  group::TagWords tag_words(shape.groups());
+  const group::Windows<3> window = windows(bases);
   size_t escape_used = 0;
 
   for (int lane = 0; lane < kWarpLanes; ++lane) {
@@ -84,27 +58,23 @@ TileEncoding encode_tile(TileShape shape, const uint16_t* src, size_t row_stride
           group.channel[index_in_group(quad, b)] = at.channel;
         }
       }
-      const GroupMode mode = choose_mode(group, bases);
-      const int g = group_index(shape, lane, 2 * pair);
-      tag_words[g / 16] |= static_cast<uint32_t>(mode) << (2 * (g % 16));
-      ++result.groups_by_mode[static_cast<int>(mode)];
+      const int mode = window.choose(group);
+      tag_words.set(group_index(shape, lane, 2 * pair), mode);
+      ++result.groups_by_mode[mode];
 
       // Offsets (or exponents, for raw groups) of the eight elements; low 3 bits go to the code words,
       // higher bits become escape bit-planes: plane k holds bit 3+k of element i at bit i.
-      std::array<uint8_t, 5> planes{};
+      group::Planes<5> planes{};
       for (int i = 0; i < kGroupSize; ++i) {
-        const uint32_t offset = static_cast<uint32_t>(group.exponent[i] - base_for(mode, bases, group.channel[i]));
+        const auto offset = static_cast<uint32_t>(group.exponent[i] - window.base_for(mode, group.channel[i]));
         put_code(shape, words.data(), 2 * pair + i / kQuadSize, i % kQuadSize, offset);
         for (int k = 0; k < 5; ++k) planes[k] |= static_cast<uint8_t>(((offset >> (3 + k)) & 1u) << i);
       }
-      const int n_escape = escape_bytes_for(mode);
-      for (int k = 0; k < n_escape; ++k, ++escape_used) {
-        if (escape_used < escape_capacity) escapes[escape_used] = planes[k];
-      }
+      group::put_planes(planes, escape_bytes_for(static_cast<GroupMode>(mode)), escapes, escape_capacity, escape_used);
     }
-    for (int w = 0; w < words_per_lane; ++w) store_le32(codes + code_word_offset(shape, lane, w), words[w]);
+    for (int w = 0; w < words_per_lane; ++w) group::store_le32(codes + code_word_offset(shape, lane, w), words[w]);
   }
-  for (size_t r = 0; r < tag_words.size(); ++r) store_le32(tags + 4 * r, tag_words[r]);
+  tag_words.store(tags);
   result.escape_bytes = static_cast<uint32_t>(escape_used);
   result.fits = escape_used <= escape_capacity;
   return result;
@@ -116,21 +86,19 @@ DecodeStatus decode_tile(TileShape shape, const uint8_t* slot, const uint8_t* es
   const uint8_t* codes = slot + shape.code_offset();
   const uint8_t* tags = slot + shape.tag_offset();
   const int words_per_lane = code_words_per_lane(shape);
+  const group::Windows<3> window = windows(bases);
   size_t escape_next = 0;
 
   for (int lane = 0; lane < kWarpLanes; ++lane) {
     std::array<uint32_t, 6> words{};
-    for (int w = 0; w < words_per_lane; ++w) words[w] = load_le32(codes + code_word_offset(shape, lane, w));
+    for (int w = 0; w < words_per_lane; ++w) words[w] = group::load_le32(codes + code_word_offset(shape, lane, w));
     for (int pair = 0; pair < shape.groups_per_lane(); ++pair) {
-      const int g = group_index(shape, lane, 2 * pair);
-      const uint32_t tag = (load_le32(tags + 4 * (g / 16)) >> (2 * (g % 16))) & 3u;
+      const uint32_t tag = group::tag_of(tags, group_index(shape, lane, 2 * pair));
       if (tag == kInvalidTag) return DecodeStatus::invalid_tag;
-      const auto mode = static_cast<GroupMode>(tag);
-      const size_t n_escape = static_cast<size_t>(escape_bytes_for(mode));
-      if (escape_next + n_escape > escape_capacity) return DecodeStatus::escape_overrun;
-      std::array<uint8_t, 5> planes{};
-      for (size_t k = 0; k < n_escape; ++k) planes[k] = escapes[escape_next + k];
-      escape_next += n_escape;
+      const auto mode = static_cast<int>(tag);
+      const auto n_escape = static_cast<size_t>(escape_bytes_for(static_cast<GroupMode>(mode)));
+      group::Planes<5> planes{};
+      if (!group::take_planes(escapes, escape_capacity, n_escape, escape_next, planes)) return DecodeStatus::escape_overrun;
 
       for (int i = 0; i < kGroupSize; ++i) {
         const int quad = 2 * pair + i / kQuadSize;
@@ -139,16 +107,13 @@ DecodeStatus decode_tile(TileShape shape, const uint8_t* slot, const uint8_t* es
         for (int k = 0; k < 5; ++k) offset |= ((planes[k] >> i) & 1u) << (3 + k);
         const ElementSlot at = element_slot(shape, lane, quad, b);
         // Calibrated bases keep base + offset inside 0..255; the cast is the format's definition.
-        const auto exponent = static_cast<uint8_t>(base_for(mode, bases, at.channel) + offset);
+        const auto exponent = static_cast<uint8_t>(window.base_for(mode, at.channel) + offset);
         dst[static_cast<size_t>(at.token) * row_stride + at.channel] =
             bf16_compose(sign_mantissa[sign_mantissa_offset(lane, quad, b)], exponent);
       }
     }
   }
-  for (size_t i = escape_next; i < escape_capacity; ++i) {
-    if (escapes[i] != 0) return DecodeStatus::nonzero_padding;
-  }
-  return DecodeStatus::ok;
+  return group::padding_is_zero(escapes, escape_next, escape_capacity) ? DecodeStatus::ok : DecodeStatus::nonzero_padding;
 }
 
 /// Prepared bases of the scalar backend: b3 of every channel, then b4.

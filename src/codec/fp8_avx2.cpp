@@ -33,6 +33,7 @@
 #include <utility>
 
 #include "codec/decode_avx2.hpp"
+#include "codec/encode_avx2.hpp"
 
 namespace gaac::avx2 {
 namespace {
@@ -111,7 +112,7 @@ inline void key_to_fragment(__m256i x[2]) {
 /// the register number, on g1 b1, on g2 cc1; the lane swap trades cc1 for t0. The first two rounds work
 /// within each half (g2 = 0, 1) of four registers, so a decoder can run them on one half while it
 /// decodes the other (value_rounds_12), and the last round joins the halves (value_round_3).
-inline void value_rounds_12(__m256i x[4]) {
+[[gnu::always_inline]] inline void value_rounds_12(__m256i x[4]) {
   const __m256i bytes = load(kValueBytes);
 #pragma GCC unroll 4
   for (int j = 0; j < 4; ++j) x[j] = _mm256_shuffle_epi8(x[j], bytes);
@@ -175,31 +176,25 @@ inline void value_to_fragment(__m256i x[8]) {
 // Bases in fragment order
 
 /// The bases of every fragment register, shifted to the exponent field's place (left by M, so a
-/// decoded exponent is already where the FP8 byte keeps it): the narrow window's (b2 << M) and the step
-/// (b3 − b2) << M, modulo 256. Keys repeat per token (patterns 2h + t1, codec/decode_avx2.hpp's
-/// key_base_patterns); values per (chunk, g).
+/// decoded exponent is already where the FP8 byte keeps it): the narrow window's (b2 << M) and the wide
+/// one's (b3 << M). Keys repeat per token (patterns 2h + t1, codec/decode_avx2.hpp's key_base_patterns);
+/// values per (chunk, g).
 template <class F>
 class Fp8Bases {
  public:
   explicit Fp8Bases(const Fp8TileBases& bases) {
-    shifted(bases);
+    store_patterns(bases);
+    for (int i = 0; i < kPatterns; ++i) {
+      // Bases < 2^X and X + M = 7: nothing crosses a byte.
+      store(narrow_[i], _mm256_slli_epi16(load(narrow_[i]), kM));
+      store(wide_[i], _mm256_slli_epi16(load(wide_[i]), kM));
+    }
   }
   __m256i narrow(int v) const { return load(narrow_[pattern(v)]); }
-  __m256i step(int v) const { return load(step_[pattern(v)]); }
+  __m256i wide(int v) const { return load(wide_[pattern(v)]); }
 
  private:
   static constexpr int kM = mantissa_bits(F::kFormat);
-  void shifted(const Fp8TileBases& bases) {
-    store_patterns(bases);
-    for (int i = 0; i < kPatterns; ++i) {
-      store(narrow_[i], _mm256_slli_epi16(load(narrow_[i]), kM));  // bases < 2^X: nothing crosses a byte
-      // The step may be negative (modulo 256): shift its bytes apart so none leaks into the next.
-      const __m256i step = load(step_[i]);
-      const __m256i low = _mm256_and_si256(_mm256_slli_epi16(step, kM), _mm256_set1_epi16(0x00FF));
-      const __m256i high = _mm256_slli_epi16(_mm256_and_si256(step, _mm256_set1_epi16(static_cast<short>(0xFF00))), kM);
-      store(step_[i], _mm256_or_si256(low, high));
-    }
-  }
   void store_patterns(const Fp8TileBases& bases) {
     if constexpr (F::kShape.kind == TensorKind::key) {
       for (int h = 0; h < F::kHalves; ++h) {
@@ -208,7 +203,7 @@ class Fp8Bases {
         key_base_patterns(bases.b3.data() + 64 * h, b3);
         for (int i = 0; i < 2; ++i) {
           store(narrow_[2 * h + i], b2[i]);
-          store(step_[2 * h + i], _mm256_sub_epi8(b3[i], b2[i]));
+          store(wide_[2 * h + i], b3[i]);
         }
       }
     } else {
@@ -218,9 +213,8 @@ class Fp8Bases {
         value_base_dwords(bases.b3.data() + 32 * c, d3);
         for (int g = 0; g < 8; ++g) {
           const __m256i spread = load(kSpreadDword[static_cast<size_t>(g % 4)]);
-          const __m256i b2 = _mm256_shuffle_epi8(d2[g / 4], spread);
-          store(narrow_[8 * c + g], b2);
-          store(step_[8 * c + g], _mm256_sub_epi8(_mm256_shuffle_epi8(d3[g / 4], spread), b2));
+          store(narrow_[8 * c + g], _mm256_shuffle_epi8(d2[g / 4], spread));
+          store(wide_[8 * c + g], _mm256_shuffle_epi8(d3[g / 4], spread));
         }
       }
     }
@@ -232,7 +226,7 @@ class Fp8Bases {
     return static_cast<int>(u / 16 * 8 + u % 16 / 2);
   }
   alignas(32) uint8_t narrow_[kPatterns][32];
-  alignas(32) uint8_t step_[kPatterns][32];
+  alignas(32) uint8_t wide_[kPatterns][32];
 };
 
 // ----------------------------------------------------------------------------------------------
@@ -334,9 +328,6 @@ void find_escape_planes(const uint8_t* tags, const uint8_t* escapes, const TagRo
   const __m256i tag_bytes = load(kTagBytes.data());
   const __m256i field = _mm256_set1_epi32(static_cast<int>(0xC0300C03u));  // group i's tag in byte i
   const __m256i tag1 = _mm256_set1_epi32(0x40100401), tag2 = _mm256_set1_epi32(static_cast<int>(0x80200802u));
-  // vpshufb reads a byte's low four bits, or gives 0 when bit 7 is set: adding 112 with unsigned saturation
-  // keeps 0..15 (as 112..127) and sends 16 and more, and the negative, to 128 and more.
-  const __m256i bias = _mm256_set1_epi8(112);
   for (int r = 0; r < TagRows<F>::kRows; r += 2) {
     const __m256i word = _mm256_set1_epi64x(static_cast<long long>(load_u64(tags + 4 * r)));
     const __m256i t = _mm256_and_si256(_mm256_shuffle_epi8(word, tag_bytes), field);
@@ -347,17 +338,20 @@ void find_escape_planes(const uint8_t* tags, const uint8_t* escapes, const TagRo
     before = _mm256_add_epi8(before, _mm256_slli_si256(before, 2));
     before = _mm256_add_epi8(before, _mm256_slli_si256(before, 4));
     before = _mm256_add_epi8(before, _mm256_slli_si256(before, 8));
+    // Window w enters as its xor with window w − 1, looked up at index − 16w: vpshufb reads an index's low four
+    // bits, or gives 0 when it is negative (bit 7), so the lookups of windows 0 .. index / 16 telescope to
+    // window index / 16's byte. Every index is below 16·(X − 2) (a row's escapes), the last window's end.
     __m256i windows[kR];
     for (int w = 0; w < kR; ++w) {
       windows[w] = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(copy + rows.start[r + 1] + 16 * w),
                                        reinterpret_cast<const __m128i*>(copy + rows.start[r] + 16 * w));
     }
+    for (int w = kR - 1; w > 0; --w) windows[w] = _mm256_xor_si256(windows[w], windows[w - 1]);
     for (int k = 0; k < kR; ++k) {
-      const __m256i index = _mm256_add_epi8(before, _mm256_set1_epi8(static_cast<char>(k)));
-      __m256i plane = _mm256_setzero_si256();
-      for (int w = 0; w < kR; ++w) {
-        const __m256i at = _mm256_sub_epi8(index, _mm256_set1_epi8(static_cast<char>(16 * w)));
-        plane = _mm256_or_si256(plane, _mm256_shuffle_epi8(windows[w], _mm256_adds_epu8(at, bias)));
+      __m256i plane = _mm256_shuffle_epi8(windows[0], _mm256_add_epi8(before, _mm256_set1_epi8(static_cast<char>(k))));
+      for (int w = 1; w < kR; ++w) {
+        const __m256i at = _mm256_add_epi8(before, _mm256_set1_epi8(static_cast<char>(k - 16 * w)));
+        plane = _mm256_xor_si256(plane, _mm256_shuffle_epi8(windows[w], at));
       }
       store(out.plane[k][r], _mm256_and_si256(plane, k == 0 ? _mm256_or_si256(is3, raw) : raw));
     }
@@ -366,7 +360,7 @@ void find_escape_planes(const uint8_t* tags, const uint8_t* escapes, const TagRo
 }
 
 /// The exponents of fragment register V at the exponent field's place (bits M..): 2-bit code, plus the
-/// base of its group's mode (b2, b3 = b2 + step, or 0 for raw groups), plus bit 2 + k of plane k.
+/// base of its group's mode (b2, b3, or 0 for raw groups), plus bit 2 + k of plane k.
 template <class F, int V>
 inline __m256i exponents_of(const uint8_t* slot, const Fp8Bases<F>& bases, const EscapePlanes<F>& planes) {
   constexpr int v = V, kM = mantissa_bits(F::kFormat);
@@ -377,11 +371,11 @@ inline __m256i exponents_of(const uint8_t* slot, const Fp8Bases<F>& bases, const
   const auto picked = [&](const uint8_t* r) {
     return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(r))), pick);
   };
-  // One pick gives the mode: 0xFF selects the step to b3 (0x80, a raw group, a part of it, dropped with the
-  // whole base by the signed compare that is false only for 0x80).
+  // One pick gives the mode: its bit 7 (0xFF, 0x80) selects b3 over b2, and the signed compare, false only
+  // for 0x80 (a raw group), keeps the base.
   const __m256i mode = picked(planes.mode[row]);
   const __m256i based = _mm256_cmpgt_epi8(mode, _mm256_set1_epi8(static_cast<char>(0x80)));
-  const __m256i base = _mm256_and_si256(based, _mm256_add_epi8(bases.narrow(v), _mm256_and_si256(mode, bases.step(v))));
+  const __m256i base = _mm256_and_si256(based, _mm256_blendv_epi8(bases.narrow(v), bases.wide(v), mode));
   __m256i exponent = _mm256_add_epi8(code, base);
   const __m256i bit = load(kFp8ElementBit);
 #pragma GCC unroll 3
@@ -494,19 +488,10 @@ void classify(int v, __m256i exponent, const Fp8Bases<F>& bases, uint8_t* offset
   constexpr int kM = mantissa_bits(F::kFormat);
   const __m256i b2 = bases.narrow(v);
   const __m256i d2 = _mm256_sub_epi8(exponent, b2);
-  const __m256i d3 = _mm256_sub_epi8(d2, bases.step(v));
-  const __m256i in2 = _mm256_cmpeq_epi8(_mm256_min_epu8(d2, _mm256_set1_epi8(3 << kM)), d2);
-  const __m256i in3 = _mm256_cmpeq_epi8(_mm256_min_epu8(d3, _mm256_set1_epi8(7 << kM)), d3);
-  const __m256i ones = _mm256_set1_epi8(-1);
-  const __m256i group2 = _mm256_cmpeq_epi64(in2, ones), group3 = _mm256_cmpeq_epi64(in3, ones);
+  const __m256i d3 = _mm256_sub_epi8(exponent, bases.wide(v));
+  const __m256i offset = choose_modes<F>(v, exponent, d2, d3, _mm256_set1_epi8(3 << kM), _mm256_set1_epi8(7 << kM), modes);
   // Every byte a multiple of 2^M: the 16-bit shift back moves no bit across bytes.
-  store(offsets + 32 * v, _mm256_srli_epi16(_mm256_blendv_epi8(_mm256_blendv_epi8(exponent, d3, group3), d2, group2), kM));
-  const auto not2 = ~static_cast<unsigned>(_mm256_movemask_pd(_mm256_castsi256_pd(group2))) & 15u;
-  const auto raw = not2 & ~static_cast<unsigned>(_mm256_movemask_pd(_mm256_castsi256_pd(group3)));
-  const uint32_t mode_bytes = _pdep_u32(not2, 0x01010101u) + _pdep_u32(raw, 0x01010101u);  // 0, 1 or 2 per group
-  const int lane = 2 * (v % 16), k = 2 * (v / 16);
-  store_u16(modes + lane * F::kGroupsPerLane + k, static_cast<uint16_t>(mode_bytes));
-  store_u16(modes + (lane + 1) * F::kGroupsPerLane + k, static_cast<uint16_t>(mode_bytes >> 16));
+  store(offsets + 32 * v, _mm256_srli_epi16(offset, kM));
 }
 
 /// Reads the rows into fragment registers, classifying each, and keeps their sign+mantissa fields.
@@ -553,33 +538,6 @@ void write_stream(const uint8_t* values, uint8_t* stream) {
   }
 }
 
-/// Writes the tags of every group and the escapes of the 3-bit and raw groups, in group order.
-template <class F>
-TileEncoding write_tags_and_escapes(const uint8_t* offsets, const uint8_t* modes, size_t capacity, uint8_t* tags, uint8_t* escapes) {
-  TileEncoding result;
-  size_t used = 0;
-  for (int g0 = 0; g0 < F::kGroups; g0 += 8) {
-    const uint64_t eight = load_u64(modes + g0);
-    store_u16(tags + g0 / 4, static_cast<uint16_t>(_pext_u64(eight, 0x0303030303030303ull)));
-    for (uint64_t pending = eight; pending != 0; pending &= ~(0xFFull << (__builtin_ctzll(pending) & ~7))) {
-      const int i = __builtin_ctzll(pending) / 8;
-      const int mode = modes[g0 + i];
-      ++result.groups_by_mode[mode];
-      // Plane k holds bit 2 + k of every offset (raw groups: of every exponent).
-      const uint64_t offset = load_u64(offsets + F::group_offset(g0 + i));
-      const int planes = fp8_escape_bytes_for(static_cast<Fp8GroupMode>(mode), F::kFormat);
-      for (int k = 0; k < planes; ++k, ++used) {
-        if (used < capacity) escapes[used] = static_cast<uint8_t>(_pext_u64(offset, 0x0404040404040404ull << k));
-      }
-    }
-  }
-  if (used < capacity) std::memset(escapes + used, 0, capacity - used);
-  result.groups_by_mode[0] = F::kGroups - result.groups_by_mode[1] - result.groups_by_mode[2];
-  result.escape_bytes = static_cast<uint32_t>(used);
-  result.fits = used <= capacity;
-  return result;
-}
-
 template <class F>
 TileEncoding encode(const uint8_t* src, size_t stride, const Fp8Bases<F>& bases, size_t capacity, uint8_t* slot) {
   constexpr Fp8TileShape shape = F::kFp8Shape;
@@ -596,7 +554,8 @@ TileEncoding encode(const uint8_t* src, size_t stride, const Fp8Bases<F>& bases,
     write_stream<2, F::kRegisters>(fields, slot + shape.mantissa_offset());
   }
   write_stream<kFp8CodeBits, F::kRegisters>(offsets, slot + shape.code_offset());
-  return write_tags_and_escapes<F>(offsets, modes, capacity, slot + shape.tag_offset(), slot + shape.escape_offset());
+  return write_tags_and_escapes<F, kFp8CodeBits>(offsets, modes, capacity, slot + shape.tag_offset(), slot + shape.escape_offset(),
+                                                 [](int mode) { return fp8_escape_bytes_for(static_cast<Fp8GroupMode>(mode), F::kFormat); });
 }
 
 }  // namespace

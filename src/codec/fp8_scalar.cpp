@@ -2,21 +2,12 @@
 // gaac/fp8_format.hpp and favours plainness over speed: every other FP8 executor is tested against it.
 #include <array>
 #include <cstring>
-#include <vector>
 
 #include "codec/fp8_kernels.hpp"
+#include "codec/group_scalar.hpp"
 
 namespace gaac::scalar {
 namespace {
-
-uint32_t load_le32(const uint8_t* p) {
-  return static_cast<uint32_t>(p[0]) | static_cast<uint32_t>(p[1]) << 8 | static_cast<uint32_t>(p[2]) << 16 |
-         static_cast<uint32_t>(p[3]) << 24;
-}
-
-void store_le32(uint8_t* p, uint32_t v) {
-  for (int i = 0; i < 4; ++i) p[i] = static_cast<uint8_t>(v >> (8 * i));
-}
 
 /// Writes the `bits`-bit field of fragment position `position` into a stream (zeroed beforehand).
 void put_field(uint8_t* stream, int bits, int position, uint32_t value) {
@@ -46,28 +37,10 @@ uint8_t get_sign_mantissa(Fp8TileShape shape, const uint8_t* slot, int position)
                               get_field(slot + shape.mantissa_offset(), 2, position));
 }
 
-/// Exponents and channels of one group's eight elements, in group order.
-struct Group {
-  std::array<uint8_t, kGroupSize> exponent{};
-  std::array<uint16_t, kGroupSize> channel{};
-};
+using group::Group;
 
-Fp8GroupMode choose_mode(const Group& group, const Fp8TileBases& bases) {
-  bool fits2 = true;
-  bool fits3 = true;
-  for (int i = 0; i < kGroupSize; ++i) {
-    const int e = group.exponent[i];
-    const int d2 = e - bases.b2[group.channel[i]];
-    const int d3 = e - bases.b3[group.channel[i]];
-    fits2 = fits2 && d2 >= 0 && d2 < 4;
-    fits3 = fits3 && d3 >= 0 && d3 < 8;
-  }
-  return fits2 ? Fp8GroupMode::bits2 : fits3 ? Fp8GroupMode::bits3 : Fp8GroupMode::raw;
-}
-
-int base_for(Fp8GroupMode mode, const Fp8TileBases& bases, int channel) {
-  return mode == Fp8GroupMode::bits2 ? bases.b2[channel] : mode == Fp8GroupMode::bits3 ? bases.b3[channel] : 0;
-}
+/// The FP8 windows: 2-bit offsets from b2, 3-bit from b3.
+group::Windows<2> windows(const Fp8TileBases& bases) { return {bases.b2, bases.b3}; }
 
 TileEncoding encode_tile(Fp8TileShape shape, const uint8_t* src, size_t row_stride, const Fp8TileBases& bases,
                          size_t escape_capacity, uint8_t* slot) {
@@ -75,7 +48,8 @@ TileEncoding encode_tile(Fp8TileShape shape, const uint8_t* src, size_t row_stri
   std::memset(slot, 0, shape.slot_bytes(escape_capacity));
   uint8_t* codes = slot + shape.code_offset();
   uint8_t* escapes = slot + shape.escape_offset();
-  std::vector<uint32_t> tag_words(static_cast<size_t>(shape.groups()) / 16, 0);
+  group::TagWords tag_words(shape.groups());
+  const group::Windows<2> window = windows(bases);
   size_t escape_used = 0;
 
   for (int lane = 0; lane < kWarpLanes; ++lane) {
@@ -89,26 +63,23 @@ TileEncoding encode_tile(Fp8TileShape shape, const uint8_t* src, size_t row_stri
         group.exponent[i] = fp8_exponent(x, shape.format);
         group.channel[i] = at.channel;
       }
-      const Fp8GroupMode mode = choose_mode(group, bases);
-      const int g = group_index(shape.tile, lane, 2 * pair);
-      tag_words[g / 16] |= static_cast<uint32_t>(mode) << (2 * (g % 16));
-      ++result.groups_by_mode[static_cast<int>(mode)];
+      const int mode = window.choose(group);
+      tag_words.set(group_index(shape.tile, lane, 2 * pair), mode);
+      ++result.groups_by_mode[mode];
 
       // Offsets (exponents, for raw groups): the low two bits go to the code stream, bit 2 + k to
       // escape plane k at bit i for element i.
-      std::array<uint8_t, 3> planes{};
+      group::Planes<3> planes{};
       for (int i = 0; i < kGroupSize; ++i) {
-        const auto offset = static_cast<uint32_t>(group.exponent[i] - base_for(mode, bases, group.channel[i]));
+        const auto offset = static_cast<uint32_t>(group.exponent[i] - window.base_for(mode, group.channel[i]));
         put_field(codes, kFp8CodeBits, fragment_position(lane, 2 * pair + i / kQuadSize, i % kQuadSize), offset);
         for (int k = 0; k < 3; ++k) planes[k] = static_cast<uint8_t>(planes[k] | ((offset >> (kFp8CodeBits + k)) & 1u) << i);
       }
-      const int n_escape = fp8_escape_bytes_for(mode, shape.format);
-      for (int k = 0; k < n_escape; ++k, ++escape_used) {
-        if (escape_used < escape_capacity) escapes[escape_used] = planes[k];
-      }
+      group::put_planes(planes, fp8_escape_bytes_for(static_cast<Fp8GroupMode>(mode), shape.format), escapes, escape_capacity,
+                        escape_used);
     }
   }
-  for (size_t r = 0; r < tag_words.size(); ++r) store_le32(slot + shape.tag_offset() + 4 * r, tag_words[r]);
+  tag_words.store(slot + shape.tag_offset());
   result.escape_bytes = static_cast<uint32_t>(escape_used);
   result.fits = escape_used <= escape_capacity;
   return result;
@@ -119,19 +90,17 @@ DecodeStatus decode_tile(Fp8TileShape shape, const uint8_t* slot, size_t escape_
   const uint8_t* codes = slot + shape.code_offset();
   const uint8_t* tags = slot + shape.tag_offset();
   const uint8_t* escapes = slot + shape.escape_offset();
+  const group::Windows<2> window = windows(bases);
   size_t escape_next = 0;
 
   for (int lane = 0; lane < kWarpLanes; ++lane) {
     for (int pair = 0; pair < shape.tile.groups_per_lane(); ++pair) {
-      const int g = group_index(shape.tile, lane, 2 * pair);
-      const uint32_t tag = (load_le32(tags + 4 * (g / 16)) >> (2 * (g % 16))) & 3u;
+      const uint32_t tag = group::tag_of(tags, group_index(shape.tile, lane, 2 * pair));
       if (tag == kInvalidTag) return DecodeStatus::invalid_tag;
-      const auto mode = static_cast<Fp8GroupMode>(tag);
-      const auto n_escape = static_cast<size_t>(fp8_escape_bytes_for(mode, shape.format));
-      if (escape_next + n_escape > escape_capacity) return DecodeStatus::escape_overrun;
-      std::array<uint8_t, 3> planes{};
-      for (size_t k = 0; k < n_escape; ++k) planes[k] = escapes[escape_next + k];
-      escape_next += n_escape;
+      const auto mode = static_cast<int>(tag);
+      const auto n_escape = static_cast<size_t>(fp8_escape_bytes_for(static_cast<Fp8GroupMode>(mode), shape.format));
+      group::Planes<3> planes{};
+      if (!group::take_planes(escapes, escape_capacity, n_escape, escape_next, planes)) return DecodeStatus::escape_overrun;
 
       for (int i = 0; i < kGroupSize; ++i) {
         const int quad = 2 * pair + i / kQuadSize, b = i % kQuadSize;
@@ -140,16 +109,13 @@ DecodeStatus decode_tile(Fp8TileShape shape, const uint8_t* slot, size_t escape_
         for (int k = 0; k < 3; ++k) offset |= ((planes[k] >> i) & 1u) << (kFp8CodeBits + k);
         const ElementSlot at = element_slot(shape.tile, lane, quad, b);
         // Calibrated bases keep base + offset inside the exponent range; the cast is the format's definition.
-        const auto exponent = static_cast<uint8_t>(base_for(mode, bases, at.channel) + offset);
+        const auto exponent = static_cast<uint8_t>(window.base_for(mode, at.channel) + offset);
         dst[static_cast<size_t>(at.token) * row_stride + at.channel] =
             fp8_compose(get_sign_mantissa(shape, slot, position), exponent, shape.format);
       }
     }
   }
-  for (size_t i = escape_next; i < escape_capacity; ++i) {
-    if (escapes[i] != 0) return DecodeStatus::nonzero_padding;
-  }
-  return DecodeStatus::ok;
+  return group::padding_is_zero(escapes, escape_next, escape_capacity) ? DecodeStatus::ok : DecodeStatus::nonzero_padding;
 }
 
 /// Prepared bases of the scalar backend: b2 of every channel, then b3.

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <string>
 
+#include "codec/codec_setup.hpp"
 #include "codec/fp8_kernels.hpp"
 #include "gaac/error.hpp"
 #include "gaac/fp8_codec.hpp"
@@ -24,13 +25,9 @@ Fp8TileCodec::Fp8TileCodec(Fp8TileShape shape, const Fp8TileBases& bases, size_t
     : shape_(shape), capacity_(escape_capacity) {
   if (!is_fp8(shape.format)) throw Error(std::string("an FP8 tile codec needs E4M3 or E5M2, got ") + to_string(shape.format));
   if (!shape.tile.valid()) throw Error("tile width must be 64 or 128 channels, got " + std::to_string(shape.tile.channels));
-  if (escape_capacity % kSlotAlignment != 0 || escape_capacity > shape.max_slot_capacity()) {
-    throw Error("escape capacity " + std::to_string(escape_capacity) + " is not a multiple of 16 in [0, " +
-                std::to_string(shape.max_slot_capacity()) + "]");
-  }
+  detail::check_escape_capacity(escape_capacity, shape.max_slot_capacity());
   if (!validate_fp8_bases(shape, bases)) throw Error("FP8 exponent bases missing or outside their valid range");
-  if (backend == Backend::automatic) backend = best_backend();
-  if (!backend_available(backend)) throw Error(std::string("backend not available on this machine: ") + to_string(backend));
+  backend = detail::resolve_backend(backend);
   backend_ = backend;
   std::copy_n(bases.b2.begin(), shape.tile.channels, b2_.begin());
   std::copy_n(bases.b3.begin(), shape.tile.channels, b3_.begin());
@@ -89,26 +86,14 @@ Fp8CalibratedCodecs::Fp8CalibratedCodecs(const CalibrationTable& table, std::opt
     : layers_(table.layers()), kv_heads_(table.kv_heads()), halves_(tiles_per_head(table.head_dim())) {
   table.validate();
   if (!is_fp8(table.element_format())) throw Error("FP8 tile codecs need an FP8 calibration table, this one is for BF16");
-  codecs_.reserve(2 * static_cast<size_t>(layers_) * kv_heads_ * halves_);
-  for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
+  codecs_ = detail::codecs_of_table<Fp8TileCodec>(table, escape_capacity, [&](TensorKind kind, int l, int h, int half, size_t capacity) {
     const Fp8TileShape shape{table.element_format(), tile_shape_for(kind, table.head_dim())};
-    for (int l = 0; l < layers_; ++l) {
-      const size_t capacity = escape_capacity.value_or(table.escape_capacity(kind, l));
-      for (int h = 0; h < kv_heads_; ++h) {
-        for (int half = 0; half < halves_; ++half) {
-          codecs_.emplace_back(shape, table.fp8_tile_bases(kind, l, h, half), capacity, backend);
-        }
-      }
-    }
-  }
+    return Fp8TileCodec(shape, table.fp8_tile_bases(kind, l, h, half), capacity, backend);
+  });
 }
 
 size_t Fp8CalibratedCodecs::index(TensorKind kind, int layer) const {
-  if (layer < 0 || layer >= layers_) {
-    throw Error("layer " + std::to_string(layer) + " outside the calibration's " + std::to_string(layers_) + " layers");
-  }
-  return ((kind == TensorKind::key ? 0 : static_cast<size_t>(layers_)) + static_cast<size_t>(layer)) *
-         static_cast<size_t>(kv_heads_ * halves_);
+  return detail::codec_table_index(kind, layer, layers_, kv_heads_ * halves_);
 }
 
 const Fp8TileCodec& Fp8CalibratedCodecs::codec(TensorKind kind, int layer, int head, int half) const {

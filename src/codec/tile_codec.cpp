@@ -4,6 +4,7 @@
 #include <algorithm>
 #include <string>
 
+#include "codec/codec_setup.hpp"
 #include "codec/kernels.hpp"
 #include "gaac/error.hpp"
 
@@ -12,13 +13,9 @@ namespace gaac {
 TileCodec::TileCodec(TileShape shape, const TileBases& bases, size_t escape_capacity, Backend backend)
     : shape_(shape), capacity_(escape_capacity) {
   if (!shape.valid()) throw Error("tile width must be 64 or 128 channels, got " + std::to_string(shape.channels));
-  if (escape_capacity % kSlotAlignment != 0 || escape_capacity > shape.max_slot_capacity()) {
-    throw Error("escape capacity " + std::to_string(escape_capacity) + " is not a multiple of 16 in [0, " +
-                std::to_string(shape.max_slot_capacity()) + "]");
-  }
+  detail::check_escape_capacity(escape_capacity, shape.max_slot_capacity());
   if (!validate_bases(shape, bases)) throw Error("exponent bases missing or outside their valid range");
-  if (backend == Backend::automatic) backend = best_backend();
-  if (!backend_available(backend)) throw Error(std::string("backend not available on this machine: ") + to_string(backend));
+  backend = detail::resolve_backend(backend);
   backend_ = backend;
   std::copy_n(bases.b3.begin(), shape.channels, b3_.begin());
   std::copy_n(bases.b4.begin(), shape.channels, b4_.begin());
@@ -60,24 +57,13 @@ BlockDecodeResult TileCodec::decode_blocks(const uint8_t* slots, size_t slot_str
 CalibratedCodecs::CalibratedCodecs(const CalibrationTable& table, std::optional<size_t> escape_capacity, Backend backend)
     : layers_(table.layers()), kv_heads_(table.kv_heads()), head_dim_(table.head_dim()), halves_(tiles_per_head(table.head_dim())) {
   table.validate();
-  codecs_.reserve(2 * static_cast<size_t>(layers_) * kv_heads_ * halves_);
-  for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
-    const TileShape shape = tile_shape_for(kind, head_dim_);
-    for (int l = 0; l < layers_; ++l) {
-      const size_t capacity = escape_capacity.value_or(table.escape_capacity(kind, l));
-      for (int h = 0; h < kv_heads_; ++h) {
-        for (int half = 0; half < halves_; ++half) codecs_.emplace_back(shape, table.tile_bases(kind, l, h, half), capacity, backend);
-      }
-    }
-  }
+  codecs_ = detail::codecs_of_table<TileCodec>(table, escape_capacity, [&](TensorKind kind, int l, int h, int half, size_t capacity) {
+    return TileCodec(tile_shape_for(kind, head_dim_), table.tile_bases(kind, l, h, half), capacity, backend);
+  });
 }
 
 size_t CalibratedCodecs::index(TensorKind kind, int layer) const {
-  if (layer < 0 || layer >= layers_) {
-    throw Error("layer " + std::to_string(layer) + " outside the calibration's " + std::to_string(layers_) + " layers");
-  }
-  return ((kind == TensorKind::key ? 0 : static_cast<size_t>(layers_)) + static_cast<size_t>(layer)) *
-         static_cast<size_t>(kv_heads_ * halves_);
+  return detail::codec_table_index(kind, layer, layers_, kv_heads_ * halves_);
 }
 
 const TileCodec& CalibratedCodecs::codec(TensorKind kind, int layer, int head, int half) const {

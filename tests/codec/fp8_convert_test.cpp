@@ -98,12 +98,7 @@ TEST(Fp8Convert, PerTensorScaleIsAmaxOverTheLargestFiniteValue) {
 }
 
 TEST(Fp8Convert, ADumpConvertsElementByElementWithItsTensorsScales) {
-  SyntheticKvSpec options;
-  options.layers = 2;
-  options.kv_heads = 2;
-  options.head_dim = 64;
-  options.tokens = 37;
-  const KvDump dump = make_synthetic_kv(options);
+  const KvDump dump = make_synthetic_kv({.layers = 2, .kv_heads = 2, .head_dim = 64, .tokens = 37});
   for (const ElementFormat f : kFormats) {
     for (const Fp8Scaling scaling : {Fp8Scaling::per_tensor, Fp8Scaling::none}) {
       const Fp8KvDump fp8 = convert_to_fp8(dump, f, scaling);

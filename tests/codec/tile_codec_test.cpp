@@ -161,12 +161,7 @@ TEST(TileCodec, SplitCodingIsTheSlotInTwoPlaces) {
 }
 
 TEST(CalibratedCodecs, CoverEveryTileOfACalibration) {
-  SyntheticKvSpec spec;
-  spec.layers = 2;
-  spec.kv_heads = 2;
-  spec.head_dim = 256;
-  spec.tokens = 48;
-  const KvDump dump = make_synthetic_kv(spec);
+  const KvDump dump = make_synthetic_kv({.layers = 2, .kv_heads = 2, .head_dim = 256, .tokens = 48});
   const KvDump* dumps[] = {&dump};
   const CalibrationTable table = calibrate(dumps);
   const CalibratedCodecs calibrated(table);

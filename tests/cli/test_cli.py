@@ -2,7 +2,8 @@
 """End-to-end tests of the gaac command-line tool: exit codes, stdout/stderr discipline, JSON keys,
 bit-exact round trips, clear errors on bad input, and the hardening rules (outputs never replace
 inputs, bounded resources, checked output, safe reading, strict numbers, validate that can fail,
-errors that say what and where). Usage: test_cli.py PATH/TO/gaac WORKDIR.
+errors that say what and where). Usage: test_cli.py PATH/TO/gaac WORKDIR [PART], PART one of PARTS (the
+test suite runs each in its own work directory, side by side); without PART, all of them.
 Standard library only; prints "N passed, N failed" and exits non-zero on any failure. Tests that
 need a real model (scripts/fetch_models.py) are skipped without one, or fail under
 GAAC_REQUIRE_MODELS=1."""
@@ -23,6 +24,7 @@ import time
 
 GAAC = sys.argv[1]
 WORK = sys.argv[2]
+PART = sys.argv[3] if len(sys.argv) > 3 else None
 passed = 0
 failed = 0
 
@@ -616,23 +618,19 @@ def rule7_messages():
 def main():
     shutil.rmtree(WORK, ignore_errors=True)
     os.makedirs(WORK)
+    if PART is not None and PART not in PARTS:
+        print(f"unknown part {PART!r}; the parts: {', '.join(PARTS)}", file=sys.stderr)
+        return 2
     model = model_path()
-    if model is None and os.environ.get("GAAC_REQUIRE_MODELS") == "1":
+    needs_model = any(PARTS[p][1] for p in ([PART] if PART else PARTS))
+    if needs_model and model is None and os.environ.get("GAAC_REQUIRE_MODELS") == "1":
         check("model for the CLI tests", False, "run scripts/fetch_models.py")
-    elif model is None:
+    elif needs_model and model is None:
         print("skipped: tests with a real model (scripts/fetch_models.py)", file=sys.stderr)
-    basics()
-    fp8()
-    raw_share()
-    rule1_outputs()
-    rule2_resources()
-    rule3_output_checked()
-    rule4_inputs()
-    rule5_numbers()
-    rule6_validate(model)
-    rule7_messages()
-    if model is not None:
-        with_model(model)
+    for name in [PART] if PART else PARTS:
+        run_part, with_model_only = PARTS[name]
+        if model is not None or not with_model_only:
+            run_part(model)
     print(f"{passed} passed, {failed} failed")
     return 0 if failed == 0 else 1
 
@@ -659,7 +657,6 @@ def with_model(model):
     check("model validate > /dev/full fails", r.returncode == 1 and "standard output" in r.stderr, r.stderr)
     r = run("generate", "-m", model, "-p", "hi", "-n", "3", "-t", "0")
     check("model generate -t 0 (all CPUs)", r.returncode == 0, r.stderr)
-    kv_cache(model)
 
 
 def kv_cache(model):
@@ -711,7 +708,6 @@ def kv_cache(model):
                   report["sequences"][0]["tokens"] == runs[kv]["tokens"], (report["sequences"][0], runs[kv]["tokens"]))
     r = run("generate", "-m", model, "--batch-file", batch, "-p", "hi")
     check("kv --batch-file with --prompt is refused", r.returncode == 1 and "exactly one of" in r.stderr, r.stderr)
-    budgets(model)
     r = run("plan", "-m", model, "--budget", "16M", "--tokens", "512", "--json")
     ok = r.returncode == 0
     held = json.loads(r.stdout) if ok else {}
@@ -801,6 +797,26 @@ def budgets(model):
     r = run("generate", "-m", model, "--batch-file", batch, "-n", "24", "--kv-budget", str(needed))
     check("budget the budget named is enough for that step", f"at position {position} " not in r.stderr
           and r.stdout.count("### ") == 3, r.stderr)
+
+
+def files_part(model):
+    basics()
+    fp8()
+    raw_share()
+
+
+def rules_part(model):
+    rule2_resources()
+    rule3_output_checked()
+    rule4_inputs()
+    rule5_numbers()
+    rule6_validate(model)
+
+
+# name: (what it runs, whether it needs the model)
+PARTS = {"files": (files_part, False), "outputs": (lambda model: rule1_outputs(), False),
+         "rules": (rules_part, False), "messages": (lambda model: rule7_messages(), False), "model": (with_model, True),
+         "cache": (kv_cache, True), "budgets": (budgets, True)}
 
 
 if __name__ == "__main__":

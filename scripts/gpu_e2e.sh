@@ -77,22 +77,7 @@ python3 -c "import gaac; print('gaac', gaac.__file__, 'cuda', gaac.cuda_availabl
 hf=/tmp/gaac-hf
 if [ -n "$models" ]; then
   stage "models"
-  python3 - "$models" "$hf" <<'PY' || echo "not converted: the GGUF files are loaded as they are"
-import pathlib, sys, time
-import torch
-from transformers import AutoModelForCausalLM
-models, hf = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
-for gguf in sorted(models.glob("*.gguf")):
-    target = hf / gguf.name
-    if (target / "config.json").is_file():
-        continue
-    t0 = time.time()
-    model = AutoModelForCausalLM.from_pretrained(models, gguf_file=gguf.name, dtype=torch.bfloat16)
-    model.config.quantization_config = None  # the weights are plain bf16 once loaded
-    model.hf_quantizer = None
-    model.save_pretrained(target)
-    print(f"{gguf.name}: converted in {time.time() - t0:.0f} s", flush=True)
-PY
+  python3 scripts/convert_models.py "$models" "$hf" || echo "not converted: the GGUF files are loaded as they are"
 fi
 
 if [ $skip_tests = 0 ]; then

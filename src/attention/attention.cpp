@@ -65,6 +65,7 @@ class Runner {
          const Kernels& kernels)
       : cache_(cache), view_(cache.view()), layer_(layer), queries_(queries), o_(o), kernels_(kernels) {
     const PagedGeometry& g = view_.geometry;
+    if (is_fp8(g.element_format)) throw Error(std::string("attention over an FP8 KV cache (") + to_string(cache.format()) + ") is not supported");
     if (layer < 0 || layer >= g.layers) throw Error("attention: layer " + std::to_string(layer) + " outside the cache's " + std::to_string(g.layers));
     if (o.q_heads <= 0 || o.q_heads % g.kv_heads != 0) {
       throw Error("attention: " + std::to_string(o.q_heads) + " query heads do not divide over " + std::to_string(g.kv_heads) + " KV heads");

@@ -39,7 +39,7 @@ class Model {
     const int channels = g.head_dim < kMaxTileChannels ? g.head_dim : kMaxTileChannels;
     const double tiles = static_cast<double>(g.kv_heads) * (g.head_dim / channels);
     layer_units_.assign(static_cast<size_t>(g.layers), 2 * tiles);
-    if (format == CacheFormat::gaac) {
+    if (is_compressed(format)) {
       const auto k = fallback_fractions(*calibration, TensorKind::key), v = fallback_fractions(*calibration, TensorKind::value);
       for (size_t l = 0; l < layer_units_.size(); ++l) {
         layer_units_[l] = tiles * ((1 - k[l]) + k[l] * layout_.raw_units) + tiles * ((1 - v[l]) + v[l] * layout_.raw_units);

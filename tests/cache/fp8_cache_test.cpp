@@ -10,7 +10,6 @@
 #include <vector>
 
 #include "cache_model.hpp"
-#include "gaac/attention.hpp"
 #include "gaac/batch_kv_cache.hpp"
 #include "gaac/error.hpp"
 #include "gaac/kv_cache.hpp"

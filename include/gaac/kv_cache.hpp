@@ -155,8 +155,8 @@ GAAC_API uint64_t worst_case_budget(const CacheGeometry& geometry, CacheFormat f
 /// The smallest budget with which a cache of `format` could hold sequences of `tokens[i]` tokens
 /// together at all: every block they complete counted compressed (one unit per tile), every open
 /// block raw, sliding layers holding only their window. A smaller budget surely runs out before
-/// they are stored; between this and worst_case_budget() it depends on the values. For a bf16 cache
-/// it is the exact need. Throws like worst_case_budget().
+/// they are stored; between this and worst_case_budget() it depends on the values. For a bf16 or
+/// fp8 cache it is the exact need. Throws like worst_case_budget().
 GAAC_API uint64_t least_budget(const CacheGeometry& geometry, CacheFormat format, const CalibrationTable* calibration,
                                std::span<const int> tokens);
 

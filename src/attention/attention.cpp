@@ -217,15 +217,11 @@ class Runner {
   void decode_tile(uint32_t e, TensorKind kind, int head, int half, uint16_t* out) const {
     const uint8_t* slot = view_.units + view_.geometry.unit_offset(entry_unit(e));
     const auto channels = static_cast<size_t>(view_.geometry.tile_channels());
-    BlockDecodeResult r;
-    if (fp8()) {
-      std::array<uint8_t, kTileTokens * kMaxTileChannels> codes;
-      r = cache_.fp8_codecs()->codec(kind, layer_, head, half).decode_blocks(slot, 0, 1, codes.data(), channels, 0);
-      widen(widening(kind), codes.data(), kTileTokens * channels, out);
-    } else {
-      r = cache_.codecs()->codec(kind, layer_, head, half).decode_blocks(slot, 0, 1, out, channels, 0);
-    }
+    std::array<uint8_t, kTileTokens * kMaxTileChannels> codes;
+    const BlockDecodeResult r = fp8() ? cache_.fp8_codecs()->codec(kind, layer_, head, half).decode_blocks(slot, 0, 1, codes.data(), channels, 0)
+                                      : cache_.codecs()->codec(kind, layer_, head, half).decode_blocks(slot, 0, 1, out, channels, 0);
     if (r.status != DecodeStatus::ok) throw Error(std::string("attention: a compressed tile does not decode: ") + to_string(r.status));
+    if (fp8()) widen(widening(kind), codes.data(), kTileTokens * channels, out);
   }
 
   /// True for a cache of FP8 codes, whose tiles are read as BF16 rows widened from them.

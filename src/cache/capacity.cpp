@@ -124,6 +124,7 @@ CapacityEstimate estimate_capacity(const CacheGeometry& geometry, CacheFormat fo
 CapacityMeasurement measure_capacity(const CacheGeometry& geometry, CacheFormat format, const CalibrationTable* calibration,
                                      uint64_t budget, int sequence_tokens, const KvDump& sample) {
   if (sequence_tokens <= 0) throw Error("measure_capacity: the sequence length must be positive");
+  if (is_fp8(format)) throw Error(std::string("measure_capacity fills with BF16 rows; a ") + to_string(format) + " cache takes FP8 codes");
   validate_dump(sample);
   if (static_cast<int>(sample.layers.size()) != geometry.layers || sample.kv_heads() != geometry.kv_heads ||
       sample.head_dim() != geometry.head_dim || sample.layers.front().k.tokens == 0) {

@@ -11,6 +11,7 @@
 
 #include "cache_model.hpp"
 #include "gaac/batch_kv_cache.hpp"
+#include "gaac/capacity.hpp"
 #include "gaac/error.hpp"
 #include "gaac/kv_cache.hpp"
 #include "support/fp8_tile_data.hpp"
@@ -263,6 +264,24 @@ TEST(Fp8KvCache, BudgetsHoldWhatTheySay) {
     }
     EXPECT_EQ(format == CacheFormat::fp8, least == worst);  // a plain cache's need is exact
   }
+}
+
+TEST(Fp8KvCache, CapacityOfAPlainCacheIsExactAndGaacFp8HoldsMore) {
+  const Model setup(2, 2, 64, {0, 32}, 512, ElementFormat::e5m2);
+  const uint64_t budget = uint64_t{3} << 20;
+  const int tokens = 160;  // complete blocks: an open one is raw, two units in a gaac-fp8 cache
+  const CapacityEstimate plain = estimate_capacity(setup.geometry, CacheFormat::fp8, nullptr, budget, tokens);
+  const CapacityEstimate compressed = estimate_capacity(setup.geometry, CacheFormat::gaac_fp8, &setup.fp8_table, budget, tokens);
+  EXPECT_GT(compressed.max_sequences, plain.max_sequences);
+  EXPECT_GT(compressed.max_tokens, plain.max_tokens);
+  // A plain cache of that budget holds exactly the estimated sequences, whatever their codes.
+  KvCache cache(setup.config(CacheFormat::fp8, budget));
+  std::mt19937_64 rng(6);
+  const Rows rows(setup, tokens, 0, rng, 1.0);
+  int64_t held = 0;
+  while (cache.append(cache.add_sequence(), rows.kv, rows.vv).status == CacheStatus::ok) ++held;
+  EXPECT_EQ(held, plain.max_sequences);
+  EXPECT_THROW(measure_capacity(setup.geometry, CacheFormat::fp8, nullptr, budget, tokens, setup.source), Error);
 }
 
 TEST(Fp8KvCache, RejectsConfigurationsAndCallsThatDoNotFit) {

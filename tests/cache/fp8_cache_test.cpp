@@ -76,7 +76,8 @@ struct Single {
 };
 
 /// Appends `codes` (`[tokens][channels]`) as K and the same with every sign flipped as V, in appends of
-/// `step` tokens, and reads every position back; returns the cache's usage.
+/// `step` tokens, and reads every position back; checks the usage against each complete block encoded
+/// alone (compressed where its escapes fit, its slot's unused escape bytes) and returns it.
 CacheUsage round_trip(const CacheConfig& config, const std::vector<uint8_t>& codes, int step) {
   const int channels = config.geometry.head_dim;
   const int tokens = static_cast<int>(codes.size()) / channels;
@@ -93,12 +94,30 @@ CacheUsage round_trip(const CacheConfig& config, const std::vector<uint8_t>& cod
     EXPECT_EQ(cache.append(id, k, v).status, CacheStatus::ok);
   }
   cache.check_invariants();
+  const CacheUsage u = cache.usage();
+  uint64_t compressed = 0, unused = 0;
+  if (config.format == CacheFormat::gaac_fp8) {
+    const size_t capacity = cache.geometry().escape_capacity();
+    for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
+      const Fp8TileShape shape{config.fp8.element, {kind, channels}};
+      std::vector<uint8_t> slot(shape.slot_bytes(capacity));
+      const std::vector<uint8_t>& data = kind == TensorKind::key ? codes : values;
+      for (int b = 0; b < tokens / kTileTokens; ++b) {
+        const TileEncoding e = encode_fp8_tile(shape, data.data() + static_cast<size_t>(b) * kTileTokens * channels, static_cast<size_t>(channels),
+                                               config.calibration->fp8_tile_bases(kind, 0, 0, 0), capacity, slot);
+        compressed += e.fits ? 1 : 0;
+        unused += e.fits ? capacity - e.escape_bytes : 0;
+      }
+    }
+  }
+  EXPECT_EQ(u.compressed_tiles, compressed);
+  EXPECT_EQ(u.unused_slot_bytes, unused);
   for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
     Fp8KvTensor got{tokens, 1, channels, std::vector<uint8_t>(codes.size(), 0xA5)};
     cache.read(id, 0, kind, 0, mutable_view_of(got));
     EXPECT_EQ(got.data, kind == TensorKind::key ? codes : values) << (kind == TensorKind::key ? "K" : "V");
   }
-  return cache.usage();
+  return u;
 }
 
 TEST(Fp8KvCache, EveryBytePatternComesBackFromEveryKindOfTile) {

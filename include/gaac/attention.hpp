@@ -14,6 +14,12 @@
 // straight from their slots: a register of 32 or 64 elements at a time with AVX2 or AVX-512, a group
 // of eight in scalar code), reference (each compressed tile decoded to BF16 first), and a BF16
 // cache holding the same values. NaN results are NaN on every path, with unspecified payloads.
+//
+// An FP8 cache (gaac_fp8 or fp8) is read as BF16 rows widened from its codes block by block, in each job's
+// scratch: code x of layer l's K is the operand bf16_rn(fp8_to_float(x) · k_scale[l]) (V likewise;
+// docs/format.md, section 13), and the rest is the BF16 arithmetic above. A gaac_fp8 cache and its fp8
+// twin give the same bits on every path, those of a BF16 cache holding the widened operands. Queries over
+// an FP8 cache take no extra rows (the pass's codes are appended first).
 #pragma once
 
 #include <span>
@@ -38,7 +44,7 @@ struct AttentionQuery {
   float* out = nullptr;      ///< q_heads × head_dim floats
   /// Rows after the cached ones, for tokens of a forward pass that are not in the cache yet: positions
   /// length .. length + extra_k.tokens − 1 of the sequence, `[tokens, kv_heads, head_dim]` (tokens may
-  /// be 0). Positions at or beyond the cache's length are read from here.
+  /// be 0). Positions at or beyond the cache's length are read from here. BF16 caches only.
   KvView extra_k{};
   KvView extra_v{};
 };
@@ -61,7 +67,7 @@ struct AttentionOptions {
 /// prefill pass's) are attended together, up to 16 at a time, each block read once for all of them;
 /// every query's result is the same bits as when it is attended alone. Throws
 /// gaac::Error on a bad argument (unknown sequence, position past the rows given, heads that do not
-/// divide, a released position).
+/// divide, a released position, extra rows for an FP8 cache).
 GAAC_API void attend(const KvCache& cache, int layer, std::span<const AttentionQuery> queries, const AttentionOptions& options);
 
 /// Name of a path ("fused", "reference").

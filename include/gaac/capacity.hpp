@@ -23,9 +23,9 @@ struct CapacityEstimate {
   int64_t max_sequences = 0;      ///< sequences of sequence_tokens tokens expected to fit together
 };
 
-/// Expected capacity of a cache of `format` with `budget` bytes. For a gaac cache the share of tiles
-/// kept raw comes from the calibration's metadata (`k.cache_fallback_fraction` and
-/// `v.cache_fallback_fraction`, written by gaac calibrate; 0 when absent); a bf16 cache is exact.
+/// Expected capacity of a cache of `format` with `budget` bytes. For a gaac or gaac_fp8 cache the share
+/// of tiles kept raw comes from the calibration's metadata (`k.cache_fallback_fraction` and
+/// `v.cache_fallback_fraction`, written by gaac calibrate; 0 when absent); a bf16 or fp8 cache is exact.
 /// Open blocks count raw; sliding layers hold only their window.
 GAAC_API CapacityEstimate estimate_capacity(const CacheGeometry& geometry, CacheFormat format,
                                             const CalibrationTable* calibration, uint64_t budget, int sequence_tokens);
@@ -38,7 +38,7 @@ struct CapacityMeasurement {
 
 /// Fills a cache of `budget` bytes with sequences of `sequence_tokens` tokens, their rows taken in turn
 /// from `sample` (a KV dump of the geometry, repeated as needed) and appended 64 tokens at a time, until
-/// one no longer fits.
+/// one no longer fits. Throws gaac::Error for an FP8 format (whose caches take FP8 codes, not BF16 rows).
 GAAC_API CapacityMeasurement measure_capacity(const CacheGeometry& geometry, CacheFormat format,
                                               const CalibrationTable* calibration, uint64_t budget, int sequence_tokens,
                                               const KvDump& sample);

@@ -9,13 +9,14 @@
 #include <cstdint>
 
 #include "gaac/format.hpp"
+#include "gaac/fp8_format.hpp"
 
 namespace gaac {
 
 /// Storage class of one tile of a block, held in the top two bits of its block-table entry.
 enum class TileClass : uint8_t {
-  compressed = 0,  ///< one unit holding a slot (docs/format.md, section 5)
-  raw = 1,         ///< BF16, 16 tokens × channels: one unit, or two when units are smaller than a raw tile
+  compressed = 0,  ///< one unit holding a slot (docs/format.md, section 5; FP8: section 14.5)
+  raw = 1,         ///< 16 tokens × channels elements: one unit, or two when units are smaller than a raw tile
   absent = 2,      ///< not held: released by a sliding window (or never written)
 };
 
@@ -55,6 +56,8 @@ struct PagedGeometry {
   int head_dim = 0;             ///< 64, 128 or 256
   uint32_t unit_bytes = 0;      ///< bytes per unit (a multiple of 16)
   uint32_t row_capacity = 0;    ///< block rows the table has room for
+  /// The elements the tiles hold: BF16, or E4M3 / E5M2 in an FP8 cache (docs/format.md, section 13).
+  ElementFormat element_format = ElementFormat::bf16;
 
   /// Channels per tile: 64 for head_dim 64, else 128.
   GAAC_HOST_DEVICE constexpr int tile_channels() const { return head_dim < kMaxTileChannels ? head_dim : kMaxTileChannels; }
@@ -74,25 +77,32 @@ struct PagedGeometry {
            static_cast<size_t>(half);
   }
 
-  /// Bytes of a raw tile (16 tokens × tile_channels BF16, row-major).
-  GAAC_HOST_DEVICE constexpr size_t raw_tile_bytes() const { return static_cast<size_t>(kTileTokens) * tile_channels() * 2; }
+  /// Bytes of one element: 2 (BF16) or 1 (FP8).
+  GAAC_HOST_DEVICE constexpr size_t element_size() const { return static_cast<size_t>(element_bytes(element_format)); }
+  /// Bytes of one token's row of a tile (tile_channels elements).
+  GAAC_HOST_DEVICE constexpr size_t row_bytes() const { return static_cast<size_t>(tile_channels()) * element_size(); }
+  /// Bytes of a raw tile (16 tokens × tile_channels elements, row-major).
+  GAAC_HOST_DEVICE constexpr size_t raw_tile_bytes() const { return static_cast<size_t>(kTileTokens) * row_bytes(); }
   /// Bytes of half a raw tile: 8 tokens, what each unit of a split raw tile holds.
   GAAC_HOST_DEVICE constexpr size_t raw_half_bytes() const { return raw_tile_bytes() / 2; }
   /// True when a raw tile takes two units (units smaller than a raw tile: a cache of compressed
-  /// slots); false when it takes one (a BF16 cache, units of a whole raw tile).
+  /// slots); false when it takes one (a BF16 or plain FP8 cache, units of a whole raw tile).
   GAAC_HOST_DEVICE constexpr bool raw_split() const { return unit_bytes < raw_tile_bytes(); }
   /// Offset, inside the first unit of a split raw tile, of the u32 index of its second unit.
   GAAC_HOST_DEVICE constexpr size_t partner_offset() const { return raw_half_bytes(); }
-  /// Escape capacity of the slots a unit holds (0 for a BF16 cache, whose units hold no slots).
-  GAAC_HOST_DEVICE constexpr size_t escape_capacity() const {
+  /// Bytes of a slot before its escape slot: the fixed sections of the element format's tile.
+  GAAC_HOST_DEVICE constexpr size_t slot_fixed_bytes() const {
     const TileShape shape{TensorKind::key, tile_channels()};
-    return raw_split() ? unit_bytes - shape.fixed_bytes() : 0;
+    return is_fp8(element_format) ? Fp8TileShape{element_format, shape}.fixed_bytes() : shape.fixed_bytes();
   }
+  /// Escape capacity of the slots a unit holds (0 for a BF16 or plain FP8 cache, whose units hold no slots).
+  GAAC_HOST_DEVICE constexpr size_t escape_capacity() const { return raw_split() ? unit_bytes - slot_fixed_bytes() : 0; }
   /// Byte offset in the pool of unit `unit`.
   GAAC_HOST_DEVICE constexpr size_t unit_offset(uint32_t unit) const { return static_cast<size_t>(unit) * unit_bytes; }
 
-  /// Index in the bases array of the `which` (0: b3, 1: b4) bases of (layer, kind, head): head_dim
-  /// bytes there, channel by channel. The array is `[layers][2 (K, V)][2 (b3, b4)][kv_heads][head_dim]`.
+  /// Index in the bases array of the `which` (0: narrow, b3 or FP8's b2; 1: wide, b4 or FP8's b3) bases
+  /// of (layer, kind, head): head_dim bytes there, channel by channel. The array is
+  /// `[layers][2 (K, V)][2 (narrow, wide)][kv_heads][head_dim]`.
   GAAC_HOST_DEVICE constexpr size_t bases_index(int layer, TensorKind kind, int which, int head) const {
     return ((static_cast<size_t>(layer) * 2 + static_cast<size_t>(kind)) * 2 + static_cast<size_t>(which)) *
                static_cast<size_t>(kv_heads) * head_dim +
@@ -108,7 +118,7 @@ struct PagedCacheView {
   PagedGeometry geometry;
   const uint8_t* units = nullptr;     ///< the unit pool (kPoolAlignment-aligned)
   const uint32_t* entries = nullptr;  ///< the block table, geometry.table_entries() entries
-  const uint8_t* bases = nullptr;     ///< calibrated exponent bases (geometry.bases_bytes()); null for a BF16 cache
+  const uint8_t* bases = nullptr;     ///< calibrated exponent bases (geometry.bases_bytes()); null for a BF16 or plain FP8 cache
   const int32_t* windows = nullptr;   ///< per layer: sliding-window length in tokens, 0 for full attention
 };
 

@@ -4,12 +4,14 @@
 #include "gaac/attention.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <string>
 #include <vector>
 
 #include "attention/attention_internal.hpp"
+#include "attention/fp8_widening.hpp"
 #include "gaac/bf16.hpp"
 #include "gaac/error.hpp"
 
@@ -73,6 +75,10 @@ class Runner {
     if (group_ > kMaxGroup) throw Error("attention: more than 64 query heads per KV head");
     if (o.splits < 1) throw Error("attention: splits must be at least 1, got " + std::to_string(o.splits));
     const int window = o.window < 0 ? view_.windows[layer] : o.window;
+    if (is_fp8(g.element_format)) {
+      widening_[0] = fp8_widening(g.element_format, cache.scale(layer, TensorKind::key));
+      widening_[1] = fp8_widening(g.element_format, cache.scale(layer, TensorKind::value));
+    }
     std::vector<SequenceId> ids;
     for (const AttentionQuery& q : queries) ids.push_back(q.sequence);
     table_ = cache.sequence_table(ids);  // throws on an unknown sequence
@@ -81,6 +87,9 @@ class Runner {
       const int length = table_.lengths[i];
       const int extra = q.extra_k.data == nullptr ? 0 : q.extra_k.tokens;
       if (q.q == nullptr || q.out == nullptr) throw Error("attention: query " + std::to_string(i) + " has no q or out");
+      if (extra > 0 && is_fp8(g.element_format)) {
+        throw Error("attention: query " + std::to_string(i) + " has extra rows, which an FP8 cache does not take (append its codes first)");
+      }
       if (extra > 0) {
         for (const KvView* v : {&q.extra_k, &q.extra_v}) {
           if (v->data == nullptr || v->tokens != extra || v->heads != g.kv_heads || v->head_dim != g.head_dim) {
@@ -203,13 +212,22 @@ class Runner {
     }
   }
 
-  /// Decodes the compressed tile of entry `e` (kind, head, half of this layer) to 16 BF16 rows.
+  /// Decodes the compressed tile of entry `e` (kind, head, half of this layer) to 16 BF16 rows (an FP8
+  /// tile's codes widened to their BF16 operands).
   void decode_tile(uint32_t e, TensorKind kind, int head, int half, uint16_t* out) const {
-    const TileCodec& codec = cache_.codecs()->codec(kind, layer_, head, half);
     const uint8_t* slot = view_.units + view_.geometry.unit_offset(entry_unit(e));
-    const BlockDecodeResult r = codec.decode_blocks(slot, 0, 1, out, static_cast<size_t>(view_.geometry.tile_channels()), 0);
+    const auto channels = static_cast<size_t>(view_.geometry.tile_channels());
+    std::array<uint8_t, kTileTokens * kMaxTileChannels> codes;
+    const BlockDecodeResult r = fp8() ? cache_.fp8_codecs()->codec(kind, layer_, head, half).decode_blocks(slot, 0, 1, codes.data(), channels, 0)
+                                      : cache_.codecs()->codec(kind, layer_, head, half).decode_blocks(slot, 0, 1, out, channels, 0);
     if (r.status != DecodeStatus::ok) throw Error(std::string("attention: a compressed tile does not decode: ") + to_string(r.status));
+    if (fp8()) widen(widening(kind), codes.data(), kTileTokens * channels, out);
   }
+
+  /// True for a cache of FP8 codes, whose tiles are read as BF16 rows widened from them.
+  bool fp8() const { return is_fp8(view_.geometry.element_format); }
+  /// The widening of this layer's K or V codes.
+  const Fp8Widening& widening(TensorKind kind) const { return widening_[kind == TensorKind::key ? 0 : 1]; }
 
   /// The decoded tiles of `sequence` when several query tiles share them, else null.
   const DecodedBlocks* shared_blocks(SequenceId sequence) const {
@@ -233,7 +251,7 @@ class Runner {
       const uint32_t e = view_.entries[g.entry_index(layer_, row, head, kind, half)];
       const uint8_t* a = view_.units + g.unit_offset(entry_unit(e));
       if (entry_class(e) == TileClass::compressed) {
-        if (o_.path == AttentionPath::fused && !rows_only && !mixed_halves(row, head, kind)) {
+        if (o_.path == AttentionPath::fused && !rows_only && !fp8() && !mixed_halves(row, head, kind)) {
           src.codec = &cache_.codecs()->codec(kind, layer_, head, half);
           src.slot = a;
           continue;
@@ -250,16 +268,23 @@ class Runner {
         }
         for (int t = t0; t < t1; ++t) src.rows[t] = tile + static_cast<size_t>(t) * channels;
       } else if (entry_class(e) == TileClass::raw) {
-        const size_t row_bytes = static_cast<size_t>(channels) * 2;
+        const size_t row_bytes = g.row_bytes();
         const uint8_t* second = a + g.raw_half_bytes();
         if (g.raw_split()) {
           uint32_t b;
           std::memcpy(&b, a + g.partner_offset(), sizeof b);
           second = view_.units + g.unit_offset(b);
         }
+        uint16_t* widened = s.tiles.data() + static_cast<size_t>(scratch_slot * 2 + half) * kTileTokens * channels;
         for (int t = t0; t < t1; ++t) {
           const uint8_t* at = t < kTileTokens / 2 ? a + t * row_bytes : second + (t - kTileTokens / 2) * row_bytes;
-          src.rows[t] = reinterpret_cast<const uint16_t*>(at);
+          if (fp8()) {
+            uint16_t* into = widened + static_cast<size_t>(t) * channels;
+            widen(widening(kind), at, static_cast<size_t>(channels), into);
+            src.rows[t] = into;
+          } else {
+            src.rows[t] = reinterpret_cast<const uint16_t*>(at);
+          }
         }
       } else {
         throw Error("attention: layer " + std::to_string(layer_) + " position " + std::to_string(block * kTileTokens + t0) +
@@ -455,6 +480,7 @@ class Runner {
   const std::span<const AttentionQuery> queries_;
   const AttentionOptions& o_;
   const Kernels& kernels_;
+  Fp8Widening widening_[2] = {};  ///< an FP8 cache's K and V widening for this layer
   int group_ = 1;
   SequenceTable table_;
   std::vector<QuerySequence> sequences_;

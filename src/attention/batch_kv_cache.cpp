@@ -313,6 +313,9 @@ class HostBatchKvCache final : public BatchKvCache {
 }  // namespace
 
 std::unique_ptr<BatchKvCache> make_host_batch_kv_cache(const BatchCacheConfig& config) {
+  if (is_fp8(config.cache.format)) {
+    throw Error(std::string("a batch KV cache takes BF16 rows: its format must be gaac or bf16, not ") + to_string(config.cache.format));
+  }
   return std::make_unique<HostBatchKvCache>(config);
 }
 

@@ -35,7 +35,7 @@ uint64_t least_budget(const CacheGeometry& geometry, CacheFormat format, const C
     for (int l = 0; l < geometry.layers; ++l) {
       const int w = geometry.sliding_window.empty() ? 0 : geometry.sliding_window[static_cast<size_t>(l)];
       const uint64_t released = w > 0 && n > w ? static_cast<uint64_t>(n - w) / kTileTokens : 0;
-      // A finalized tile takes one unit at best (a raw one in a bf16 cache, whose raw tiles are one unit).
+      // A finalized tile takes one unit at best (a raw one in a bf16 or fp8 cache, whose raw tiles are one unit).
       units = checked_add(units, checked_mul(complete - released, layer_entries, "least_budget: the tiles"), "least_budget: the units");
     }
     if (open) units = checked_add(units, checked_mul(layout.row_entries, layout.raw_units, "least_budget: the tiles"), "least_budget: the units");

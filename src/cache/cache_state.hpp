@@ -28,9 +28,10 @@ struct KvCache::State {
   PagedGeometry geo;
   int channels = 0;          ///< per tile
   int halves = 1;            ///< tiles per head
-  uint32_t raw_units = 1;    ///< units per raw tile: 2 in a compressed cache, 1 in a bf16 cache
-  std::optional<CalibratedCodecs> codecs;
-  std::vector<uint8_t> bases;     ///< the kernels' bases array (empty for bf16)
+  uint32_t raw_units = 1;    ///< units per raw tile: 2 in a compressed cache, 1 in a bf16 or fp8 cache
+  std::optional<CalibratedCodecs> codecs;        ///< a gaac cache's
+  std::optional<Fp8CalibratedCodecs> fp8_codecs;  ///< a gaac_fp8 cache's
+  std::vector<uint8_t> bases;     ///< the kernels' bases array (empty for bf16 and fp8)
   std::vector<int32_t> windows;   ///< per layer, 0 for full attention
   std::vector<int> class_window;  ///< the distinct sliding windows ("window classes")
   std::vector<int> layer_class;   ///< per layer: its window class, or -1
@@ -43,8 +44,31 @@ struct KvCache::State {
   std::vector<Sequence> sequences;
   std::vector<SequenceId> free_ids;
 
-  bool compressed() const { return config.format == CacheFormat::gaac; }
+  bool compressed() const { return is_compressed(config.format); }
   int classes() const { return static_cast<int>(class_window.size()); }
+  /// Bytes of one token's row of a tile.
+  size_t row_bytes() const { return geo.row_bytes(); }
+
+  /// Encodes one tile (element (t, c) at src[t·row_stride + c]) with the codec of (kind, layer, head,
+  /// half) into `slot`: BF16 rows in a gaac cache, FP8 codes in a gaac_fp8 cache.
+  TileEncoding encode_tile(const uint16_t* src, size_t row_stride, TensorKind kind, int layer, int head, int half, uint8_t* slot) const;
+  TileEncoding encode_tile(const uint8_t* src, size_t row_stride, TensorKind kind, int layer, int head, int half, uint8_t* slot) const;
+  /// Decodes the compressed tile of `entry` into 16 rows of row_bytes() bytes at `out` (BF16 or FP8).
+  DecodeStatus decode_tile(uint32_t entry, TensorKind kind, int layer, int head, int half, void* out) const;
+  /// KvCache::append for rows of `Element` (uint16_t BF16, uint8_t FP8), the cache's element type.
+  template <class Element>
+  AppendOutcome append(SequenceId sequence, std::span<const BasicKvView<const Element>> k, std::span<const BasicKvView<const Element>> v);
+  /// KvCache::read into `Element` rows.
+  template <class Element>
+  void read(SequenceId sequence, int layer, TensorKind kind, int first, const BasicKvView<Element>& out) const;
+  /// Throws gaac::Error unless the cache holds elements of type `Element` (`what`: the operation).
+  template <class Element>
+  void require_element(const char* what) const {
+    if (is_fp8(geo.element_format) != (sizeof(Element) == 1)) {
+      throw Error(std::string(what) + ": this KV cache holds " + to_string(geo.element_format) + " elements, not " +
+                  (sizeof(Element) == 1 ? "FP8 codes" : "BF16 values"));
+    }
+  }
 
   /// The live sequence `id`; throws gaac::Error otherwise.
   Sequence& sequence(SequenceId id);

@@ -39,7 +39,7 @@ class Model {
     const int channels = g.head_dim < kMaxTileChannels ? g.head_dim : kMaxTileChannels;
     const double tiles = static_cast<double>(g.kv_heads) * (g.head_dim / channels);
     layer_units_.assign(static_cast<size_t>(g.layers), 2 * tiles);
-    if (format == CacheFormat::gaac) {
+    if (is_compressed(format)) {
       const auto k = fallback_fractions(*calibration, TensorKind::key), v = fallback_fractions(*calibration, TensorKind::value);
       for (size_t l = 0; l < layer_units_.size(); ++l) {
         layer_units_[l] = tiles * ((1 - k[l]) + k[l] * layout_.raw_units) + tiles * ((1 - v[l]) + v[l] * layout_.raw_units);
@@ -124,6 +124,7 @@ CapacityEstimate estimate_capacity(const CacheGeometry& geometry, CacheFormat fo
 CapacityMeasurement measure_capacity(const CacheGeometry& geometry, CacheFormat format, const CalibrationTable* calibration,
                                      uint64_t budget, int sequence_tokens, const KvDump& sample) {
   if (sequence_tokens <= 0) throw Error("measure_capacity: the sequence length must be positive");
+  if (is_fp8(format)) throw Error(std::string("measure_capacity fills with BF16 rows; a ") + to_string(format) + " cache takes FP8 codes");
   validate_dump(sample);
   if (static_cast<int>(sample.layers.size()) != geometry.layers || sample.kv_heads() != geometry.kv_heads ||
       sample.head_dim() != geometry.head_dim || sample.layers.front().k.tokens == 0) {

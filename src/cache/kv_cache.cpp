@@ -19,7 +19,15 @@ constexpr int kMaxWindowClasses = 8;
 
 }  // namespace
 
-const char* to_string(CacheFormat format) { return format == CacheFormat::gaac ? "gaac" : "bf16"; }
+const char* to_string(CacheFormat format) {
+  switch (format) {
+    case CacheFormat::gaac: return "gaac";
+    case CacheFormat::bf16: return "bf16";
+    case CacheFormat::gaac_fp8: return "gaac-fp8";
+    case CacheFormat::fp8: return "fp8";
+  }
+  return "unknown";
+}
 
 uint64_t CacheUsage::resident_bytes() const { return unit_bytes_used() + table_bytes / std::max<uint64_t>(rows, 1) * rows_used; }
 
@@ -46,9 +54,8 @@ uint32_t KvCache::State::partner(uint32_t unit) const {
 
 uint8_t* KvCache::State::raw_row(uint32_t e, int token) {
   const uint32_t a = entry_unit(e);
-  const size_t row_bytes = static_cast<size_t>(channels) * 2;
-  if (geo.raw_split() && token >= kTileTokens / 2) return pool.unit(partner(a)) + static_cast<size_t>(token - kTileTokens / 2) * row_bytes;
-  return pool.unit(a) + static_cast<size_t>(token) * row_bytes;
+  if (geo.raw_split() && token >= kTileTokens / 2) return pool.unit(partner(a)) + static_cast<size_t>(token - kTileTokens / 2) * row_bytes();
+  return pool.unit(a) + static_cast<size_t>(token) * row_bytes();
 }
 const uint8_t* KvCache::State::raw_row(uint32_t e, int token) const { return const_cast<State*>(this)->raw_row(e, token); }
 
@@ -61,6 +68,27 @@ uint32_t KvCache::State::take_raw_tile() {
     std::memcpy(pool.unit(a) + geo.partner_offset(), &b, sizeof b);
   }
   return make_entry(TileClass::raw, a);
+}
+
+TileEncoding KvCache::State::encode_tile(const uint16_t* src, size_t row_stride, TensorKind kind, int layer, int head, int half,
+                                         uint8_t* slot) const {
+  TileEncoding encoding;
+  codecs->codec(kind, layer, head, half).encode_blocks(src, row_stride, 0, 1, slot, 0, &encoding);
+  return encoding;
+}
+
+TileEncoding KvCache::State::encode_tile(const uint8_t* src, size_t row_stride, TensorKind kind, int layer, int head, int half,
+                                         uint8_t* slot) const {
+  TileEncoding encoding;
+  fp8_codecs->codec(kind, layer, head, half).encode_blocks(src, row_stride, 0, 1, slot, 0, &encoding);
+  return encoding;
+}
+
+DecodeStatus KvCache::State::decode_tile(uint32_t e, TensorKind kind, int layer, int head, int half, void* out) const {
+  const uint8_t* slot = pool.unit(entry_unit(e));
+  const auto stride = static_cast<size_t>(channels);
+  if (fp8_codecs) return fp8_codecs->codec(kind, layer, head, half).decode_blocks(slot, 0, 1, static_cast<uint8_t*>(out), stride, 0).status;
+  return codecs->codec(kind, layer, head, half).decode_blocks(slot, 0, 1, static_cast<uint16_t*>(out), stride, 0).status;
 }
 
 void KvCache::State::free_tile(uint32_t& e) {
@@ -126,15 +154,15 @@ KvCache::KvCache(CacheConfig cache_config) : state_(std::make_unique<State>()) {
     s.layer_class[static_cast<size_t>(l)] = static_cast<int>(it - s.class_window.begin());
   }
 
-  s.layout = cache::layout_for(g, config.format, config.calibration);
+  s.layout = cache::layout_for(g, config.format, config.calibration, config.fp8.element);
+  cache::check_fp8_config(config);
   const cache::Layout& layout = s.layout;
   const uint32_t unit_bytes = layout.unit_bytes;
   s.raw_units = layout.raw_units;
-  if (config.format == CacheFormat::gaac) {
-    s.codecs.emplace(*config.calibration, layout.escape_capacity, config.backend);
-    s.bases.resize(static_cast<size_t>(g.layers) * 4 * g.kv_heads * g.head_dim);
-  }
-  s.geo = PagedGeometry{g.layers, g.kv_heads, g.head_dim, unit_bytes, 0};
+  if (config.format == CacheFormat::gaac) s.codecs.emplace(*config.calibration, layout.escape_capacity, config.backend);
+  if (config.format == CacheFormat::gaac_fp8) s.fp8_codecs.emplace(*config.calibration, layout.escape_capacity, config.backend);
+  if (s.compressed()) s.bases.resize(static_cast<size_t>(g.layers) * 4 * g.kv_heads * g.head_dim);
+  s.geo = PagedGeometry{g.layers, g.kv_heads, g.head_dim, unit_bytes, 0, layout.element};
 
   const uint64_t units = layout.cache_units(config.budget_bytes, config.format);
   s.geo.row_capacity = static_cast<uint32_t>(layout.rows_for(units));
@@ -222,7 +250,7 @@ CacheStatus KvCache::fork(SequenceId parent, SequenceId& child) {
       to = kAbsentEntry;
       if (entry_class(e) == TileClass::absent) return;
       to = s.take_raw_tile();
-      for (int t = 0; t < s.row_tokens[from]; ++t) std::memcpy(s.raw_row(to, t), s.raw_row(e, t), static_cast<size_t>(s.channels) * 2);
+      for (int t = 0; t < s.row_tokens[from]; ++t) std::memcpy(s.raw_row(to, t), s.raw_row(e, t), s.row_bytes());
     });
     c.rows.back() = row;
   }
@@ -271,7 +299,19 @@ bool KvCache::can_append(SequenceId sequence, int tokens) const {
 }
 
 AppendOutcome KvCache::append(SequenceId sequence, std::span<const KvView> k, std::span<const KvView> v) {
-  State& s = *state_;
+  return state_->append<uint16_t>(sequence, k, v);
+}
+
+AppendOutcome KvCache::append(SequenceId sequence, std::span<const Fp8KvView> k, std::span<const Fp8KvView> v) {
+  return state_->append<uint8_t>(sequence, k, v);
+}
+
+template <class Element>
+AppendOutcome KvCache::State::append(SequenceId sequence, std::span<const BasicKvView<const Element>> k,
+                                     std::span<const BasicKvView<const Element>> v) {
+  using View = BasicKvView<const Element>;
+  State& s = *this;
+  s.require_element<Element>("append");
   State::Sequence& q = s.sequence(sequence);
   const PagedGeometry& g = s.geo;
   if (k.size() != static_cast<size_t>(g.layers) || v.size() != k.size()) {
@@ -280,7 +320,7 @@ AppendOutcome KvCache::append(SequenceId sequence, std::span<const KvView> k, st
   }
   const int n = k[0].tokens;
   for (int l = 0; l < g.layers; ++l) {
-    for (const KvView* view : {&k[static_cast<size_t>(l)], &v[static_cast<size_t>(l)]}) {
+    for (const View* view : {&k[static_cast<size_t>(l)], &v[static_cast<size_t>(l)]}) {
       if (view->tokens != n || view->heads != g.kv_heads || view->head_dim != g.head_dim || view->data == nullptr) {
         throw Error("append: layer " + std::to_string(l) + " rows are [" + std::to_string(view->tokens) + ", " +
                     std::to_string(view->heads) + ", " + std::to_string(view->head_dim) + "], expected [" +
@@ -309,7 +349,7 @@ AppendOutcome KvCache::append(SequenceId sequence, std::span<const KvView> k, st
     return c >= 0 && b < target[static_cast<size_t>(c)];
   };
   // Row of token `t` of the append: (tokens of the append live at positions q.length + t).
-  const auto input_row = [&](const KvView& view, int t, int head, int half) {
+  const auto input_row = [&](const View& view, int t, int head, int half) {
     return view.at(t, head) + static_cast<size_t>(half) * kMaxTileChannels;
   };
 
@@ -375,24 +415,23 @@ AppendOutcome KvCache::append(SequenceId sequence, std::span<const KvView> k, st
   std::vector<uint8_t> slots(jobs.size() * unit_bytes);
   std::vector<TileEncoding> encodings(jobs.size());
   const auto encode = [&](size_t begin, size_t end) {
-    std::vector<uint16_t> tile(static_cast<size_t>(kTileTokens) * s.channels);
+    std::vector<Element> tile(static_cast<size_t>(kTileTokens) * s.channels);
     for (size_t i = begin; i < end; ++i) {
       const EncodeJob& job = jobs[i];
-      const TileCodec& codec = s.codecs->codec(job.kind, job.layer, job.head, job.half);
-      const KvView& view = (job.kind == TensorKind::key ? k : v)[static_cast<size_t>(job.layer)];
+      const View& view = (job.kind == TensorKind::key ? k : v)[static_cast<size_t>(job.layer)];
+      uint8_t* slot = slots.data() + i * unit_bytes;
       if (job.block >= 0) {
-        const uint16_t* src = input_row(view, fill + job.block * kTileTokens, job.head, job.half);
-        codec.encode_blocks(src, view.token_stride, 0, 1, slots.data() + i * unit_bytes, 0, &encodings[i]);
+        const Element* src = input_row(view, fill + job.block * kTileTokens, job.head, job.half);
+        encodings[i] = s.encode_tile(src, view.token_stride, job.kind, job.layer, job.head, job.half, slot);
         continue;
       }
       // The open block: its tail rows, then the rows that complete it.
       const uint32_t e = s.entry(job.layer, q.rows.back(), job.head, job.kind, job.half);
-      const size_t row_bytes = static_cast<size_t>(s.channels) * 2;
       for (int t = 0; t < kTileTokens; ++t) {
         const void* from = t < r0 ? static_cast<const void*>(s.raw_row(e, t)) : input_row(view, t - r0, job.head, job.half);
-        std::memcpy(tile.data() + static_cast<size_t>(t) * s.channels, from, row_bytes);
+        std::memcpy(tile.data() + static_cast<size_t>(t) * s.channels, from, s.row_bytes());
       }
-      codec.encode_blocks(tile.data(), static_cast<size_t>(s.channels), 0, 1, slots.data() + i * unit_bytes, 0, &encodings[i]);
+      encodings[i] = s.encode_tile(tile.data(), static_cast<size_t>(s.channels), job.kind, job.layer, job.head, job.half, slot);
     }
   };
   if (s.config.parallel && jobs.size() > 1) {
@@ -425,7 +464,7 @@ AppendOutcome KvCache::append(SequenceId sequence, std::span<const KvView> k, st
   if (takes > s.pool.free_count() + frees + released) return refused(takes, released, true);
 
   // Phase 2: commit; nothing below can fail.
-  const size_t row_bytes = static_cast<size_t>(s.channels) * 2;
+  const size_t row_bytes = s.row_bytes();
   for (int c = 0; c < s.classes(); ++c) {
     for (int b = q.dropped[static_cast<size_t>(c)]; b < std::min(target[static_cast<size_t>(c)], old_blocks); ++b) {
       const uint32_t row = q.rows[static_cast<size_t>(b)];
@@ -437,7 +476,7 @@ AppendOutcome KvCache::append(SequenceId sequence, std::span<const KvView> k, st
     s.for_each_tile([&](int l, int h, TensorKind kind, int half) {
       const uint32_t e = s.entry(l, row, h, kind, half);
       if (entry_class(e) == TileClass::absent) return;
-      const KvView& view = (kind == TensorKind::key ? k : v)[static_cast<size_t>(l)];
+      const View& view = (kind == TensorKind::key ? k : v)[static_cast<size_t>(l)];
       for (int t = 0; t < fill; ++t) std::memcpy(s.raw_row(e, r0 + t), input_row(view, t, h, half), row_bytes);
     });
     s.row_tokens[row] = static_cast<uint8_t>(r0 + fill);
@@ -476,7 +515,7 @@ AppendOutcome KvCache::append(SequenceId sequence, std::span<const KvView> k, st
         }
       }
       e = s.take_raw_tile();
-      const KvView& view = (kind == TensorKind::key ? k : v)[static_cast<size_t>(l)];
+      const View& view = (kind == TensorKind::key ? k : v)[static_cast<size_t>(l)];
       for (int t = 0; t < count; ++t) std::memcpy(s.raw_row(e, t), input_row(view, first + t, h, half), row_bytes);
     });
     q.rows.push_back(row);

@@ -1,5 +1,5 @@
 // KvCache: editing sequences after the fact: truncate (a sequence cut back to a prefix, its cut block
-// turned back into a BF16 tail) and clone (a deep copy of the whole cache).
+// turned back into a raw tail) and clone (a deep copy of the whole cache).
 #include <algorithm>
 #include <cstring>
 #include <string>
@@ -55,14 +55,13 @@ CacheStatus KvCache::truncate(SequenceId sequence, int tokens) {
   for (size_t b = q.rows.size(); b-- > keep;) s.release_block(q, b);
   q.rows.resize(keep);
   if (open != 0) {
-    const size_t row_bytes = static_cast<size_t>(s.channels) * 2;
-    std::vector<uint16_t> tile(static_cast<size_t>(kTileTokens) * s.channels);
+    const size_t row_bytes = s.row_bytes();
+    std::vector<uint16_t> tile(static_cast<size_t>(kTileTokens) * s.channels);  // room for either element
     // Tokens 0..open-1 of the tile of `e`, into the raw tile of `to` (whose other rows are zero).
     const auto copy_rows = [&](int l, int h, TensorKind kind, int half, uint32_t e, uint32_t to) {
       if (entry_class(e) == TileClass::compressed) {
-        s.codecs->codec(kind, l, h, half)
-            .decode_blocks(s.pool.unit(entry_unit(e)), 0, 1, tile.data(), static_cast<size_t>(s.channels), 0);
-        for (int t = 0; t < open; ++t) std::memcpy(s.raw_row(to, t), tile.data() + static_cast<size_t>(t) * s.channels, row_bytes);
+        s.decode_tile(e, kind, l, h, half, tile.data());
+        for (int t = 0; t < open; ++t) std::memcpy(s.raw_row(to, t), reinterpret_cast<const uint8_t*>(tile.data()) + t * row_bytes, row_bytes);
       } else {
         for (int t = 0; t < open; ++t) std::memcpy(s.raw_row(to, t), s.raw_row(e, t), row_bytes);
       }
@@ -87,11 +86,10 @@ CacheStatus KvCache::truncate(SequenceId sequence, int tokens) {
       s.for_each_tile([&](int l, int h, TensorKind kind, int half) {
         uint32_t& e = s.entry(l, cut, h, kind, half);
         if (entry_class(e) == TileClass::compressed) {  // decoded, its slot freed, then a tail taken
-          s.codecs->codec(kind, l, h, half)
-              .decode_blocks(s.pool.unit(entry_unit(e)), 0, 1, tile.data(), static_cast<size_t>(s.channels), 0);
+          s.decode_tile(e, kind, l, h, half, tile.data());
           s.free_tile(e);
           e = s.take_raw_tile();
-          for (int t = 0; t < open; ++t) std::memcpy(s.raw_row(e, t), tile.data() + static_cast<size_t>(t) * s.channels, row_bytes);
+          for (int t = 0; t < open; ++t) std::memcpy(s.raw_row(e, t), reinterpret_cast<const uint8_t*>(tile.data()) + t * row_bytes, row_bytes);
         } else if (entry_class(e) == TileClass::raw) {
           for (int t = open; t < kTileTokens; ++t) std::memset(s.raw_row(e, t), 0, row_bytes);
         }

@@ -17,14 +17,19 @@ std::string where(int layer, uint32_t row, int head, TensorKind kind, int half) 
          (kind == TensorKind::key ? " K" : " V") + " half " + std::to_string(half);
 }
 
-/// Escape bytes the tags of a slot ask for.
-uint32_t slot_escape_bytes(TileShape shape, const uint8_t* slot) {
+/// Escape bytes the tags of a slot of `element` tiles ask for: tag 1 one byte, tag 2 (raw) the raw
+/// group's bytes (BF16 5, E4M3 2, E5M2 3).
+uint32_t slot_escape_bytes(ElementFormat element, int channels, const uint8_t* slot) {
+  const TileShape shape{TensorKind::key, channels};
+  const bool fp8 = is_fp8(element);
+  const size_t tag_offset = fp8 ? Fp8TileShape{element, shape}.tag_offset() : shape.tag_offset();
+  const int raw_bytes = fp8 ? fp8_escape_bytes_for(Fp8GroupMode::raw, element) : 5;
   uint32_t bytes = 0;
   for (size_t w = 0; w < shape.tag_bytes() / 4; ++w) {
     uint32_t tags;
-    std::memcpy(&tags, slot + shape.tag_offset() + 4 * w, sizeof tags);
+    std::memcpy(&tags, slot + tag_offset + 4 * w, sizeof tags);
     const uint32_t low = tags & 0x55555555u, high = (tags >> 1) & 0x55555555u;
-    bytes += static_cast<uint32_t>(std::popcount(low & ~high) + 5 * std::popcount(high & ~low));
+    bytes += static_cast<uint32_t>(std::popcount(low & ~high) + raw_bytes * std::popcount(high & ~low));
   }
   return bytes;
 }
@@ -34,6 +39,14 @@ uint32_t slot_escape_bytes(TileShape shape, const uint8_t* slot) {
 const PagedGeometry& KvCache::geometry() const { return state_->geo; }
 CacheFormat KvCache::format() const { return state_->config.format; }
 const CalibratedCodecs* KvCache::codecs() const { return state_->codecs ? &*state_->codecs : nullptr; }
+const Fp8CalibratedCodecs* KvCache::fp8_codecs() const { return state_->fp8_codecs ? &*state_->fp8_codecs : nullptr; }
+
+float KvCache::scale(int layer, TensorKind kind) const {
+  const State& s = *state_;
+  if (layer < 0 || layer >= s.geo.layers) throw Error("scale: layer " + std::to_string(layer) + " outside the cache");
+  if (!is_fp8(s.config.format)) return 1.0f;
+  return (kind == TensorKind::key ? s.config.fp8.k_scales : s.config.fp8.v_scales)[static_cast<size_t>(layer)];
+}
 
 PagedCacheView KvCache::view() const {
   const State& s = *state_;
@@ -53,7 +66,17 @@ SequenceTable KvCache::sequence_table(std::span<const SequenceId> sequences) con
 }
 
 void KvCache::read(SequenceId sequence, int layer, TensorKind kind, int first, const MutableKvView& out) const {
-  const State& s = *state_;
+  state_->read(sequence, layer, kind, first, out);
+}
+
+void KvCache::read(SequenceId sequence, int layer, TensorKind kind, int first, const BasicKvView<uint8_t>& out) const {
+  state_->read(sequence, layer, kind, first, out);
+}
+
+template <class Element>
+void KvCache::State::read(SequenceId sequence, int layer, TensorKind kind, int first, const BasicKvView<Element>& out) const {
+  const State& s = *this;
+  s.require_element<Element>("read");
   const State::Sequence& q = s.sequence(sequence);
   if (layer < 0 || layer >= s.geo.layers) throw Error("read: layer " + std::to_string(layer) + " outside the cache");
   if (first < 0 || out.tokens < 0 || first + out.tokens > q.length) {
@@ -61,8 +84,8 @@ void KvCache::read(SequenceId sequence, int layer, TensorKind kind, int first, c
                 " outside the sequence's " + std::to_string(q.length) + " tokens");
   }
   if (out.heads != s.geo.kv_heads || out.head_dim != s.geo.head_dim) throw Error("read: output view has the wrong shape");
-  const size_t row_bytes = static_cast<size_t>(s.channels) * 2;
-  std::vector<uint16_t> tile(static_cast<size_t>(kTileTokens) * s.channels);
+  const size_t row_bytes = s.row_bytes();
+  std::vector<Element> tile(static_cast<size_t>(kTileTokens) * s.channels);
   for (int p = first; p < first + out.tokens;) {
     const int block = p / kTileTokens;
     const int t0 = p % kTileTokens;
@@ -73,9 +96,8 @@ void KvCache::read(SequenceId sequence, int layer, TensorKind kind, int first, c
         const uint32_t e = s.entry(layer, row, h, kind, half);
         switch (entry_class(e)) {
           case TileClass::compressed: {
-            const BlockDecodeResult r = s.codecs->codec(kind, layer, h, half)
-                                            .decode_blocks(s.pool.unit(entry_unit(e)), 0, 1, tile.data(), static_cast<size_t>(s.channels), 0);
-            if (r.status != DecodeStatus::ok) throw Error("KV cache tile " + where(layer, row, h, kind, half) + ": " + to_string(r.status));
+            const DecodeStatus status = s.decode_tile(e, kind, layer, h, half, tile.data());
+            if (status != DecodeStatus::ok) throw Error("KV cache tile " + where(layer, row, h, kind, half) + ": " + to_string(status));
             for (int t = 0; t < count; ++t) {
               std::memcpy(out.at(p - first + t, h) + half * kMaxTileChannels, tile.data() + static_cast<size_t>(t0 + t) * s.channels, row_bytes);
             }
@@ -95,6 +117,7 @@ void KvCache::read(SequenceId sequence, int layer, TensorKind kind, int first, c
 }
 
 KvDump KvCache::dump(SequenceId sequence) const {
+  state_->require_element<uint16_t>("dump");
   const int tokens = length(sequence);
   KvDump dump;
   for (int l = 0; l < state_->geo.layers; ++l) {
@@ -123,12 +146,12 @@ CacheUsage KvCache::usage() const {
   u.budget_bytes = s.config.budget_bytes;
   u.unit_bytes = s.geo.unit_bytes;
   u.raw_units = s.raw_units;
+  u.element_bytes = s.geo.element_size();
   u.units = s.pool.count();
   u.units_free = s.pool.free_count();
   u.rows = s.geo.row_capacity;
   u.rows_used = s.geo.row_capacity - s.free_rows.size();
   u.table_bytes = s.geo.table_entries() * 4;
-  const TileShape shape{TensorKind::key, s.channels};
   const size_t capacity = s.geo.escape_capacity();
   for (uint32_t row = 0; row < s.geo.row_capacity; ++row) {
     if (s.row_refs[row] == 0) continue;
@@ -143,7 +166,7 @@ CacheUsage KvCache::usage() const {
         ++u.raw_tiles;
       } else {
         ++u.compressed_tiles;
-        u.unused_slot_bytes += capacity - slot_escape_bytes(shape, s.pool.unit(entry_unit(e)));
+        u.unused_slot_bytes += capacity - slot_escape_bytes(s.geo.element_format, s.channels, s.pool.unit(entry_unit(e)));
       }
     });
   }
@@ -208,12 +231,10 @@ void KvCache::check_invariants() const {
       if (needed != (entry_class(e) != TileClass::absent)) fail(at + (needed ? " is absent but needed" : " is held but not needed"));
       if (entry_class(e) == TileClass::absent) return;
       if (entry_class(e) == TileClass::compressed) {
-        if (!s.compressed() || open_of[row] >= 0) fail(at + " is compressed in a bf16 cache or an open block");
+        if (!s.compressed() || open_of[row] >= 0) fail(at + " is compressed in an uncompressed cache or an open block");
         hold(entry_unit(e), at);
-        std::vector<uint16_t> tile(static_cast<size_t>(kTileTokens) * s.channels);
-        const DecodeStatus status = s.codecs->codec(kind, l, h, half)
-                                        .decode_blocks(s.pool.unit(entry_unit(e)), 0, 1, tile.data(), static_cast<size_t>(s.channels), 0)
-                                        .status;
+        std::vector<uint16_t> tile(static_cast<size_t>(kTileTokens) * s.channels);  // room for either element
+        const DecodeStatus status = s.decode_tile(e, kind, l, h, half, tile.data());
         if (status != DecodeStatus::ok) fail(at + ": " + to_string(status));
       } else if (entry_class(e) == TileClass::raw) {
         hold(entry_unit(e), at);

@@ -1,5 +1,6 @@
 #include "cache/layout.hpp"
 
+#include <cmath>
 #include <string>
 
 #include "common/checked.hpp"
@@ -48,13 +49,18 @@ uint64_t Layout::cache_units(uint64_t budget, CacheFormat format) const {
   return units;
 }
 
-Layout layout_for(const CacheGeometry& g, CacheFormat format, const CalibrationTable* calibration) {
+Layout layout_for(const CacheGeometry& g, CacheFormat format, const CalibrationTable* calibration, ElementFormat element) {
   const int channels = g.head_dim < kMaxTileChannels ? g.head_dim : kMaxTileChannels;
-  const TileShape shape{TensorKind::key, channels};
   Layout layout;
-  if (format == CacheFormat::gaac) {
-    if (calibration == nullptr) throw Error("a gaac KV cache needs a calibration table");
+  layout.element = format == CacheFormat::fp8 ? element : ElementFormat::bf16;
+  if (is_compressed(format)) {
+    if (calibration == nullptr) throw Error(std::string("a ") + to_string(format) + " KV cache needs a calibration table");
     const CalibrationTable& table = *calibration;
+    if (is_fp8(format) != is_fp8(table.element_format())) {
+      throw Error(std::string("a ") + to_string(format) + " KV cache needs " + (is_fp8(format) ? "an FP8" : "a BF16") +
+                  " calibration table, this one is for " + to_string(table.element_format()));
+    }
+    layout.element = table.element_format();
     if (table.layers() != g.layers || table.kv_heads() != g.kv_heads || table.head_dim() != g.head_dim) {
       throw Error("the calibration table is for " + std::to_string(table.layers()) + " layers × " +
                   std::to_string(table.kv_heads()) + " KV heads × head_dim " + std::to_string(table.head_dim()) +
@@ -62,12 +68,12 @@ Layout layout_for(const CacheGeometry& g, CacheFormat format, const CalibrationT
                   std::to_string(g.head_dim));
     }
     layout.escape_capacity = largest_capacity(table);
-    layout.unit_bytes = static_cast<uint32_t>(shape.slot_bytes(layout.escape_capacity));
     layout.raw_units = 2;
-  } else {
-    layout.unit_bytes = static_cast<uint32_t>(shape.raw_bytes());
-    layout.raw_units = 1;
   }
+  // Units of one raw tile, or of a slot of the layout's capacity (fixed bytes of the element's tile).
+  PagedGeometry geo{g.layers, g.kv_heads, g.head_dim, 0, 0, layout.element};
+  geo.unit_bytes = static_cast<uint32_t>(is_compressed(format) ? geo.slot_fixed_bytes() + layout.escape_capacity : geo.raw_tile_bytes());
+  layout.unit_bytes = geo.unit_bytes;
   const uint64_t per_layer = static_cast<uint64_t>(g.kv_heads) * 2 * (g.head_dim / channels);
   layout.row_entries = per_layer * static_cast<uint64_t>(g.layers);
   int resident_layers = 0;
@@ -83,7 +89,7 @@ void fill_bases(const CalibrationTable& table, const PagedGeometry& geo, uint8_t
     for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
       for (int which = 0; which < 2; ++which) {
         for (int h = 0; h < geo.kv_heads; ++h) {
-          const auto src = which == 0 ? table.b3(kind, l, h) : table.b4(kind, l, h);
+          const auto src = which == 0 ? table.narrow(kind, l, h) : table.wide(kind, l, h);
           std::copy(src.begin(), src.end(), out + geo.bases_index(l, kind, which, h));
         }
       }
@@ -111,6 +117,30 @@ void check_geometry(const CacheGeometry& g) {
   }
 }
 
+void check_fp8_config(const CacheConfig& config) {
+  if (!is_fp8(config.format)) return;
+  const Fp8CacheConfig& f = config.fp8;
+  if (!is_fp8(f.element)) throw Error(std::string("a ") + to_string(config.format) + " KV cache needs an FP8 element format (e4m3 or e5m2), got " + to_string(f.element));
+  if (config.format == CacheFormat::gaac_fp8 && config.calibration != nullptr && config.calibration->element_format() != f.element) {
+    throw Error(std::string("the KV cache holds ") + to_string(f.element) + " but its calibration table is for " +
+                to_string(config.calibration->element_format()));
+  }
+  const auto layers = static_cast<size_t>(config.geometry.layers);
+  for (const auto* scales : {&f.k_scales, &f.v_scales}) {
+    const char* which = scales == &f.k_scales ? "K" : "V";
+    if (scales->size() != layers) {
+      throw Error(std::string("an FP8 KV cache needs one ") + which + " scale per layer (" + std::to_string(layers) + "), got " +
+                  std::to_string(scales->size()));
+    }
+    for (size_t l = 0; l < layers; ++l) {
+      const float x = (*scales)[l];
+      if (!(std::isfinite(x) && x > 0.0f)) {
+        throw Error(std::string("layer ") + std::to_string(l) + "'s " + which + " scale is " + std::to_string(x) +
+                    "; an FP8 KV cache's scales must be finite and positive");
+      }
+    }
+  }
+}
 
 }  // namespace gaac::cache
 
@@ -119,14 +149,15 @@ namespace gaac {
 CacheCarving carve_cache(const CacheConfig& config) {
   const CacheGeometry& g = config.geometry;
   cache::check_geometry(g);
-  const cache::Layout layout = cache::layout_for(g, config.format, config.calibration);
+  const cache::Layout layout = cache::layout_for(g, config.format, config.calibration, config.fp8.element);
+  cache::check_fp8_config(config);
   CacheCarving carving;
   carving.units = layout.cache_units(config.budget_bytes, config.format);
   carving.geometry = PagedGeometry{g.layers, g.kv_heads, g.head_dim, layout.unit_bytes,
-                                   static_cast<uint32_t>(layout.rows_for(carving.units))};
+                                   static_cast<uint32_t>(layout.rows_for(carving.units)), layout.element};
   carving.windows.assign(static_cast<size_t>(g.layers), 0);
   for (size_t l = 0; l < g.sliding_window.size(); ++l) carving.windows[l] = g.sliding_window[l];
-  if (config.format == CacheFormat::gaac) {
+  if (is_compressed(config.format)) {
     carving.bases.resize(carving.geometry.bases_bytes());
     cache::fill_bases(*config.calibration, carving.geometry, carving.bases.data());
   }

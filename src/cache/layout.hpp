@@ -12,9 +12,10 @@ namespace gaac::cache {
 
 /// The numbers of a cache layout that follow from geometry and format alone.
 struct Layout {
+  ElementFormat element = ElementFormat::bf16;  ///< of every tile
   uint32_t unit_bytes = 0;
   uint32_t raw_units = 1;         ///< units per raw tile
-  size_t escape_capacity = 0;     ///< of every slot (0 for bf16)
+  size_t escape_capacity = 0;     ///< of every slot (0 for bf16 and fp8)
   uint64_t row_entries = 0;       ///< entries of a block row
   uint64_t resident_entries = 1;  ///< entries a block row keeps for good (layers without a window)
 
@@ -33,13 +34,19 @@ struct Layout {
   uint64_t cache_units(uint64_t budget, CacheFormat format) const;
 };
 
-/// The calibrated bases of `table` in the layout kernels read (PagedGeometry::bases_index), into
-/// `out` (geo.bases_bytes() bytes).
+/// The calibrated bases of `table` (narrow and wide windows, BF16 or FP8) in the layout kernels read
+/// (PagedGeometry::bases_index), into `out` (geo.bases_bytes() bytes).
 void fill_bases(const CalibrationTable& table, const PagedGeometry& geo, uint8_t* out);
 
 /// Throws gaac::Error unless a cache can be made for the geometry.
 void check_geometry(const CacheGeometry& g);
-/// The layout of a cache of `format` (throws for a missing or mismatched calibration).
-Layout layout_for(const CacheGeometry& g, CacheFormat format, const CalibrationTable* calibration);
+/// The layout of a cache of `format` (throws for a missing or mismatched calibration). A plain fp8
+/// cache's layout is the same for E4M3 and E5M2; `element` says which it holds (ignored for the other
+/// formats: BF16, or the calibration's).
+Layout layout_for(const CacheGeometry& g, CacheFormat format, const CalibrationTable* calibration,
+                  ElementFormat element = ElementFormat::e4m3);
+/// Throws gaac::Error unless `config` is a complete FP8 config for `layers` layers (an FP8 element
+/// format, one finite positive K and V scale per layer); nothing is checked for a BF16 format.
+void check_fp8_config(const CacheConfig& config);
 
 }  // namespace gaac::cache

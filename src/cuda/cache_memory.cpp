@@ -46,11 +46,19 @@ void upload_bases(const PagedGeometry& geo, const uint8_t* bases, DeviceBuffer& 
   lanes.upload(lane_bases.data(), lane_bases.size() * 4);
 }
 
+/// Throws gaac::Error unless the cache holds BF16 elements: the device kernels read BF16 tiles only.
+void require_bf16(const PagedGeometry& geo) {
+  if (geo.element_format != ElementFormat::bf16) {
+    throw Error(std::string("CacheMemory: the GPU cache holds BF16 tiles, not ") + to_string(geo.element_format));
+  }
+}
+
 }  // namespace
 
 CacheMemory CacheMemory::upload(const KvCache& host_cache) {
   const PagedCacheView host = host_cache.view();
   const PagedGeometry& geo = host.geometry;
+  require_bf16(geo);
   if (geo.unit_bytes % 16 != 0) throw Error("CacheMemory: unit size is not a multiple of 16 bytes");
   const uint32_t units = units_in_use(host);
   CacheMemory cache;
@@ -79,6 +87,7 @@ CacheMemory CacheMemory::upload(const KvCache& host_cache) {
 CacheMemory CacheMemory::create(const CacheConfig& config) {
   const CacheCarving carving = carve_cache(config);
   const PagedGeometry& geo = carving.geometry;
+  require_bf16(geo);
   CacheMemory cache;
   cache.units_ = static_cast<uint32_t>(carving.units);
   const size_t pool = static_cast<size_t>(cache.units_) * geo.unit_bytes;

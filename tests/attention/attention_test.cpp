@@ -20,25 +20,16 @@
 #include "gaac/bf16.hpp"
 #include "gaac/error.hpp"
 #include "gaac/synthetic.hpp"
+#include "attention_support.hpp"
 #include "support/ggml_attention.hpp"
 
 namespace gaac {
 namespace {
 
-bool same_bits(float a, float b) { return std::bit_cast<uint32_t>(a) == std::bit_cast<uint32_t>(b); }
+using test::random_q;
+using test::same_bits;
+using test::Shape;
 
-std::vector<float> random_q(size_t n, uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<float> d(0.0f, 1.0f);
-  std::vector<float> q(n);
-  for (float& x : q) x = d(rng);
-  return q;
-}
-
-/// Shapes: query heads, KV heads, head width.
-struct Shape {
-  int q_heads, kv_heads, head_dim;
-};
 constexpr Shape kSmolLM2{9, 3, 64};
 constexpr Shape kGemma3{4, 1, 256};
 constexpr Shape kLlama8B{32, 8, 128};
@@ -54,13 +45,7 @@ struct Filled {
   int cached = 0;
 
   static KvDump make_dump(Shape s, int tokens, uint64_t seed, double outliers) {
-    SyntheticKvSpec spec;
-    spec.layers = 1;
-    spec.kv_heads = s.kv_heads;
-    spec.head_dim = s.head_dim;
-    spec.tokens = tokens;
-    spec.seed = seed;
-    KvDump d = make_synthetic_kv(spec);
+    KvDump d = test::synthetic_layer(s, tokens, seed);
     std::mt19937_64 rng(seed + 1);
     std::uniform_real_distribution<double> u(0, 1);
     for (KvTensor* t : {&d.layers[0].k, &d.layers[0].v}) {
@@ -102,15 +87,7 @@ struct Filled {
     bf16_id = bf16.add_sequence();
     const int tokens = dump.layers[0].k.tokens;
     cached = tokens - extra;
-    const int steps[] = {1, 37, 3, 16, 90, 2};
-    for (int at = 0, i = 0; at < cached; ++i) {
-      const int n = std::min(steps[i % 6], cached - at);
-      const KvView k[] = {view_of(dump.layers[0].k).tokens_from(at, n)};
-      const KvView v[] = {view_of(dump.layers[0].v).tokens_from(at, n)};
-      EXPECT_EQ(gaac.append(gaac_id, k, v).status, CacheStatus::ok);
-      EXPECT_EQ(bf16.append(bf16_id, k, v).status, CacheStatus::ok);
-      at += n;
-    }
+    test::fill_twins(gaac, gaac_id, bf16, bf16_id, dump.layers[0].k, dump.layers[0].v, cached);
   }
 
   KvView extra_k() const { return view_of(dump.layers[0].k).tokens_from(cached, dump.layers[0].k.tokens - cached); }
@@ -119,17 +96,8 @@ struct Filled {
   /// The oracle's output for every query head at `position`, window `window`.
   std::vector<float> oracle(const std::vector<float>& q, int position, int window) const {
     std::vector<float> out;
-    const int group = shape.q_heads / shape.kv_heads;
     for (int h = 0; h < shape.q_heads; ++h) {
-      test::DenseQuery dq;
-      dq.q = q.data() + static_cast<size_t>(h) * shape.head_dim;
-      dq.keys = dump.layers[0].k.data.data() + static_cast<size_t>(h / group) * shape.head_dim;
-      dq.values = dump.layers[0].v.data.data() + static_cast<size_t>(h / group) * shape.head_dim;
-      dq.stride = static_cast<size_t>(shape.kv_heads) * shape.head_dim;
-      dq.head_dim = shape.head_dim;
-      dq.first = first_attended(position, window);
-      dq.last = position;
-      dq.scale = 1.0f / std::sqrt(static_cast<float>(shape.head_dim));
+      const test::DenseQuery dq = test::dense_query(shape, q, dump.layers[0].k.data.data(), dump.layers[0].v.data.data(), h, position, window);
       const std::vector<float> o = test::ggml_attention(dq);
       out.insert(out.end(), o.begin(), o.end());
     }
@@ -146,13 +114,7 @@ std::vector<float> run(const attention::Kernels& kernels, const KvCache& cache, 
     query.extra_k = f.extra_k();
     query.extra_v = f.extra_v();
   }
-  AttentionOptions o;
-  o.q_heads = f.shape.q_heads;
-  o.scale = 1.0f / std::sqrt(static_cast<float>(f.shape.head_dim));
-  o.path = path;
-  o.splits = splits;
-  o.window = window;
-  attention::attend_with(kernels, cache, 0, std::span(&query, 1), o);
+  attention::attend_with(kernels, cache, 0, std::span(&query, 1), test::options_for(f.shape, path, splits, window));
   return out;
 }
 
@@ -161,10 +123,7 @@ std::vector<float> run(const attention::Kernels& kernels, const KvCache& cache, 
 std::vector<float> check_every_path(const Filled& f, int position, int splits, uint64_t seed, int window = -1) {
   const std::vector<float> q = random_q(static_cast<size_t>(f.shape.q_heads) * f.shape.head_dim, seed);
   std::vector<std::pair<std::string, std::vector<float>>> results;
-  std::vector<std::pair<std::string, const attention::Kernels*>> kernels{{"scalar", &attention::scalar_kernels()}};
-  if (attention::avx2_kernels() != nullptr) kernels.emplace_back("avx2", attention::avx2_kernels());
-  if (attention::avx512_kernels() != nullptr) kernels.emplace_back("avx512", attention::avx512_kernels());
-  for (const auto& [name, k] : kernels) {
+  for (const auto& [name, k] : test::kernel_sets()) {
     results.emplace_back("gaac fused " + name, run(*k, f.gaac, f.gaac_id, f, q, position, AttentionPath::fused, splits, window));
     results.emplace_back("gaac reference " + name, run(*k, f.gaac, f.gaac_id, f, q, position, AttentionPath::reference, splits, window));
     results.emplace_back("bf16 " + name, run(*k, f.bf16, f.bf16_id, f, q, position, AttentionPath::fused, splits, window));
@@ -373,10 +332,7 @@ void check_consecutive_queries(const Filled& f, int first, int last, int window,
     want.push_back(f.oracle(std::vector<float>(q.begin() + static_cast<ptrdiff_t>(i * width), q.begin() + static_cast<ptrdiff_t>((i + 1) * width)),
                             first + i, window));
   }
-  std::vector<std::pair<std::string, const attention::Kernels*>> kernels{{"scalar", &attention::scalar_kernels()}};
-  if (attention::avx2_kernels() != nullptr) kernels.emplace_back("avx2", attention::avx2_kernels());
-  if (attention::avx512_kernels() != nullptr) kernels.emplace_back("avx512", attention::avx512_kernels());
-  for (const auto& [name, k] : kernels) {
+  for (const auto& [name, k] : test::kernel_sets()) {
     for (const auto& [cache_name, cache, id, path] :
          {std::tuple{"gaac fused", &f.gaac, f.gaac_id, AttentionPath::fused}, std::tuple{"gaac reference", &f.gaac, f.gaac_id, AttentionPath::reference},
           std::tuple{"bf16", &f.bf16, f.bf16_id, AttentionPath::fused}}) {

@@ -1,0 +1,30 @@
+// FP8 codes widened to the BF16 operands attention reads (docs/format.md, section 13): each code's exact
+// value times its layer's K or V scale, the product in float, rounded to the nearest BF16 (ties to even,
+// NaN staying NaN). One table per (layer, K/V) and call; every kernel then reads BF16 rows.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+
+#include "gaac/bf16.hpp"
+#include "gaac/fp8_dump.hpp"
+
+namespace gaac::attention {
+
+/// The BF16 operand of every FP8 code of one (layer, K/V), indexed by the code.
+using Fp8Widening = std::array<uint16_t, 256>;
+
+/// The table of `format` (E4M3 or E5M2) and `scale`: entry x is bf16_rn(float(fp8_to_float(x) · scale)).
+inline Fp8Widening fp8_widening(ElementFormat format, float scale) {
+  Fp8Widening table{};
+  for (size_t x = 0; x < table.size(); ++x) table[x] = float_to_bf16(fp8_to_float(static_cast<uint8_t>(x), format) * scale);
+  return table;
+}
+
+/// Widens `count` codes to their BF16 operands.
+inline void widen(const Fp8Widening& table, const uint8_t* codes, size_t count, uint16_t* out) {
+  for (size_t i = 0; i < count; ++i) out[i] = table[codes[i]];
+}
+
+}  // namespace gaac::attention

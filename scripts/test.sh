@@ -21,12 +21,15 @@ stage() { printf '\n=== %s\n' "$*"; }
 
 # The Python tests' packages (PyTorch among them: gigabytes to download) install in the background while
 # the suite builds; the Python stage waits for them. LMCache goes in after them without its dependencies (the
-# light ones it needs are listed; see tests/python/requirements-lmcache.txt).
+# light ones it needs are listed; see tests/python/requirements-lmcache.txt); then the real models are saved
+# as transformers loads them (scripts/convert_models.py), so that each test process loads them in seconds.
 rm -rf build/python-venv build/wheels
 mkdir -p build
 python3 -m venv build/python-venv
+models_dir=$(dirname "$(python3 scripts/fetch_models.py smollm2 --print-path)")
 (build/python-venv/bin/pip install -q --upgrade pip && build/python-venv/bin/pip install -q -r tests/python/requirements.txt &&
- build/python-venv/bin/pip install -q --no-deps -r tests/python/requirements-lmcache.txt) \
+ build/python-venv/bin/pip install -q --no-deps -r tests/python/requirements-lmcache.txt &&
+ build/python-venv/bin/python scripts/convert_models.py "$models_dir" build/hf-models) \
   >build/python-venv-install.log 2>&1 &
 python_deps=$!
 
@@ -38,12 +41,15 @@ ctest --test-dir build --output-on-failure -j"$jobs"
 stage "Python package: wheel, install, tests"
 # The wheel is built from this tree by pip (scikit-build-core + nanobind from PyPI), installed into the
 # fresh virtual environment made above and tested against the CLI built above.
-wait $python_deps || { tail -30 build/python-venv-install.log; echo "installing tests/python/requirements.txt FAILED"; exit 1; }
+wait $python_deps || { tail -30 build/python-venv-install.log; echo "installing tests/python/requirements.txt (or converting the models) FAILED"; exit 1; }
 build/python-venv/bin/pip wheel -q --no-build-isolation --no-deps -w build/wheels .
 build/python-venv/bin/pip install -q build/wheels/gaac-*.whl
 # Every test runs: transformers' (both models, on the CPU) and LMCache's too; the GPU ones skip without a device.
-(cd build && GAAC_CLI="$PWD/tools/gaac/gaac" GAAC_REQUIRE_TRANSFORMERS=1 GAAC_REQUIRE_LMCACHE=1 GAAC_SLOW_TESTS=1 \
-  python-venv/bin/python -m pytest -q -p no:cacheprovider ../tests/python)
+# Side by side, one process per core (pytest-xdist), each with one PyTorch thread (threads of every process
+# contending for the cores made the run 2.7 times longer).
+(cd build && GAAC_CLI="$PWD/tools/gaac/gaac" GAAC_HF_MODELS="$PWD/hf-models" GAAC_REQUIRE_TRANSFORMERS=1 \
+  GAAC_REQUIRE_LMCACHE=1 GAAC_SLOW_TESTS=1 OMP_NUM_THREADS=1 \
+  python-venv/bin/python -m pytest -q -p no:cacheprovider -n "$jobs" ../tests/python)
 [ $quick -eq 1 ] && exit 0
 
 stage "AddressSanitizer + UndefinedBehaviorSanitizer build and test suite"

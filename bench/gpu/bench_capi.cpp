@@ -36,7 +36,9 @@ struct BenchCase {
   std::vector<KvDump> sequences;  // the values, for export to the baselines
   std::vector<CacheMemory> gaac, bf16, decompressed;
   std::unique_ptr<BatchTable> seqs, bf16_seqs;
-  std::map<std::array<int, 6>, DecodePlan> plans;  // by (path, work, stages, warps, blocks_per_split, q_heads)
+  // by (path, work, stages, warps, blocks_per_split, q_heads, heads_per_cta)
+  std::map<std::array<int, 7>, DecodePlan> plans;
+  int heads_per_cta = 0;  // DecodeConfig::heads_per_cta of the plans made next (gaac_bench_set_heads_per_cta)
   CacheUsage usage;
   uint32_t unit_bytes = 0;
   uint64_t gaac_bytes = 0, bf16_bytes = 0;  // bytes of units the attended tiles occupy
@@ -126,10 +128,11 @@ int gaac_bench_export(void* handle, uint16_t* k, uint16_t* v) {
 /// The plan of a path (0 GAAC, 1 twin, 2 the twin over the decompressed cache) for a configuration,
 /// made on first use (host work and the workspace's allocation stay out of the timed calls).
 const DecodePlan& plan_for(BenchCase& c, int path, int work, int stages, int warps, int blocks_per_split, int q_heads) {
-  DecodePlan& plan = c.plans[{path, work, stages, warps, blocks_per_split, q_heads}];
+  DecodePlan& plan = c.plans[{path, work, stages, warps, blocks_per_split, q_heads, c.heads_per_cta}];
   if (!plan.planned()) {
     DecodeConfig config;
     config.q_heads = q_heads;
+    config.heads_per_cta = c.heads_per_cta;
     config.work = static_cast<Work>(work);
     config.stages = stages;
     config.warps = warps;
@@ -174,6 +177,13 @@ int gaac_bench_plan(void* handle, int path, int work, int stages, int warps, int
                            ", \"warps\": " + std::to_string(p.warps) + ", \"stages\": " + std::to_string(p.stages) + "}";
     std::snprintf(buffer, static_cast<size_t>(size), "%s", js.c_str());
   });
+}
+
+/// Sets DecodeConfig::heads_per_cta for the runs and plans that follow (0: every query head of a KV head in
+/// one CTA; 8: groups of 9-16 split over CTAs). A separate call, so that the runs keep one signature across
+/// kernel versions compared in one process.
+int gaac_bench_set_heads_per_cta(void* handle, int heads_per_cta) {
+  return guarded([&] { static_cast<BenchCase*>(handle)->heads_per_cta = heads_per_cta; });
 }
 
 /// Frees a case.

@@ -56,6 +56,8 @@ class Gaac:
         L.gaac_bench_plan.argtypes = [ctypes.c_void_p, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_int,
                                       ctypes.c_int, ctypes.c_char_p, ctypes.c_int]
         L.gaac_bench_free.argtypes = [ctypes.c_void_p]
+        if hasattr(L, "gaac_bench_set_heads_per_cta"):  # libraries of earlier kernel versions lack it
+            L.gaac_bench_set_heads_per_cta.argtypes = [ctypes.c_void_p, ctypes.c_int]
 
     def check(self, status):
         if status != 0:
@@ -227,6 +229,12 @@ def run_case(g, shape_name, context, batch, args, flashinfer, results, log):
             measure(f"gaac_warps{warps}", gaac_fn(0, warps=warps), gaac_bytes, extra=lambda warps=warps: {"plan": plan(0, 0, 0, warps)})
         if plan(1)["warps"] != warps:
             measure(f"bf16_twin_warps{warps}", gaac_fn(1, warps=warps), twin_bytes, extra=lambda warps=warps: {"plan": plan(1, 0, 0, warps)})
+    # Groups of 9-16 query heads per KV head also in CTAs of 8 heads (two CTAs a KV head, the 8-head instance).
+    if Hq // KVH > 8 and hasattr(g.lib, "gaac_bench_set_heads_per_cta"):
+        g.check(g.lib.gaac_bench_set_heads_per_cta(h, 8))
+        measure("gaac_heads8", gaac_fn(0), gaac_bytes, extra=lambda: {"plan": plan(0)})
+        measure("bf16_twin_heads8", gaac_fn(1), twin_bytes, extra=lambda: {"plan": plan(1)})
+        g.check(g.lib.gaac_bench_set_heads_per_cta(h, 0))
     if shape_name == "llama" and not args.quick_variants:
         for work, wname in ((1, "no_math"), (2, "no_decode"), (3, "load_only")):
             measure(f"gaac_{wname}", gaac_fn(0, work=work), gaac_bytes, validate=False)
@@ -277,7 +285,7 @@ def run_case(g, shape_name, context, batch, args, flashinfer, results, log):
 
     bf16_names = [n for n in ("bf16_twin", "sdpa_cudnn", "sdpa_flash", "flashinfer", "flashinfer_tc")
                   if "us" in methods.get(n, {})]
-    bf16_names += [n for n in methods if n.startswith(("bf16_twin_stages", "bf16_twin_warps")) and "us" in methods[n]]
+    bf16_names += [n for n in methods if n.startswith(("bf16_twin_stages", "bf16_twin_warps", "bf16_twin_heads")) and "us" in methods[n]]
     if bf16_names and "us" in methods.get("gaac", {}):
         best = min(bf16_names, key=lambda n: methods[n]["us"])
         case["best_bf16"] = best

@@ -254,6 +254,10 @@ struct DecodeConfig {
   int stages = 0;              ///< pipeline stages per warp; 0: the kernel's default
   int warps = 0;               ///< warps per CTA; 0: the kernel's default (16 for heads of 64 or 128 channels
                                ///< with up to 8 query heads per KV head, else 4; 4 and 8 exist too)
+  /// Query heads one CTA serves: 0 (all of its KV head's), or 8: groups of 9–16 query heads per KV head
+  /// are then served by two CTAs that each read the KV head's tiles, on the 8-head instance (half the
+  /// accumulator registers, so more warps resident; each tile read and, compressed, rebuilt twice).
+  int heads_per_cta = 0;
   Work work = Work::full;
 };
 

@@ -235,24 +235,25 @@ __device__ __forceinline__ bool last_to_arrive(uint32_t* counter, int expected, 
   return last;
 }
 
-/// Merges `count` consecutive partial results (running max m, sum l, unnormalised O of `group` heads ×
-/// kD channels), starting at partial `first` of `po`/`pml`, in index order. Final: writes O / L as
-/// bf16 to `out`; otherwise writes the merged (M, L, O) to `dst_o`/`dst_ml`. `scratch`: shared memory
-/// for H × 64 weights and H × 2 floats; group ≤ H, count ≤ 64.
+/// Merges `count` consecutive partial results (running max m, sum l, unnormalised O of `heads` heads ×
+/// kD channels; consecutive partials `stride` heads apart), starting at head `first` of `po`/`pml`, in
+/// index order. Final: writes O / L as bf16 to `out`; otherwise writes the merged (M, L, O) to
+/// `dst_o`/`dst_ml` (the same stride). `scratch`: shared memory for H × 64 weights and H × 2 floats;
+/// heads ≤ H, count ≤ 64.
 template <int NW, int H, int kD, bool Final>
-__device__ void merge_partials(const float* po, const float* pml, size_t first, int count, int group, uint8_t* scratch,
-                               uint16_t* out, float* dst_o, float* dst_ml, int tid) {
+__device__ void merge_partials(const float* po, const float* pml, size_t first, int count, int heads, int stride,
+                               uint8_t* scratch, uint16_t* out, float* dst_o, float* dst_ml, int tid) {
   const int warp = tid / 32, lane = tid % 32;
   float* weight = reinterpret_cast<float*>(scratch);  // [head][64]
   float* ml = weight + H * 64;                        // [head][M, L]
-  for (int head = warp; head < group; head += NW) {
+  for (int head = warp; head < heads; head += NW) {
     float mx = -INFINITY;
-    for (int i = lane; i < count; i += 32) mx = fmaxf(mx, __ldcg(&pml[2 * (first + static_cast<size_t>(i) * group + head)]));
+    for (int i = lane; i < count; i += 32) mx = fmaxf(mx, __ldcg(&pml[2 * (first + static_cast<size_t>(i) * stride + head)]));
 #pragma unroll
     for (int d = 16; d > 0; d >>= 1) mx = fmaxf(mx, __shfl_xor_sync(0xFFFFFFFFu, mx, d));
     float l = 0.0f;
     for (int i = lane; i < count; i += 32) {
-      const size_t at = 2 * (first + static_cast<size_t>(i) * group + head);
+      const size_t at = 2 * (first + static_cast<size_t>(i) * stride + head);
       const float f = mx == -INFINITY ? 0.0f : ptx::exp2_approx(__ldcg(&pml[at]) - mx);
       weight[head * 64 + i] = f;
       l += __ldcg(&pml[at + 1]) * f;
@@ -268,19 +269,19 @@ __device__ void merge_partials(const float* po, const float* pml, size_t first, 
     }
   }
   __syncthreads();
-  for (int idx = tid; idx < group * kD; idx += NW * 32) {
+  for (int idx = tid; idx < heads * kD; idx += NW * 32) {
     const int head = idx / kD;
     const float* src = po + first * kD + idx;
     const float* w = weight + head * 64;
     float acc0 = 0.0f, acc1 = 0.0f, acc2 = 0.0f, acc3 = 0.0f;
     int i = 0;
     for (; i + 4 <= count; i += 4) {
-      acc0 += __ldcg(src + static_cast<size_t>(i) * group * kD) * w[i];
-      acc1 += __ldcg(src + static_cast<size_t>(i + 1) * group * kD) * w[i + 1];
-      acc2 += __ldcg(src + static_cast<size_t>(i + 2) * group * kD) * w[i + 2];
-      acc3 += __ldcg(src + static_cast<size_t>(i + 3) * group * kD) * w[i + 3];
+      acc0 += __ldcg(src + static_cast<size_t>(i) * stride * kD) * w[i];
+      acc1 += __ldcg(src + static_cast<size_t>(i + 1) * stride * kD) * w[i + 1];
+      acc2 += __ldcg(src + static_cast<size_t>(i + 2) * stride * kD) * w[i + 2];
+      acc3 += __ldcg(src + static_cast<size_t>(i + 3) * stride * kD) * w[i + 3];
     }
-    for (; i < count; ++i) acc0 += __ldcg(src + static_cast<size_t>(i) * group * kD) * w[i];
+    for (; i < count; ++i) acc0 += __ldcg(src + static_cast<size_t>(i) * stride * kD) * w[i];
     const float acc = (acc0 + acc1) + (acc2 + acc3);
     if (Final) {
       out[idx] = static_cast<uint16_t>(ptx::pack_bf16(acc, 0.0f) & 0xFFFFu);
@@ -321,7 +322,10 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
   constexpr bool kMath = W == Work::full || W == Work::no_decode;
   extern __shared__ __align__(128) uint8_t smem[];
 
-  const int seq = static_cast<int>(blockIdx.z), kvh = static_cast<int>(blockIdx.y), split = static_cast<int>(blockIdx.x);
+  const int seq = static_cast<int>(blockIdx.z), split = static_cast<int>(blockIdx.x);
+  const int kvh = static_cast<int>(blockIdx.y) / a.head_slices;                // the KV head
+  const int head0 = static_cast<int>(blockIdx.y) % a.head_slices * H;          // its first query head here
+  const int heads = min(H, a.group - head0);                                   // query heads this CTA serves
   const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
 
   const int len = a.batch.lengths[seq];
@@ -372,9 +376,9 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
 #pragma unroll
   for (int cb = 0; cb < kBlocks; ++cb) {
     const int head = 8 * cb + g;
-    const bool real = head < a.group;
+    const bool real = head < heads;
     const uint32_t* qrow = reinterpret_cast<const uint32_t*>(
-        a.q + (static_cast<size_t>(seq) * a.q_heads + kvh * a.group + (real ? head : 0)) * kD);
+        a.q + (static_cast<size_t>(seq) * a.q_heads + kvh * a.group + head0 + (real ? head : 0)) * kD);
 #pragma unroll
     for (int h = 0; h < P; ++h)
 #pragma unroll
@@ -695,10 +699,11 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
         }
   __syncthreads();
 
+  // The workspace holds every head of a (sequence, KV head) pair; this CTA's heads start at head0.
   const int group = a.group;
   const size_t pair = static_cast<size_t>(seq) * a.cache.geometry.kv_heads + kvh;
-  uint16_t* out = a.out + (static_cast<size_t>(seq) * a.q_heads + kvh * group) * kD;
-  for (int idx = tid; idx < group * kD; idx += NW * 32) {
+  uint16_t* out = a.out + (static_cast<size_t>(seq) * a.q_heads + kvh * group + head0) * kD;
+  for (int idx = tid; idx < heads * kD; idx += NW * 32) {
     const int head = idx / kD, channel = idx % kD;
     float mx = -INFINITY;
 #pragma unroll
@@ -715,7 +720,7 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
     if (splits == 1) {
       out[idx] = static_cast<uint16_t>(ptx::pack_bf16(l > 0.0f ? acc / l : 0.0f, 0.0f) & 0xFFFFu);
     } else {
-      const size_t at = (pair * a.max_splits + split) * group + head;
+      const size_t at = (pair * a.max_splits + split) * group + head0 + head;
       a.partial_o[at * kD + channel] = acc;
       if (channel == 0) a.partial_ml[2 * at] = mx, a.partial_ml[2 * at + 1] = l;
     }
@@ -729,22 +734,24 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
   const int my_group = split / per_group;
   const int group_first = my_group * per_group;
   const int group_count = min(per_group, splits - group_first);
-  uint32_t* counters = a.counters + pair * (a.max_groups + 1);
+  uint32_t* counters = a.counters + (pair * a.head_slices + blockIdx.y % a.head_slices) * (a.max_groups + 1);
   int* flag = reinterpret_cast<int*>(smem + layout.flag);
-  const size_t part0 = pair * a.max_splits * group;   // partial (split 0, head 0) of this pair
-  const size_t group0 = pair * a.max_groups * group;  // merged group 0 of this pair
+  const size_t part0 = pair * a.max_splits * group + head0;   // partial (split 0, head head0) of this pair
+  const size_t group0 = pair * a.max_groups * group + head0;  // merged group 0 of this pair, head head0
   if (!last_to_arrive(&counters[my_group], group_count, flag, tid)) return;
   if (groups == 1) {
-    merge_partials<NW, H, kD, true>(a.partial_o, a.partial_ml, part0 + group_first * group, group_count, group, smem + layout.stages,
-                                 out, nullptr, nullptr, tid);
+    merge_partials<NW, H, kD, true>(a.partial_o, a.partial_ml, part0 + group_first * group, group_count, heads, group,
+                                    smem + layout.stages, out, nullptr, nullptr, tid);
     if (tid == 0) counters[my_group] = 0u;
     return;
   }
-  merge_partials<NW, H, kD, false>(a.partial_o, a.partial_ml, part0 + group_first * group, group_count, group, smem + layout.stages,
-                                nullptr, a.group_o + (group0 + my_group * group) * kD, a.group_ml + 2 * (group0 + my_group * group), tid);
+  merge_partials<NW, H, kD, false>(a.partial_o, a.partial_ml, part0 + group_first * group, group_count, heads, group,
+                                   smem + layout.stages, nullptr, a.group_o + (group0 + my_group * group) * kD,
+                                   a.group_ml + 2 * (group0 + my_group * group), tid);
   if (tid == 0) counters[my_group] = 0u;
   if (!last_to_arrive(&counters[a.max_groups], groups, flag, tid)) return;
-  merge_partials<NW, H, kD, true>(a.group_o, a.group_ml, group0, groups, group, smem + layout.stages, out, nullptr, nullptr, tid);
+  merge_partials<NW, H, kD, true>(a.group_o, a.group_ml, group0, groups, heads, group, smem + layout.stages, out, nullptr,
+                                  nullptr, tid);
   if (tid == 0) counters[a.max_groups] = 0u;
 }
 

@@ -24,6 +24,9 @@ struct DecodeArgs {
   uint16_t* out = nullptr;      ///< [sequences][q_heads][head_dim] bf16
   int q_heads = 0;
   int group = 0;                ///< query heads per KV head (q_heads / kv_heads)
+  /// CTAs that share each KV head's queries (grid.y = kv_heads · head_slices): slice i serves query heads
+  /// [i·H, i·H + H) of the kernel's H, so a group of 9–16 runs on the 8-head instance.
+  int head_slices = 1;
   float scale_log2 = 0.0f;      ///< softmax scale × log2(e)
   // The split of each sequence's blocks over CTAs.
   int blocks_per_split = 1;
@@ -36,7 +39,7 @@ struct DecodeArgs {
   float* partial_ml = nullptr;  ///< [sequences][kv_heads][max_splits][group][2]: running max (log2), sum
   float* group_o = nullptr;     ///< [sequences][kv_heads][max_groups][group][head_dim]: merged groups
   float* group_ml = nullptr;    ///< [sequences][kv_heads][max_groups][group][2]
-  uint32_t* counters = nullptr; ///< [sequences][kv_heads][max_groups + 1], zero between launches
+  uint32_t* counters = nullptr; ///< [sequences][kv_heads][head_slices][max_groups + 1], zero between launches
   // Shared-memory layout (bytes).
   uint32_t tile_stride = 0;     ///< bytes of one tile in a pipeline stage
   uint32_t sink_magic = 0;      ///< value the no_math / load_only sinks are compared with (never equal)

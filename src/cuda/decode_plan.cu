@@ -97,10 +97,16 @@ KernelChoice pick(Work work, int warps, int stages, uint32_t unit_bytes) {
               " stages and work variant " + std::to_string(static_cast<int>(work)));
 }
 
-/// The kernel instance for a cache and `group` query heads per KV head.
+/// CTAs that share each KV head's `group` query heads (DecodeConfig::heads_per_cta).
+int head_slices(int group, const DecodeConfig& config) {
+  return config.heads_per_cta == 8 ? (group + 7) / 8 : 1;
+}
+
+/// The kernel instance for a cache and `group` query heads per KV head (split over head_slices CTAs).
 KernelChoice pick(const PagedGeometry& geo, bool compressed, int group, const DecodeConfig& config) {
+  const int heads = head_slices(group, config) > 1 ? 8 : group;  // query heads a CTA serves
   return detail::with_head_shape(geo.head_dim, "decode attention", [&]<int C, int P>() {
-    return detail::with_query_heads(group, "decode attention", [&]<int H>() {
+    return detail::with_query_heads(heads, "decode attention", [&]<int H>() {
       return compressed ? pick<C, P, H, TileSource::gaac>(config.work, config.warps, config.stages, geo.unit_bytes)
                         : pick<C, P, H, TileSource::bf16>(config.work, config.warps, config.stages, geo.unit_bytes);
     });
@@ -187,6 +193,9 @@ void check_config(const CacheMemory& cache, const DecodeConfig& config) {
                 std::to_string(config.q_heads) + " for " + std::to_string(geo.kv_heads) + ")");
   if (config.blocks_per_split < 0 || config.plan_tokens < 0 || config.stages < 0 || config.warps < 0)
     throw Error("decode attention: blocks_per_split, plan_tokens, stages and warps must be 0 (chosen) or positive");
+  if (config.heads_per_cta != 0 && config.heads_per_cta != 8)
+    throw Error("decode attention: heads_per_cta must be 0 (all of a KV head's query heads) or 8 (got " +
+                std::to_string(config.heads_per_cta) + ")");
   if (config.work == Work::no_decode && !cache.compressed())
     throw Error("decode attention: the no_decode variant needs a compressed cache");
 }
@@ -208,6 +217,7 @@ int longest_attended(const BatchTable& batch, int window, int plan_tokens) {
 /// blocks_per_split, when set, wins).
 DecodeSplit split_for(const PagedGeometry& geo, bool compressed, const KernelChoice& k, const DecodeConfig& config,
                       int sequences, int longest, int window) {
+  const int slices = head_slices(config.q_heads / geo.kv_heads, config);
   KernelFacts& facts = KernelFacts::get();
   const auto occupancy = [&](int blocks) {
     return facts.ctas_per_sm(k.kernel, k.warps, shared_bytes(geo, compressed, k, blocks));
@@ -219,7 +229,7 @@ DecodeSplit split_for(const PagedGeometry& geo, bool compressed, const KernelCho
     split.blocks_per_split = config.blocks_per_split;
   } else {
     // The occupancy is taken at a typical split, then at the chosen one.
-    const int pairs = sequences * geo.kv_heads;
+    const int pairs = sequences * geo.kv_heads * slices;  // CTAs that each take a split of a sequence
     const auto blocks_for = [&](int per_sm) {
       const int splits = std::max(1, facts.sms() * per_sm / pairs);
       return std::max((longest + splits - 1) / splits, k.warps);  // at least a block for every warp
@@ -264,7 +274,7 @@ struct DecodePlan::State {
   std::vector<DecodeSplit> splits;  ///< one per distinct window
   std::vector<int> layer_split;     ///< per layer: its index in splits
   // Workspace: partial results of (sequence, KV head) pairs × splits × heads of a group × head_dim.
-  size_t pairs = 0, split_capacity = 0, group_capacity = 0, heads = 0;
+  size_t pairs = 0, split_capacity = 0, group_capacity = 0, heads = 0, slices = 1;
   DeviceBuffer partial_o, partial_ml, group_o, group_ml, counters;
 };
 
@@ -312,8 +322,11 @@ void DecodePlan::plan(const CacheMemory& cache, const BatchTable& batch, const D
   }
   const size_t pairs = static_cast<size_t>(s.sequences) * geo.kv_heads;
   const size_t heads = static_cast<size_t>(config.q_heads / geo.kv_heads) * geo.head_dim;  // floats per partial
-  if (pairs > s.pairs || splits > s.split_capacity || groups > s.group_capacity || heads > s.heads) {
+  const size_t slices = static_cast<size_t>(head_slices(config.q_heads / geo.kv_heads, config));
+  if (pairs > s.pairs || splits > s.split_capacity || groups > s.group_capacity || heads > s.heads ||
+      slices > s.slices) {
     s.pairs = std::max(pairs, s.pairs);
+    s.slices = std::max(slices, s.slices);
     s.split_capacity = std::max(splits, s.split_capacity);
     s.group_capacity = std::max(groups, s.group_capacity);
     s.heads = std::max(heads, s.heads);
@@ -322,7 +335,7 @@ void DecodePlan::plan(const CacheMemory& cache, const BatchTable& batch, const D
     s.partial_ml = DeviceBuffer(s.pairs * s.split_capacity * rows * 2 * 4);
     s.group_o = DeviceBuffer(s.pairs * s.group_capacity * s.heads * 4);
     s.group_ml = DeviceBuffer(s.pairs * s.group_capacity * rows * 2 * 4);
-    s.counters = DeviceBuffer(s.pairs * (s.group_capacity + 1) * 4);
+    s.counters = DeviceBuffer(s.pairs * s.slices * (s.group_capacity + 1) * 4);
     check(cudaMemset(s.counters.data(), 0, s.counters.bytes()), "cudaMemset");
   }
 }
@@ -377,6 +390,7 @@ void DecodePlan::run(const CacheMemory& cache, const BatchTable& batch, int laye
   a.out = out;
   a.q_heads = s.config.q_heads;
   a.group = s.config.q_heads / geo.kv_heads;
+  a.head_slices = head_slices(a.group, s.config);
   const float softmax_scale = scale > 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(geo.head_dim));
   a.scale_log2 = softmax_scale * 1.4426950408889634f;
   a.blocks_per_split = d.blocks_per_split;
@@ -390,7 +404,7 @@ void DecodePlan::run(const CacheMemory& cache, const BatchTable& batch, int laye
   a.counters = static_cast<uint32_t*>(s.counters.data());
   a.tile_stride = s.kernel.tile_stride;
   a.sink_magic = s.config.work == Work::full ? 0u : 0x9E3779B9u;
-  const dim3 grid(static_cast<unsigned>(d.max_splits), static_cast<unsigned>(geo.kv_heads),
+  const dim3 grid(static_cast<unsigned>(d.max_splits), static_cast<unsigned>(geo.kv_heads * a.head_slices),
                   static_cast<unsigned>(batch.sequences()));
   s.kernel.kernel<<<grid, static_cast<unsigned>(s.kernel.warps * 32), d.shared_bytes, stream>>>(a);
   check(cudaGetLastError(), "decode attention launch");

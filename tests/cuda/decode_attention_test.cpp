@@ -41,6 +41,7 @@ struct Case {
   int window = 0;
   int blocks_per_split = 0;  // 0: the planner's
   int warps = 0;             // warps per CTA; 0: the kernel's default
+  int heads_per_cta = 0;     // DecodeConfig::heads_per_cta
   enum class Data { synthetic, every_mode } data = Data::synthetic;
   bool zero_bases = false;           // every group raw: every tile falls back to raw
   int escape_capacity = -1;          // -1: the calibration's
@@ -157,6 +158,7 @@ Outputs run_case(const Case& c) {
   config.q_heads = heads;
   config.blocks_per_split = c.blocks_per_split;
   config.warps = c.warps;
+  config.heads_per_cta = c.heads_per_cta;
   DecodePlan plan;
   plan.plan(dev_gaac, dev_seqs, config);
   config.blocks_per_split = plan.split(0).blocks_per_split;
@@ -257,6 +259,20 @@ TEST_F(GpuDecode, GroupsOfOneToSixteenQueryHeads) {
   }
 }
 
+TEST_F(GpuDecode, GroupsOfNineToSixteenInCtasOfEightQueryHeads) {
+  // Each KV head's queries served by two CTAs (the second with 1-8 heads), splits merged per CTA.
+  for (const auto& [kv, group, hd] : {std::tuple{2, 16, 128}, std::tuple{1, 12, 64}, std::tuple{1, 16, 256},
+                                     std::tuple{4, 9, 128}, std::tuple{2, 8, 128}}) {
+    for (const int bps : {0, 1}) {
+      Case c;
+      c.kv_heads = kv, c.group = group, c.head_dim = hd, c.lengths = {33, 900, 2049}, c.heads_per_cta = 8;
+      c.blocks_per_split = bps;
+      SCOPED_TRACE(testing::Message() << "kv " << kv << " group " << group << " head_dim " << hd << " bps " << bps);
+      expect_identical(run_case(c));
+    }
+  }
+}
+
 TEST_F(GpuDecode, MoreThanSixteenQueryHeadsPerKvHeadIsRefused) {
   SyntheticKvSpec spec;
   spec.layers = 1, spec.kv_heads = 1, spec.head_dim = 128, spec.tokens = 64;
@@ -274,6 +290,8 @@ TEST_F(GpuDecode, MoreThanSixteenQueryHeadsPerKvHeadIsRefused) {
   config.q_heads = 16;
   plan.plan(dev, batch, config);
   EXPECT_EQ(plan.split(0).planned_blocks, 4);
+  config.heads_per_cta = 4;  // only 0 and 8
+  EXPECT_THROW(plan.plan(dev, batch, config), Error);
 }
 
 TEST_F(GpuDecode, CtasOfFourAndEightWarps) {

@@ -6,8 +6,8 @@
 // Encode, on one stream: every tile encoded by one warp, its fixed part in place, its escapes (or a raw
 // tile's bytes past the fixed part) into a scratch place of its own, its stream size counted; the maps'
 // padding, the tails and the metadata written; an exclusive scan of the sizes (CUB) places every tile's
-// escapes in the escape section, the rest of which is zeroed, and gives the index; one thread hashes
-// each 4 KiB checksum piece; one block combines them per section and writes the table and the header.
+// escapes in the escape section, the rest of which is zeroed, and gives the index; four threads (a
+// quad) hash each 4 KiB checksum piece; one block combines them per section and writes the table and the header.
 //
 // Decode: one block checks the header, the table against the layout and the metadata byte for byte;
 // the pieces are hashed and the checksums compared; every tile's stream size is counted from its tags
@@ -249,11 +249,11 @@ __global__ void finish_escapes_kernel(const Args a) {
 
 // ---- checksums ------------------------------------------------------------------------------------
 
-/// One thread per piece of every section (the escape section's size from result[2]).
-__global__ void hash_pieces_kernel(const Args a) {
-  if (a.result[1] != 0) return;
-  const uint64_t p = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const uint64_t end = a.result[2];
+constexpr int kHashThreads = 256;
+
+/// Piece p's bytes in an object ending at `end`: `length` bytes at `from` (0 for a piece past its
+/// section's end).
+__device__ void piece_bytes(const Args& a, uint64_t p, uint64_t end, uint64_t& from, uint64_t& length) {
   uint32_t s;
   const uint64_t tensors_from = a.metadata_pieces + a.index_pieces;
   if (p < a.metadata_pieces) {
@@ -268,19 +268,39 @@ __global__ void hash_pieces_kernel(const Args a) {
   uint64_t offset, bytes;
   section_at(a, s, end, offset, bytes);
   const uint64_t piece = p - first_piece(a, s);
-  if (piece >= pieces_of(bytes)) return;
-  const uint64_t from = piece * kPieceBytes;
-  const uint64_t length = bytes - from < kPieceBytes ? bytes - from : kPieceBytes;
-  a.hashes[p] = xxh::xxh64(a.object + offset + from, length, 0);
+  from = offset + piece * kPieceBytes;
+  length = piece < pieces_of(bytes) ? (bytes - piece * kPieceBytes < kPieceBytes ? bytes - piece * kPieceBytes : kPieceBytes) : 0;
 }
 
-/// Section checksums from their pieces' (thread per section), into section_sums.
+/// A quad of lanes per piece of every section (the object's end from result[2]).
+__global__ void __launch_bounds__(kHashThreads) hash_pieces_kernel(const Args a) {
+  if (a.result[1] != 0) return;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const uint64_t p = (static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 4;
+  uint64_t from = 0, length = 0;
+  if (p < a.max_pieces) piece_bytes(a, p, a.result[2], from, length);
+  const uint64_t h = xxh::quad_xxh64<true>(a.object + from, length, 0, lane);
+  if (length > 0 && lane % 4 == 0) a.hashes[p] = h;
+}
+
+/// Section checksums from their pieces', a quad of lanes per section, into section_sums. Every thread
+/// of the block calls it (blockDim.x a multiple of 32).
 __device__ void combine_sections(const Args& a, uint64_t end) {
-  for (uint32_t s = threadIdx.x; s < a.sections; s += blockDim.x) {
-    uint64_t offset, bytes;
-    section_at(a, s, end, offset, bytes);
-    a.section_sums[s] = xxh::xxh64(reinterpret_cast<const uint8_t*>(a.hashes + first_piece(a, s)), pieces_of(bytes) * 8, 0);
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  for (uint32_t first = 0; first < a.sections; first += blockDim.x / 4) {  // the same rounds in every lane
+    const uint32_t s = first + threadIdx.x / 4;
+    uint64_t offset = 0, bytes = 0;
+    if (s < a.sections) section_at(a, s, end, offset, bytes);
+    const uint8_t* pieces = reinterpret_cast<const uint8_t*>(a.hashes + (s < a.sections ? first_piece(a, s) : 0));
+    const uint64_t h = xxh::quad_xxh64<true>(pieces, pieces_of(bytes) * 8, 0, lane);
+    if (s < a.sections && lane % 4 == 0) a.section_sums[s] = h;
   }
+}
+
+/// The table's checksum (its a.sections entries at byte 32), by the quads of warp 0, for its lanes;
+/// plain loads: the encoder's block has just written the table.
+__device__ uint64_t table_checksum(const Args& a) {
+  return xxh::quad_xxh64<false>(a.object + 32, 32ull * a.sections, 0, static_cast<int>(threadIdx.x));
 }
 
 /// One block: section checksums, the table and the header.
@@ -302,13 +322,15 @@ __global__ void write_header_kernel(const Args a) {
   }
   for (uint64_t i = 32 + 32ull * a.sections + threadIdx.x; i < a.metadata_offset; i += blockDim.x) a.object[i] = 0;
   __syncthreads();
+  if (threadIdx.x >= 32) return;
+  const uint64_t table_sum = table_checksum(a);
   if (threadIdx.x == 0) {
     *reinterpret_cast<uint64_t*>(a.object) = kMagic;
     *reinterpret_cast<uint16_t*>(a.object + 8) = kChunkVersion;
     *reinterpret_cast<uint16_t*>(a.object + 10) = static_cast<uint16_t>(kTileFormatVersion);
     *reinterpret_cast<uint32_t*>(a.object + 12) = a.sections;
     *reinterpret_cast<uint64_t*>(a.object + 16) = end;
-    *reinterpret_cast<uint64_t*>(a.object + 24) = xxh::xxh64(table, 32ull * a.sections, 0);
+    *reinterpret_cast<uint64_t*>(a.object + 24) = table_sum;
   }
 }
 
@@ -319,6 +341,7 @@ __global__ void write_header_kernel(const Args a) {
 __global__ void check_header_kernel(const Args a, const Metadata meta) {
   __shared__ int bad;
   __shared__ uint64_t end;
+  const uint64_t table_sum = threadIdx.x < 32 ? table_checksum(a) : 0;
   if (threadIdx.x == 0) {
     bad = 0;
     end = *reinterpret_cast<const uint64_t*>(a.object + 16);
@@ -327,7 +350,7 @@ __global__ void check_header_kernel(const Args a, const Metadata meta) {
     bad |= *reinterpret_cast<const uint16_t*>(a.object + 10) != kTileFormatVersion;
     bad |= *reinterpret_cast<const uint32_t*>(a.object + 12) != a.sections;
     bad |= end > a.buffer_bytes || end < a.escape_offset || end % 64 != 0;
-    bad |= *reinterpret_cast<const uint64_t*>(a.object + 24) != xxh::xxh64(a.object + 32, 32ull * a.sections, 0);
+    bad |= *reinterpret_cast<const uint64_t*>(a.object + 24) != table_sum;
   }
   __syncthreads();
   const uint64_t object_end = bad ? a.escape_offset : end;
@@ -667,7 +690,7 @@ size_t ChunkCodec::encode(const ChunkView& chunk, std::string_view key, uint8_t*
   if (a.tiles > 0) place_escapes_kernel<<<blocks_for(a.tiles, kWarps), kWarps * 32, 0, stream>>>(a);
   finish_escapes_kernel<<<blocks_for(object_bytes - layout.escape_offset, 256 * 8), 256, 0, stream>>>(a);
   write_index_kernel<<<blocks_for(a.tensors, 256), 256, 0, stream>>>(a);
-  hash_pieces_kernel<<<blocks_for(a.max_pieces, 128), 128, 0, stream>>>(a);
+  hash_pieces_kernel<<<blocks_for(a.max_pieces, kHashThreads / 4), kHashThreads, 0, stream>>>(a);
   write_header_kernel<<<1, 256, 0, stream>>>(a);
   check(cudaGetLastError(), std::string(what) + " launch");
   uint64_t result[3] = {};
@@ -707,7 +730,7 @@ void ChunkCodec::decode(const uint8_t* object, size_t object_bytes, std::string_
   const Metadata meta = metadata_of(chunk_metadata(layout.geometry, s.host.calibration_id(), chunk_key_id(key)));
   Workspace work(a, false, stream);
   check_header_kernel<<<1, 256, 0, stream>>>(a, meta);
-  hash_pieces_kernel<<<blocks_for(a.max_pieces, 128), 128, 0, stream>>>(a);
+  hash_pieces_kernel<<<blocks_for(a.max_pieces, kHashThreads / 4), kHashThreads, 0, stream>>>(a);
   check_checksums_kernel<<<1, 256, 0, stream>>>(a);
   detail::with_head_shape(layout.geometry.head_dim, what, [&]<int C, int P>() {
     if (a.tiles > 0) count_streams_kernel<C, P><<<blocks_for(a.tiles, 128), 128, 0, stream>>>(a);

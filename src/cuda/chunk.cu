@@ -5,19 +5,19 @@
 //
 // Encode, on one stream: every tile encoded by one warp, its fixed part in place, its escapes (or a raw
 // tile's bytes past the fixed part) into a scratch place of its own, its stream size counted; the maps'
-// padding, the tails and the metadata written; an exclusive scan of the sizes (CUB) places every tile's
-// escapes in the escape section, the rest of which is zeroed, and gives the index; four threads (a
-// quad) hash each 4 KiB checksum piece; one block combines them per section and writes the table and the header.
+// padding, the tails and the metadata written; one block scans the sizes (every tile's place in the
+// escape section), writes the index and the object's size; every tile's escapes are copied to their
+// place and the rest of the section zeroed; four threads (a quad) hash each 4 KiB checksum piece; one
+// block combines them per section and writes the table and the header. Six launches and one copy.
 //
 // Decode: one block checks the header, the table against the layout and the metadata byte for byte;
 // the pieces are hashed and the checksums compared; every tile's stream size is counted from its tags
-// (tag 3, an unknown storage kind or too many escapes: refused) and scanned; the index must be what the
-// scan gives and the escape section's tail zero; every tile is rebuilt by one warp into the chunk; the tails are copied and every
-// padding byte checked. Any problem sets a status bit; then the object is copied to the host and read
-// by the CPU decoder, whose message (the same as on the CPU) is what is thrown.
+// (tag 3, an unknown storage kind or too many escapes: refused) and scanned by one block, which checks
+// the index against the scan; the escape section's tail must be zero; every tile is rebuilt by one warp
+// into the chunk; the tails are copied and every padding byte checked. Any problem sets a status bit;
+// then the object is copied to the host and read by the CPU decoder, whose message (the same as on the
+// CPU) is what is thrown.
 #include <cuda_runtime.h>
-
-#include <cub/device/device_scan.cuh>
 
 #include <algorithm>
 #include <cstring>
@@ -207,42 +207,82 @@ __global__ void fill_sections_kernel(const Args a, const Metadata meta) {
   }
 }
 
-/// Copies each tile's stream bytes to its place in the escape section (never past the buffer).
-__global__ void __launch_bounds__(kWarps * 32) place_escapes_kernel(const Args a) {
-  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  const uint64_t g = static_cast<uint64_t>(blockIdx.x) * kWarps + warp;
-  if (g >= a.tiles) return;
-  const uint64_t at = a.escape_offset + a.offsets[g];
-  const uint32_t n = a.sizes[g];
-  if (at + n > a.buffer_bytes) return;  // too large: refused by finish_escapes_kernel
-  const uint8_t* from = a.scratch + g * a.scratch_stride;
-  for (uint32_t i = lane; i < n; i += 32) a.object[at + i] = from[i];
-}
+// ---- the escape stream ----------------------------------------------------------------------------
+
+constexpr int kScanThreads = 1024;
+constexpr int kScanPerThread = 8;
 
 __device__ __forceinline__ uint64_t stream_total(const Args& a) {
   return a.tiles == 0 ? 0 : static_cast<uint64_t>(a.offsets[a.tiles - 1]) + a.sizes[a.tiles - 1];
 }
 
-/// The index: where each tensor section's escapes start (its first tile's offset).
-__global__ void write_index_kernel(const Args a) {
-  for (uint32_t s = blockIdx.x * blockDim.x + threadIdx.x; s < a.tensors; s += gridDim.x * blockDim.x) {
-    reinterpret_cast<uint64_t*>(a.object + a.index_offset)[s] = a.tiles_per_tensor == 0 ? 0 : a.offsets[s * a.tiles_per_tensor];
+/// Every tile's place in the stream: offsets, the exclusive prefix sum of sizes (u32), by one block of
+/// kScanThreads, kScanPerThread consecutive tiles a thread; the block's last __syncthreads follows the
+/// last write, so its threads may read any offset after it.
+__device__ void scan_sizes(const Args& a) {
+  __shared__ uint32_t warp_sums[kScanThreads / 32];
+  __shared__ uint32_t block_sum;
+  const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
+  uint32_t carry = 0;
+  for (uint64_t first = 0; first < a.tiles; first += static_cast<uint64_t>(kScanThreads) * kScanPerThread) {
+    const uint64_t mine = first + static_cast<uint64_t>(threadIdx.x) * kScanPerThread;
+    uint32_t sizes[kScanPerThread], sum = 0;
+#pragma unroll
+    for (int k = 0; k < kScanPerThread; ++k) {
+      sizes[k] = mine + k < a.tiles ? a.sizes[mine + k] : 0;
+      sum += sizes[k];
+    }
+    const uint32_t in_warp = detail::warp_exclusive_scan(sum, lane);
+    if (lane == 31) warp_sums[warp] = in_warp + sum;
+    __syncthreads();
+    if (warp == 0) {
+      const uint32_t w = warp_sums[lane], before = detail::warp_exclusive_scan(w, lane);
+      warp_sums[lane] = before;
+      if (lane == 31) block_sum = before + w;
+    }
+    __syncthreads();
+    uint32_t at = carry + warp_sums[warp] + in_warp;
+#pragma unroll
+    for (int k = 0; k < kScanPerThread; ++k) {
+      if (mine + k < a.tiles) a.offsets[mine + k] = at;
+      at += sizes[k];
+    }
+    carry += block_sum;
+    __syncthreads();  // warp_sums and block_sum are rewritten by the next round
   }
 }
 
-/// The object's end, the escape section's zeros after the streams, and the result words.
-__global__ void finish_escapes_kernel(const Args a) {
+/// One block: the tiles' places in the escape stream, the index (where each tensor section's escapes
+/// start: its first tile's offset), the object's end and the result words.
+__global__ void __launch_bounds__(kScanThreads) place_streams_kernel(const Args a) {
+  scan_sizes(a);
   const uint64_t total = stream_total(a);
   const uint64_t end = a.fixed_end != 0 ? a.fixed_end : a.escape_offset + (total + 63) / 64 * 64;
-  const bool too_large = a.escape_offset + total > end;
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
+  for (uint32_t s = threadIdx.x; s < a.tensors; s += blockDim.x) {
+    reinterpret_cast<uint64_t*>(a.object + a.index_offset)[s] = a.tiles_per_tensor == 0 ? 0 : a.offsets[s * a.tiles_per_tensor];
+  }
+  if (threadIdx.x == 0) {
     a.result[0] = total;
-    a.result[1] = too_large ? kTooLarge : 0;
+    a.result[1] = a.escape_offset + total > end ? kTooLarge : 0;
     a.result[2] = end;
   }
-  if (too_large) return;
-  const uint64_t from = a.escape_offset + total;
-  for (uint64_t i = from + static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < end; i += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
+}
+
+/// Copies each tile's stream bytes (a warp per tile) to its place in the escape section and zeroes the
+/// section after the streams (every thread of the grid); nothing for an object too large (refused).
+__global__ void __launch_bounds__(kWarps * 32) place_escapes_kernel(const Args a) {
+  if (a.result[1] != 0) return;
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const uint64_t g = static_cast<uint64_t>(blockIdx.x) * kWarps + warp;
+  if (g < a.tiles) {
+    uint8_t* to = a.object + a.escape_offset + a.offsets[g];
+    const uint8_t* from = a.scratch + g * a.scratch_stride;
+    const uint32_t n = a.sizes[g];
+    for (uint32_t i = lane; i < n; i += 32) to[i] = from[i];  // tens of bytes a tile, at any alignment
+  }
+  const uint64_t threads = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  for (uint64_t i = a.escape_offset + a.result[0] + static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < a.result[2];
+       i += threads) {
     a.object[i] = 0;
   }
 }
@@ -408,26 +448,28 @@ __global__ void count_streams_kernel(const Args a) {
   if (bad) atomicOr(reinterpret_cast<unsigned long long*>(a.result + 1), kBadTile);
 }
 
-/// The escape bytes fit the section, and its bytes after them are zero.
+/// One block: the tiles' places in the escape stream; the streams fit the section and the index is
+/// where they start.
+__global__ void __launch_bounds__(kScanThreads) check_streams_kernel(const Args a) {
+  if (a.result[1] != 0) return;
+  scan_sizes(a);
+  bool bad = a.escape_offset + stream_total(a) > a.result[2];
+  for (uint32_t s = threadIdx.x; s < a.tensors; s += blockDim.x) {
+    const uint64_t want = a.tiles_per_tensor == 0 ? 0 : a.offsets[s * a.tiles_per_tensor];
+    bad |= reinterpret_cast<const uint64_t*>(a.object + a.index_offset)[s] != want;
+  }
+  if (bad) atomicOr(reinterpret_cast<unsigned long long*>(a.result + 1), kBadEscapes);
+}
+
+/// The escape section's bytes after the streams are zero.
 __global__ void check_escapes_kernel(const Args a) {
   if (a.result[1] != 0) return;
-  const uint64_t total = stream_total(a), end = a.result[2];
-  if (a.escape_offset + total > end) {
-    if (blockIdx.x == 0 && threadIdx.x == 0) atomicOr(reinterpret_cast<unsigned long long*>(a.result + 1), kBadEscapes);
-    return;
-  }
   bool nonzero = false;
-  for (uint64_t i = a.escape_offset + total + static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < end;
+  for (uint64_t i = a.escape_offset + stream_total(a) + static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < a.result[2];
        i += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
     nonzero |= a.object[i] != 0;
   }
   if (nonzero) atomicOr(reinterpret_cast<unsigned long long*>(a.result + 1), kBadPadding);
-  bool wrong_index = false;
-  for (uint32_t s = blockIdx.x * blockDim.x + threadIdx.x; s < a.tensors; s += gridDim.x * blockDim.x) {
-    const uint64_t want = a.tiles_per_tensor == 0 ? 0 : a.offsets[s * a.tiles_per_tensor];
-    wrong_index |= reinterpret_cast<const uint64_t*>(a.object + a.index_offset)[s] != want;
-  }
-  if (wrong_index) atomicOr(reinterpret_cast<unsigned long long*>(a.result + 1), kBadEscapes);
 }
 
 template <int C, int P>
@@ -616,15 +658,11 @@ Args make_args(const BasicChunkView<Element>& chunk, const ChunkLayout& layout, 
   return a;
 }
 
-/// Carves the workspace (scratch, sizes, offsets, hashes, sums, result, CUB's) out of one allocation.
+/// Carves the workspace (scratch, sizes, offsets, hashes, sums, result) out of one allocation.
 struct Workspace {
   std::unique_ptr<StreamBuffer> buffer;
-  void* cub = nullptr;
-  size_t cub_bytes = 0;
 
   Workspace(Args& a, bool scratch, cudaStream_t stream) {
-    const auto n = static_cast<int>(a.tiles);
-    check(cub::DeviceScan::ExclusiveSum(nullptr, cub_bytes, a.sizes, a.offsets, std::max(n, 1), stream), "cub scan");
     size_t at = 0;
     const auto take = [&](size_t bytes) {
       const size_t here = at;
@@ -633,7 +671,7 @@ struct Workspace {
     };
     const size_t scratch_at = take(scratch ? a.tiles * a.scratch_stride : 0), sizes_at = take(a.tiles * 4 + 4),
                  offsets_at = take(a.tiles * 4 + 4), hashes_at = take(a.max_pieces * 8 + 8), sums_at = take(a.sections * 8),
-                 result_at = take(32), cub_at = take(cub_bytes);
+                 result_at = take(32);
     buffer = std::make_unique<StreamBuffer>(at, stream);
     uint8_t* base = buffer->data();
     a.scratch = base + scratch_at;
@@ -641,13 +679,7 @@ struct Workspace {
     a.offsets = reinterpret_cast<uint32_t*>(base + offsets_at);
     a.hashes = reinterpret_cast<uint64_t*>(base + hashes_at);
     a.section_sums = reinterpret_cast<uint64_t*>(base + sums_at);
-    a.result = reinterpret_cast<uint64_t*>(base + result_at);
-    cub = base + cub_at;
-    check(cudaMemsetAsync(a.result, 0, 32, stream), "cudaMemsetAsync");
-  }
-  void scan(const Args& a, cudaStream_t stream) {
-    if (a.tiles == 0) return;
-    check(cub::DeviceScan::ExclusiveSum(cub, cub_bytes, a.sizes, a.offsets, static_cast<int>(a.tiles), stream), "cub scan");
+    a.result = reinterpret_cast<uint64_t*>(base + result_at);  // every word written by a kernel before it is read
   }
 };
 
@@ -686,10 +718,8 @@ size_t ChunkCodec::encode(const ChunkView& chunk, std::string_view key, uint8_t*
     if (a.tiles > 0) encode_tiles_kernel<C, P><<<blocks_for(a.tiles, kWarps), kWarps * 32, 0, stream>>>(a);
   });
   fill_sections_kernel<<<static_cast<unsigned>(2 * a.layers + 1), 256, 0, stream>>>(a, meta);
-  work.scan(a, stream);
-  if (a.tiles > 0) place_escapes_kernel<<<blocks_for(a.tiles, kWarps), kWarps * 32, 0, stream>>>(a);
-  finish_escapes_kernel<<<blocks_for(object_bytes - layout.escape_offset, 256 * 8), 256, 0, stream>>>(a);
-  write_index_kernel<<<blocks_for(a.tensors, 256), 256, 0, stream>>>(a);
+  place_streams_kernel<<<1, kScanThreads, 0, stream>>>(a);
+  place_escapes_kernel<<<blocks_for(a.tiles, kWarps), kWarps * 32, 0, stream>>>(a);
   hash_pieces_kernel<<<blocks_for(a.max_pieces, kHashThreads / 4), kHashThreads, 0, stream>>>(a);
   write_header_kernel<<<1, 256, 0, stream>>>(a);
   check(cudaGetLastError(), std::string(what) + " launch");
@@ -735,7 +765,7 @@ void ChunkCodec::decode(const uint8_t* object, size_t object_bytes, std::string_
   detail::with_head_shape(layout.geometry.head_dim, what, [&]<int C, int P>() {
     if (a.tiles > 0) count_streams_kernel<C, P><<<blocks_for(a.tiles, 128), 128, 0, stream>>>(a);
   });
-  work.scan(a, stream);
+  check_streams_kernel<<<1, kScanThreads, 0, stream>>>(a);
   check_escapes_kernel<<<blocks_for(object_bytes - layout.escape_offset, 256 * 8), 256, 0, stream>>>(a);
   detail::with_head_shape(layout.geometry.head_dim, what, [&]<int C, int P>() {
     if (a.tiles > 0) decode_tiles_kernel<C, P><<<blocks_for(a.tiles, kWarps), kWarps * 32, 0, stream>>>(a);

@@ -419,6 +419,8 @@ GAAC_API std::vector<uint8_t> snapshot_image(const KvDump& dump, const Calibrati
 /// the host (the host reads back only a few bytes: an object's size, a status). Every tile is one
 /// warp's; the escape stream is placed by a scan; the checksums are computed on the device, four
 /// threads per 4 KiB piece. Thread-safe: calls from many threads (on their own streams) run at once.
+/// Each call works in device memory the codec keeps for later calls (one workspace per call running
+/// at once, as large as the largest chunk's needs; freed with the codec).
 class GAAC_API ChunkCodec {
  public:
   /// A codec for `calibration`'s chunks on the current device (its bases copied there);

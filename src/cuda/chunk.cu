@@ -1,7 +1,8 @@
 // KV chunk objects coded on the device (docs/format.md, section 15): the same bytes as the CPU's
 // gaac::ChunkCodec, from a chunk in device memory to an object in device memory and back, with no copy
 // through the host. The host computes the layout (every place but the escape stream's is fixed by the
-// geometry) and reads back a few words at the end: the object's size and a status.
+// geometry) and reads back a few words at the end, into pinned memory: the object's size and a status.
+// A call works in a workspace the codec keeps (WorkspacePool): nothing is allocated once it has run.
 //
 // Encode, on one stream: every tile encoded by one warp, its fixed part in place, its escapes (or a raw
 // tile's bytes past the fixed part) into a scratch place of its own, its stream size counted; the maps'
@@ -550,27 +551,63 @@ __global__ void finish_decode_kernel(const Args a) {
 
 // ---- host side ------------------------------------------------------------------------------------
 
-/// A stream-ordered device allocation, freed on the same stream.
-class StreamBuffer {
+size_t align_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+
+/// The result words (kResultWords u64) in page-locked host memory, where a call reads them back with
+/// a true asynchronous copy.
+class PinnedResult {
  public:
-  StreamBuffer(size_t bytes, cudaStream_t stream) : stream_(stream) {
-    check(cudaMallocAsync(&data_, std::max<size_t>(bytes, 16), stream), "cudaMallocAsync");
-  }
-  ~StreamBuffer() { cudaFreeAsync(data_, stream_); }
-  StreamBuffer(const StreamBuffer&) = delete;
-  StreamBuffer& operator=(const StreamBuffer&) = delete;
-  uint8_t* data() const { return static_cast<uint8_t*>(data_); }
+  static constexpr size_t kResultWords = 3;
+  PinnedResult() { check(cudaMallocHost(reinterpret_cast<void**>(&words_), kResultWords * 8), "cudaMallocHost"); }
+  ~PinnedResult() { cudaFreeHost(words_); }
+  PinnedResult(const PinnedResult&) = delete;
+  PinnedResult& operator=(const PinnedResult&) = delete;
+  uint64_t* words() const { return words_; }
 
  private:
-  void* data_ = nullptr;
-  cudaStream_t stream_;
+  uint64_t* words_ = nullptr;
 };
 
-size_t align_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
+/// Device memory one call works in, on one device, and its pinned result words: allocated by the
+/// first call that needs it (grown by a later one that needs more) and kept for the calls after.
+struct Workspace {
+  int device = 0;
+  DeviceBuffer memory;
+  PinnedResult result;
+};
+
+/// The workspaces no call holds. A call takes one of its device's (or a new one) and gives it back
+/// when its stream is done with it, so that calls on many threads each have their own and no call
+/// allocates once the codec has run.
+class WorkspacePool {
+ public:
+  std::unique_ptr<Workspace> take(int device) {
+    {
+      const std::lock_guard lock(mutex_);
+      for (auto it = idle_.begin(); it != idle_.end(); ++it) {
+        if ((*it)->device != device) continue;
+        std::unique_ptr<Workspace> w = std::move(*it);
+        idle_.erase(it);
+        return w;
+      }
+    }
+    auto w = std::make_unique<Workspace>();
+    w->device = device;
+    return w;
+  }
+  void give_back(std::unique_ptr<Workspace> w) {
+    const std::lock_guard lock(mutex_);
+    idle_.push_back(std::move(w));
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::unique_ptr<Workspace>> idle_;
+};
 
 }  // namespace
 
-/// The bases on each device a codec has run on.
+/// The bases on each device a codec has run on, and the workspaces of its calls.
 struct ChunkCodec::State {
   explicit State(const CalibrationTable& table, ChunkOptions options) : host(table, options) {}
   gaac::ChunkCodec host;
@@ -579,6 +616,7 @@ struct ChunkCodec::State {
   std::vector<uint32_t> lane_bases;
   std::mutex mutex;
   std::map<int, std::pair<DeviceBuffer, DeviceBuffer>> on_device;  ///< device → (bases, lane bases)
+  WorkspacePool workspaces;
 
   /// The bases on the current device, copied there on first use.
   std::pair<const uint8_t*, const uint32_t*> current_bases() {
@@ -658,11 +696,14 @@ Args make_args(const BasicChunkView<Element>& chunk, const ChunkLayout& layout, 
   return a;
 }
 
-/// Carves the workspace (scratch, sizes, offsets, hashes, sums, result) out of one allocation.
-struct Workspace {
-  std::unique_ptr<StreamBuffer> buffer;
-
-  Workspace(Args& a, bool scratch, cudaStream_t stream) {
+/// A workspace of the pool's, held by one call and carved for its arguments (scratch for encoding,
+/// sizes, offsets, piece and section checksums, the result words); given back when the call ends,
+/// after its stream has finished with it.
+class WorkspaceLease {
+ public:
+  WorkspaceLease(WorkspacePool& pool, Args& a, bool scratch, cudaStream_t stream) : pool_(pool), stream_(stream) {
+    int device = 0;
+    check(cudaGetDevice(&device), "cudaGetDevice");
     size_t at = 0;
     const auto take = [&](size_t bytes) {
       const size_t here = at;
@@ -671,16 +712,38 @@ struct Workspace {
     };
     const size_t scratch_at = take(scratch ? a.tiles * a.scratch_stride : 0), sizes_at = take(a.tiles * 4 + 4),
                  offsets_at = take(a.tiles * 4 + 4), hashes_at = take(a.max_pieces * 8 + 8), sums_at = take(a.sections * 8),
-                 result_at = take(32);
-    buffer = std::make_unique<StreamBuffer>(at, stream);
-    uint8_t* base = buffer->data();
+                 result_at = take(PinnedResult::kResultWords * 8);
+    workspace_ = pool.take(device);
+    if (workspace_->memory.bytes() < at) workspace_->memory = DeviceBuffer(at);
+    uint8_t* base = static_cast<uint8_t*>(workspace_->memory.data());
     a.scratch = base + scratch_at;
     a.sizes = reinterpret_cast<uint32_t*>(base + sizes_at);
     a.offsets = reinterpret_cast<uint32_t*>(base + offsets_at);
     a.hashes = reinterpret_cast<uint64_t*>(base + hashes_at);
     a.section_sums = reinterpret_cast<uint64_t*>(base + sums_at);
-    a.result = reinterpret_cast<uint64_t*>(base + result_at);  // every word written by a kernel before it is read
+    a.result = reinterpret_cast<uint64_t*>(base + result_at);
   }
+  ~WorkspaceLease() {
+    if (!finished_) cudaStreamSynchronize(stream_);  // a launch failed: the stream may still be using it
+    pool_.give_back(std::move(workspace_));
+  }
+  WorkspaceLease(const WorkspaceLease&) = delete;
+  WorkspaceLease& operator=(const WorkspaceLease&) = delete;
+
+  /// The result words of the call's kernels, once its stream has run them (synchronises it).
+  const uint64_t* result(const Args& a, const char* what) {
+    uint64_t* words = workspace_->result.words();
+    check(cudaMemcpyAsync(words, a.result, PinnedResult::kResultWords * 8, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
+    check(cudaStreamSynchronize(stream_), what);
+    finished_ = true;
+    return words;
+  }
+
+ private:
+  WorkspacePool& pool_;
+  cudaStream_t stream_;
+  std::unique_ptr<Workspace> workspace_;
+  bool finished_ = false;
 };
 
 Metadata metadata_of(const std::string& text) {
@@ -713,7 +776,7 @@ size_t ChunkCodec::encode(const ChunkView& chunk, std::string_view key, uint8_t*
   const auto [bases, lane_bases] = s.current_bases();
   a.bases = bases, a.lane_bases = lane_bases;
   const Metadata meta = metadata_of(chunk_metadata(layout.geometry, s.host.calibration_id(), chunk_key_id(key)));
-  Workspace work(a, true, stream);
+  WorkspaceLease work(s.workspaces, a, true, stream);
   detail::with_head_shape(layout.geometry.head_dim, what, [&]<int C, int P>() {
     if (a.tiles > 0) encode_tiles_kernel<C, P><<<blocks_for(a.tiles, kWarps), kWarps * 32, 0, stream>>>(a);
   });
@@ -723,9 +786,7 @@ size_t ChunkCodec::encode(const ChunkView& chunk, std::string_view key, uint8_t*
   hash_pieces_kernel<<<blocks_for(a.max_pieces, kHashThreads / 4), kHashThreads, 0, stream>>>(a);
   write_header_kernel<<<1, 256, 0, stream>>>(a);
   check(cudaGetLastError(), std::string(what) + " launch");
-  uint64_t result[3] = {};
-  check(cudaMemcpyAsync(result, a.result, sizeof result, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
-  check(cudaStreamSynchronize(stream), what);
+  const uint64_t* result = work.result(a, what);
   if (result[1] & kTooLarge) {
     throw Error(ErrorCode::out_of_space, "chunk of " + layout.geometry.describe() + " needs " +
                                              std::to_string(layout.escape_offset + result[0]) +
@@ -758,7 +819,7 @@ void ChunkCodec::decode(const uint8_t* object, size_t object_bytes, std::string_
   const auto [bases, lane_bases] = s.current_bases();
   a.bases = bases, a.lane_bases = lane_bases;
   const Metadata meta = metadata_of(chunk_metadata(layout.geometry, s.host.calibration_id(), chunk_key_id(key)));
-  Workspace work(a, false, stream);
+  WorkspaceLease work(s.workspaces, a, false, stream);
   check_header_kernel<<<1, 256, 0, stream>>>(a, meta);
   hash_pieces_kernel<<<blocks_for(a.max_pieces, kHashThreads / 4), kHashThreads, 0, stream>>>(a);
   check_checksums_kernel<<<1, 256, 0, stream>>>(a);
@@ -772,10 +833,8 @@ void ChunkCodec::decode(const uint8_t* object, size_t object_bytes, std::string_
   });
   finish_decode_kernel<<<static_cast<unsigned>(2 * a.layers + 1), 256, 0, stream>>>(a);
   check(cudaGetLastError(), std::string(what) + " launch");
-  uint64_t result[3] = {};
-  check(cudaMemcpyAsync(result, a.result, sizeof result, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
-  check(cudaStreamSynchronize(stream), what);
-  if (result[1] != 0) host_verdict("status " + std::to_string(result[1]));
+  const uint64_t status = work.result(a, what)[1];
+  if (status != 0) host_verdict("status " + std::to_string(status));
 }
 
 }  // namespace gaac::cuda

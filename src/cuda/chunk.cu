@@ -5,17 +5,18 @@
 // A call works in a workspace the codec keeps (WorkspacePool): nothing is allocated once it has run.
 //
 // Encode, on one stream: every tile encoded by one warp, its fixed part in place, its escapes (or a raw
-// tile's bytes past the fixed part) into a scratch place of its own, its stream size counted; the maps'
-// padding, the tails and the metadata written; one block scans the sizes (every tile's place in the
+// tile's bytes past the fixed part) into a scratch place of its own, its stream size counted; in the
+// same launch, a block per section writes the maps' padding, the tails and the metadata; one block scans the sizes (every tile's place in the
 // escape section), writes the index and the object's size; every tile's escapes are copied to their
 // place and the rest of the section zeroed; four threads (a quad) hash each 4 KiB checksum piece; one
-// block combines them per section and writes the table and the header. Six launches and one copy.
+// block combines them per section and writes the table and the header. Five launches and one copy.
 //
 // Decode: one block checks the header, the table against the layout and the metadata byte for byte;
 // the pieces are hashed and the checksums compared; every tile's stream size is counted from its tags
 // (tag 3, an unknown storage kind or too many escapes: refused) and scanned by one block, which checks
 // the index against the scan; the escape section's tail must be zero; every tile is rebuilt by one warp
-// into the chunk; the tails are copied and every padding byte checked. Any problem sets a status bit;
+// into the chunk and, in the same launch, a block per section copies the tails and checks every
+// padding byte. Seven launches and one copy. Any problem sets a status bit;
 // then the object is copied to the host and read by the CPU decoder, whose message (the same as on the
 // CPU) is what is thrown.
 #include <cuda_runtime.h>
@@ -153,9 +154,40 @@ __device__ __forceinline__ uint16_t* tile_origin(const Args& a, const TileAt& t)
 
 // ---- encode ---------------------------------------------------------------------------------------
 
+/// For s < 2L: tensor section s's map padding, tail and padding after it; for s = 2L: the metadata
+/// and the padding after it and after the index (whose entries come after the scan). By one block.
+__device__ void fill_section(const Args& a, const Metadata& meta, uint32_t s) {
+  if (s == static_cast<uint32_t>(2 * a.layers)) {
+    for (uint64_t i = threadIdx.x; i < a.first_tensor - a.metadata_offset; i += blockDim.x) {
+      a.object[a.metadata_offset + i] = i < meta.size ? meta.bytes[i] : 0;
+    }
+    return;
+  }
+  uint8_t* section = a.object + a.first_tensor + s * a.tensor_stride;
+  for (uint64_t i = a.tiles_per_tensor + threadIdx.x; i < a.map_bytes; i += blockDim.x) section[i] = 0;
+  for (uint64_t i = a.tensor_bytes + threadIdx.x; i < a.tensor_stride; i += blockDim.x) section[i] = 0;
+  const int tail_rows = a.tokens % kTileTokens;
+  const uint32_t row_bytes = static_cast<uint32_t>(a.kv_heads) * a.head_dim * 2;
+  const uint16_t* tensor = a.values + (s % 2 == 0 ? 0 : a.kind_stride) + (s / 2) * a.layer_stride;
+  uint8_t* tail = section + a.map_bytes + a.tiles_per_tensor * a.fixed_bytes;
+  for (uint32_t v = threadIdx.x; v < tail_rows * (row_bytes / 16); v += blockDim.x) {
+    const uint32_t r = v / (row_bytes / 16), piece = v % (row_bytes / 16);
+    *reinterpret_cast<uint4*>(tail + r * row_bytes + piece * 16) =
+        *reinterpret_cast<const uint4*>(tensor + (a.tokens - tail_rows + r) * a.token_stride + piece * 8);
+  }
+}
+
+/// Blocks of the tile kernels: kWarps tiles each.
+__device__ __forceinline__ uint64_t tile_blocks(const Args& a) { return (a.tiles + kWarps - 1) / kWarps; }
+
+/// A warp per tile (tile_blocks() blocks), then a block per fill_section (2L + 1 blocks).
 template <int C, int P>
-__global__ void __launch_bounds__(kWarps * 32) encode_tiles_kernel(const Args a) {
+__global__ void __launch_bounds__(kWarps * 32) encode_tiles_kernel(const Args a, const Metadata meta) {
   __shared__ __align__(16) uint16_t staged[kWarps][kTileTokens * lane::kStagedRow<C>];
+  if (blockIdx.x >= tile_blocks(a)) {
+    fill_section(a, meta, static_cast<uint32_t>(blockIdx.x - tile_blocks(a)));
+    return;
+  }
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const uint64_t g = static_cast<uint64_t>(blockIdx.x) * kWarps + warp;
   if (g >= a.tiles) return;
@@ -181,30 +213,6 @@ __global__ void __launch_bounds__(kWarps * 32) encode_tiles_kernel(const Args a)
   if (lane == 0) {
     t.section[t.tile] = raw ? kMapRaw : 0;
     a.sizes[g] = raw ? a.raw_rest : total;
-  }
-}
-
-/// Block s < 2L: tensor section s's map padding, tail and padding after it; block 2L: the metadata
-/// and the padding after it and after the index (whose entries come after the scan).
-__global__ void fill_sections_kernel(const Args a, const Metadata meta) {
-  const uint32_t s = blockIdx.x;
-  if (s == static_cast<uint32_t>(2 * a.layers)) {
-    for (uint64_t i = threadIdx.x; i < a.first_tensor - a.metadata_offset; i += blockDim.x) {
-      a.object[a.metadata_offset + i] = i < meta.size ? meta.bytes[i] : 0;
-    }
-    return;
-  }
-  uint8_t* section = a.object + a.first_tensor + s * a.tensor_stride;
-  for (uint64_t i = a.tiles_per_tensor + threadIdx.x; i < a.map_bytes; i += blockDim.x) section[i] = 0;
-  for (uint64_t i = a.tensor_bytes + threadIdx.x; i < a.tensor_stride; i += blockDim.x) section[i] = 0;
-  const int tail_rows = a.tokens % kTileTokens;
-  const uint32_t row_bytes = static_cast<uint32_t>(a.kv_heads) * a.head_dim * 2;
-  const uint16_t* tensor = a.values + (s % 2 == 0 ? 0 : a.kind_stride) + (s / 2) * a.layer_stride;
-  uint8_t* tail = section + a.map_bytes + a.tiles_per_tensor * a.fixed_bytes;
-  for (uint32_t v = threadIdx.x; v < tail_rows * (row_bytes / 16); v += blockDim.x) {
-    const uint32_t r = v / (row_bytes / 16), piece = v % (row_bytes / 16);
-    *reinterpret_cast<uint4*>(tail + r * row_bytes + piece * 16) =
-        *reinterpret_cast<const uint4*>(tensor + (a.tokens - tail_rows + r) * a.token_stride + piece * 8);
   }
 }
 
@@ -291,6 +299,8 @@ __global__ void __launch_bounds__(kWarps * 32) place_escapes_kernel(const Args a
 // ---- checksums ------------------------------------------------------------------------------------
 
 constexpr int kHashThreads = 256;
+/// Threads of the one-block kernels that combine the section checksums: a quad per section, 128 at once.
+constexpr int kHeaderThreads = 512;
 
 /// Piece p's bytes in an object ending at `end`: `length` bytes at `from` (0 for a piece past its
 /// section's end).
@@ -462,6 +472,10 @@ __global__ void __launch_bounds__(kScanThreads) check_streams_kernel(const Args 
   if (bad) atomicOr(reinterpret_cast<unsigned long long*>(a.result + 1), kBadEscapes);
 }
 
+/// Blocks of check_escapes_kernel at most (two an SM): its grid-stride loop covers any tail, whose size
+/// only the device knows; a grid sized to the largest escape section would be mostly empty blocks.
+constexpr unsigned kMaxZeroCheckBlocks = 264;
+
 /// The escape section's bytes after the streams are zero.
 __global__ void check_escapes_kernel(const Args a) {
   if (a.result[1] != 0) return;
@@ -473,12 +487,42 @@ __global__ void check_escapes_kernel(const Args a) {
   if (nonzero) atomicOr(reinterpret_cast<unsigned long long*>(a.result + 1), kBadPadding);
 }
 
+/// For s < 2L: tensor section s's tail into the chunk, its map padding and the padding after it zero;
+/// for s = 2L: the padding after the table and after the metadata zero. By one block.
+__device__ void finish_section(const Args& a, uint32_t s) {
+  bool nonzero = false;
+  if (s == static_cast<uint32_t>(2 * a.layers)) {
+    for (uint64_t i = 32 + 32ull * a.sections + threadIdx.x; i < a.metadata_offset; i += blockDim.x) nonzero |= a.object[i] != 0;
+    for (uint64_t i = a.metadata_offset + a.metadata_bytes + threadIdx.x; i < a.index_offset; i += blockDim.x) nonzero |= a.object[i] != 0;
+    for (uint64_t i = a.index_offset + a.index_bytes + threadIdx.x; i < a.first_tensor; i += blockDim.x) nonzero |= a.object[i] != 0;
+  } else {
+    const uint8_t* section = a.object + a.first_tensor + s * a.tensor_stride;
+    for (uint64_t i = a.tiles_per_tensor + threadIdx.x; i < a.map_bytes; i += blockDim.x) nonzero |= section[i] != 0;
+    for (uint64_t i = a.tensor_bytes + threadIdx.x; i < a.tensor_stride; i += blockDim.x) nonzero |= section[i] != 0;
+    const int tail_rows = a.tokens % kTileTokens;
+    const uint32_t row_bytes = static_cast<uint32_t>(a.kv_heads) * a.head_dim * 2;
+    uint16_t* tensor = a.values + (s % 2 == 0 ? 0 : a.kind_stride) + (s / 2) * a.layer_stride;
+    const uint8_t* tail = section + a.map_bytes + a.tiles_per_tensor * a.fixed_bytes;
+    for (uint32_t v = threadIdx.x; v < tail_rows * (row_bytes / 16); v += blockDim.x) {
+      const uint32_t r = v / (row_bytes / 16), piece = v % (row_bytes / 16);
+      *reinterpret_cast<uint4*>(tensor + (a.tokens - tail_rows + r) * a.token_stride + piece * 8) =
+          *reinterpret_cast<const uint4*>(tail + r * row_bytes + piece * 16);
+    }
+  }
+  if (nonzero) atomicOr(reinterpret_cast<unsigned long long*>(a.result + 1), kBadPadding);
+}
+
+/// A warp per tile (tile_blocks() blocks), then a block per finish_section (2L + 1 blocks).
 template <int C, int P>
 __global__ void __launch_bounds__(kWarps * 32) decode_tiles_kernel(const Args a) {
   constexpr int kEscapeRoom = 1216 + 32;  // the most a tile has, and the decoder's read-ahead
   __shared__ __align__(16) uint16_t tiles[kWarps][kTileTokens * kRow<C>];
   __shared__ __align__(16) uint8_t escapes[kWarps][kEscapeRoom];
   if (a.result[1] != 0) return;
+  if (blockIdx.x >= tile_blocks(a)) {
+    finish_section(a, static_cast<uint32_t>(blockIdx.x - tile_blocks(a)));
+    return;
+  }
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const uint64_t g = static_cast<uint64_t>(blockIdx.x) * kWarps + warp;
   if (g >= a.tiles) return;
@@ -520,33 +564,6 @@ __global__ void __launch_bounds__(kWarps * 32) decode_tiles_kernel(const Args a)
     *reinterpret_cast<uint4*>(origin + (v / kPieces) * a.token_stride + (v % kPieces) * 8) =
         *reinterpret_cast<const uint4*>(tiles[warp] + (v / kPieces) * kRow<C> + (v % kPieces) * 8);
   }
-}
-
-/// Block s < 2L: tensor section s's tail into the chunk, its map padding and the padding after it
-/// zero; block 2L: the padding after the table and after the metadata zero.
-__global__ void finish_decode_kernel(const Args a) {
-  if (a.result[1] != 0) return;
-  const uint32_t s = blockIdx.x;
-  bool nonzero = false;
-  if (s == static_cast<uint32_t>(2 * a.layers)) {
-    for (uint64_t i = 32 + 32ull * a.sections + threadIdx.x; i < a.metadata_offset; i += blockDim.x) nonzero |= a.object[i] != 0;
-    for (uint64_t i = a.metadata_offset + a.metadata_bytes + threadIdx.x; i < a.index_offset; i += blockDim.x) nonzero |= a.object[i] != 0;
-    for (uint64_t i = a.index_offset + a.index_bytes + threadIdx.x; i < a.first_tensor; i += blockDim.x) nonzero |= a.object[i] != 0;
-  } else {
-    const uint8_t* section = a.object + a.first_tensor + s * a.tensor_stride;
-    for (uint64_t i = a.tiles_per_tensor + threadIdx.x; i < a.map_bytes; i += blockDim.x) nonzero |= section[i] != 0;
-    for (uint64_t i = a.tensor_bytes + threadIdx.x; i < a.tensor_stride; i += blockDim.x) nonzero |= section[i] != 0;
-    const int tail_rows = a.tokens % kTileTokens;
-    const uint32_t row_bytes = static_cast<uint32_t>(a.kv_heads) * a.head_dim * 2;
-    uint16_t* tensor = a.values + (s % 2 == 0 ? 0 : a.kind_stride) + (s / 2) * a.layer_stride;
-    const uint8_t* tail = section + a.map_bytes + a.tiles_per_tensor * a.fixed_bytes;
-    for (uint32_t v = threadIdx.x; v < tail_rows * (row_bytes / 16); v += blockDim.x) {
-      const uint32_t r = v / (row_bytes / 16), piece = v % (row_bytes / 16);
-      *reinterpret_cast<uint4*>(tensor + (a.tokens - tail_rows + r) * a.token_stride + piece * 8) =
-          *reinterpret_cast<const uint4*>(tail + r * row_bytes + piece * 16);
-    }
-  }
-  if (nonzero) atomicOr(reinterpret_cast<unsigned long long*>(a.result + 1), kBadPadding);
 }
 
 // ---- host side ------------------------------------------------------------------------------------
@@ -756,6 +773,11 @@ Metadata metadata_of(const std::string& text) {
 
 unsigned blocks_for(uint64_t items, unsigned per_block) { return static_cast<unsigned>(std::max<uint64_t>((items + per_block - 1) / per_block, 1)); }
 
+/// The grid of the tile kernels: tile_blocks() and one block per section it fills or finishes (2L + 1).
+unsigned tile_and_section_blocks(const Args& a) {
+  return static_cast<unsigned>((a.tiles + kWarps - 1) / kWarps + 2 * static_cast<uint64_t>(a.layers) + 1);
+}
+
 }  // namespace
 
 size_t ChunkCodec::encode(const ChunkView& chunk, std::string_view key, uint8_t* out, size_t out_bytes, Stream stream) const {
@@ -778,13 +800,12 @@ size_t ChunkCodec::encode(const ChunkView& chunk, std::string_view key, uint8_t*
   const Metadata meta = metadata_of(chunk_metadata(layout.geometry, s.host.calibration_id(), chunk_key_id(key)));
   WorkspaceLease work(s.workspaces, a, true, stream);
   detail::with_head_shape(layout.geometry.head_dim, what, [&]<int C, int P>() {
-    if (a.tiles > 0) encode_tiles_kernel<C, P><<<blocks_for(a.tiles, kWarps), kWarps * 32, 0, stream>>>(a);
+    encode_tiles_kernel<C, P><<<tile_and_section_blocks(a), kWarps * 32, 0, stream>>>(a, meta);
   });
-  fill_sections_kernel<<<static_cast<unsigned>(2 * a.layers + 1), 256, 0, stream>>>(a, meta);
   place_streams_kernel<<<1, kScanThreads, 0, stream>>>(a);
   place_escapes_kernel<<<blocks_for(a.tiles, kWarps), kWarps * 32, 0, stream>>>(a);
   hash_pieces_kernel<<<blocks_for(a.max_pieces, kHashThreads / 4), kHashThreads, 0, stream>>>(a);
-  write_header_kernel<<<1, 256, 0, stream>>>(a);
+  write_header_kernel<<<1, kHeaderThreads, 0, stream>>>(a);
   check(cudaGetLastError(), std::string(what) + " launch");
   const uint64_t* result = work.result(a, what);
   if (result[1] & kTooLarge) {
@@ -822,16 +843,15 @@ void ChunkCodec::decode(const uint8_t* object, size_t object_bytes, std::string_
   WorkspaceLease work(s.workspaces, a, false, stream);
   check_header_kernel<<<1, 256, 0, stream>>>(a, meta);
   hash_pieces_kernel<<<blocks_for(a.max_pieces, kHashThreads / 4), kHashThreads, 0, stream>>>(a);
-  check_checksums_kernel<<<1, 256, 0, stream>>>(a);
+  check_checksums_kernel<<<1, kHeaderThreads, 0, stream>>>(a);
   detail::with_head_shape(layout.geometry.head_dim, what, [&]<int C, int P>() {
     if (a.tiles > 0) count_streams_kernel<C, P><<<blocks_for(a.tiles, 128), 128, 0, stream>>>(a);
   });
   check_streams_kernel<<<1, kScanThreads, 0, stream>>>(a);
-  check_escapes_kernel<<<blocks_for(object_bytes - layout.escape_offset, 256 * 8), 256, 0, stream>>>(a);
+  check_escapes_kernel<<<std::min(blocks_for(object_bytes - layout.escape_offset, 256 * 8), kMaxZeroCheckBlocks), 256, 0, stream>>>(a);
   detail::with_head_shape(layout.geometry.head_dim, what, [&]<int C, int P>() {
-    if (a.tiles > 0) decode_tiles_kernel<C, P><<<blocks_for(a.tiles, kWarps), kWarps * 32, 0, stream>>>(a);
+    decode_tiles_kernel<C, P><<<tile_and_section_blocks(a), kWarps * 32, 0, stream>>>(a);
   });
-  finish_decode_kernel<<<static_cast<unsigned>(2 * a.layers + 1), 256, 0, stream>>>(a);
   check(cudaGetLastError(), std::string(what) + " launch");
   const uint64_t status = work.result(a, what)[1];
   if (status != 0) host_verdict("status " + std::to_string(status));

@@ -69,9 +69,8 @@ struct Args {
   uint16_t* values = nullptr;  ///< the chunk (read by encode, written by decode)
   uint64_t kind_stride = 0, layer_stride = 0, token_stride = 0;
   int layers = 0, kv_heads = 0, head_dim = 0, tokens = 0;
-  PagedGeometry bases_geometry;      ///< for bases_index / lane_bases_index
-  const uint8_t* bases = nullptr;    ///< [layers][K, V][b3, b4][kv_heads][head_dim]
-  const uint32_t* lane_bases = nullptr;
+  PagedGeometry bases_geometry;           ///< for lane_bases_index
+  const uint32_t* lane_bases = nullptr;   ///< the bases as the lanes read them (lane_bases.hpp)
   uint8_t* object = nullptr;
   uint64_t buffer_bytes = 0;  ///< bytes at `object`
   // layout
@@ -177,6 +176,35 @@ __device__ void fill_section(const Args& a, const Metadata& meta, uint32_t s) {
   }
 }
 
+/// The lane's base words of tile t's kind (Key) from the lane bases, four words a 16-byte load as
+/// decode_tile_to_rows reads them: b3's, and b4's as b3 + (b4 − b3).
+template <int C, bool Key>
+__device__ __forceinline__ void load_base_words(const Args& a, const TileAt& t, int lane, uint32_t (&b3)[lane::kBaseWords<C, Key>],
+                                                uint32_t (&b4)[lane::kBaseWords<C, Key>]) {
+  constexpr int kKeyWords = 32 * (C / 16), kValueWords = 32 * (C / 8);
+  const uint32_t* words = a.lane_bases + detail::lane_bases_index(a.bases_geometry, t.layer, t.head) +
+                          t.half * detail::lane_base_words_per_half(C) + (Key ? 0 : 2 * kKeyWords);
+  const uint32_t* deltas = words + (Key ? kKeyWords : kValueWords);
+#pragma unroll
+  for (int w = 0; w < lane::kBaseWords<C, Key>; w += 4) {
+    const uint4 w3 = reinterpret_cast<const uint4*>(words)[(w / 4) * 32 + lane];
+    const uint4 dl = reinterpret_cast<const uint4*>(deltas)[(w / 4) * 32 + lane];
+    b3[w] = w3.x, b3[w + 1] = w3.y, b3[w + 2] = w3.z, b3[w + 3] = w3.w;
+    b4[w] = w3.x + dl.x, b4[w + 1] = w3.y + dl.y, b4[w + 2] = w3.z + dl.z, b4[w + 3] = w3.w + dl.w;
+  }
+}
+
+/// Encodes the staged tile t (Key: its kind) to its fixed place and its escapes to `escapes`, as
+/// lane::encode_staged_tile_with; returns its escape bytes.
+template <int C, bool Key>
+__device__ __forceinline__ uint32_t encode_tile(const Args& a, const TileAt& t, const uint16_t* staged, uint8_t* fixed,
+                                                uint8_t* escapes, int lane) {
+  uint32_t b3[lane::kBaseWords<C, Key>], b4[lane::kBaseWords<C, Key>];
+  load_base_words<C, Key>(a, t, lane, b3, b4);
+  return lane::encode_staged_tile_with<C, Key>(
+      staged, [&](int w) { return b3[w]; }, [&](int w) { return b4[w]; }, a.max_escapes, fixed, escapes, false, lane);
+}
+
 /// Blocks of the tile kernels: kWarps tiles each.
 __device__ __forceinline__ uint64_t tile_blocks(const Args& a) { return (a.tiles + kWarps - 1) / kWarps; }
 
@@ -194,13 +222,10 @@ __global__ void __launch_bounds__(kWarps * 32) encode_tiles_kernel(const Args a,
   const TileAt t = tile_at<P>(a, g);
   lane::stage_rows<C>(tile_origin<C, P>(a, t), a.token_stride, 0, kTileTokens, staged[warp], lane);
   __syncwarp();
-  const TensorKind kind = t.key ? TensorKind::key : TensorKind::value;
-  const uint8_t* b3 = a.bases + a.bases_geometry.bases_index(t.layer, kind, 0, t.head) + t.half * C;
-  const uint8_t* b4 = a.bases + a.bases_geometry.bases_index(t.layer, kind, 1, t.head) + t.half * C;
   uint8_t* fixed = t.section + a.map_bytes + t.tile * a.fixed_bytes;
   uint8_t* escapes = a.scratch + g * a.scratch_stride;
-  const uint32_t total = t.key ? lane::encode_staged_tile_split<C, true>(staged[warp], b3, b4, a.max_escapes, fixed, escapes, false, lane)
-                               : lane::encode_staged_tile_split<C, false>(staged[warp], b3, b4, a.max_escapes, fixed, escapes, false, lane);
+  const uint32_t total = t.key ? encode_tile<C, true>(a, t, staged[warp], fixed, escapes, lane)
+                               : encode_tile<C, false>(a, t, staged[warp], fixed, escapes, lane);
   const bool raw = total > a.max_escapes;
   if (raw) {  // the raw rows: the first fixed_bytes in place, the rest to the stream
     constexpr int kPieces = C * 2 / 16;
@@ -624,30 +649,28 @@ class WorkspacePool {
 
 }  // namespace
 
-/// The bases on each device a codec has run on, and the workspaces of its calls.
+/// The lane bases on each device a codec has run on, and the workspaces of its calls.
 struct ChunkCodec::State {
   explicit State(const CalibrationTable& table, ChunkOptions options) : host(table, options) {}
   gaac::ChunkCodec host;
   PagedGeometry geometry;
-  std::vector<uint8_t> bases;
   std::vector<uint32_t> lane_bases;
   std::mutex mutex;
-  std::map<int, std::pair<DeviceBuffer, DeviceBuffer>> on_device;  ///< device → (bases, lane bases)
+  std::map<int, DeviceBuffer> on_device;  ///< device → lane bases
   WorkspacePool workspaces;
 
-  /// The bases on the current device, copied there on first use.
-  std::pair<const uint8_t*, const uint32_t*> current_bases() {
+  /// The lane bases on the current device, copied there on first use.
+  const uint32_t* current_lane_bases() {
     int device = 0;
     check(cudaGetDevice(&device), "cudaGetDevice");
     const std::lock_guard lock(mutex);
     auto it = on_device.find(device);
     if (it == on_device.end()) {
-      DeviceBuffer b(bases.size()), l(lane_bases.size() * 4);
-      b.upload(bases.data(), bases.size());
+      DeviceBuffer l(lane_bases.size() * 4);
       l.upload(lane_bases.data(), lane_bases.size() * 4);
-      it = on_device.emplace(device, std::make_pair(std::move(b), std::move(l))).first;
+      it = on_device.emplace(device, std::move(l)).first;
     }
-    return {static_cast<const uint8_t*>(it->second.first.data()), static_cast<const uint32_t*>(it->second.second.data())};
+    return static_cast<const uint32_t*>(it->second.data());
   }
 };
 
@@ -657,19 +680,19 @@ ChunkCodec::ChunkCodec(const CalibrationTable& calibration, ChunkOptions options
   s.geometry.layers = calibration.layers();
   s.geometry.kv_heads = calibration.kv_heads();
   s.geometry.head_dim = calibration.head_dim();
-  s.bases.resize(s.geometry.bases_bytes());
+  std::vector<uint8_t> bases(s.geometry.bases_bytes());
   for (int l = 0; l < calibration.layers(); ++l) {
     for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
       for (int which = 0; which < 2; ++which) {
         for (int h = 0; h < calibration.kv_heads(); ++h) {
           const auto src = which == 0 ? calibration.b3(kind, l, h) : calibration.b4(kind, l, h);
-          std::copy(src.begin(), src.end(), s.bases.begin() + static_cast<std::ptrdiff_t>(s.geometry.bases_index(l, kind, which, h)));
+          std::copy(src.begin(), src.end(), bases.begin() + static_cast<std::ptrdiff_t>(s.geometry.bases_index(l, kind, which, h)));
         }
       }
     }
   }
   s.lane_bases.resize(detail::lane_bases_index(s.geometry, s.geometry.layers, 0));
-  detail::fill_lane_bases(s.geometry, s.bases.data(), s.lane_bases.data());
+  detail::fill_lane_bases(s.geometry, bases.data(), s.lane_bases.data());
 }
 
 ChunkCodec::~ChunkCodec() = default;
@@ -795,8 +818,7 @@ size_t ChunkCodec::encode(const ChunkView& chunk, std::string_view key, uint8_t*
   }
   Args a = make_args(chunk, layout, s.geometry, out, object_bytes, what);
   a.fixed_end = s.host.options().object_ratio != 0 ? object_bytes : 0;
-  const auto [bases, lane_bases] = s.current_bases();
-  a.bases = bases, a.lane_bases = lane_bases;
+  a.lane_bases = s.current_lane_bases();
   const Metadata meta = metadata_of(chunk_metadata(layout.geometry, s.host.calibration_id(), chunk_key_id(key)));
   WorkspaceLease work(s.workspaces, a, true, stream);
   detail::with_head_shape(layout.geometry.head_dim, what, [&]<int C, int P>() {
@@ -837,8 +859,7 @@ void ChunkCodec::decode(const uint8_t* object, size_t object_bytes, std::string_
   };
   if (object_bytes < layout.escape_offset) host_verdict("an object shorter than its fixed parts");
   Args a = make_args(chunk, layout, s.geometry, const_cast<uint8_t*>(object), object_bytes, what);
-  const auto [bases, lane_bases] = s.current_bases();
-  a.bases = bases, a.lane_bases = lane_bases;
+  a.lane_bases = s.current_lane_bases();
   const Metadata meta = metadata_of(chunk_metadata(layout.geometry, s.host.calibration_id(), chunk_key_id(key)));
   WorkspaceLease work(s.workspaces, a, false, stream);
   check_header_kernel<<<1, 256, 0, stream>>>(a, meta);

@@ -246,6 +246,7 @@ __global__ void __launch_bounds__(kWarps * 32) encode_tiles_kernel(const Args a,
 constexpr int kScanThreads = 1024;
 constexpr int kScanPerThread = 8;
 
+/// Stream bytes of all the tiles together (once the offsets are scanned).
 __device__ __forceinline__ uint64_t stream_total(const Args& a) {
   return a.tiles == 0 ? 0 : static_cast<uint64_t>(a.offsets[a.tiles - 1]) + a.sizes[a.tiles - 1];
 }

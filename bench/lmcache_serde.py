@@ -11,7 +11,7 @@ Chunks of 256 tokens, [2, layers, 256, kv_heads * head_dim] bfloat16, as LMCache
                     (bench/gpu/bench_codecs.py's pairing); its calibration is SmolLM2's table rearranged the same way
 For each serde and chunk set: ratio (BF16 bytes / bytes stored), serialize and deserialize GB/s (of BF16), on
 the CPU with 1 and 4 threads (gaac's per-chunk threads, PyTorch's intra-op threads for fp8), and with --device cuda
-on the GPU. gaac's ratio is given for objects of their own size and for the fixed size LMCache's adapters need
+on the GPU, where gaac.ChunkCodec is also timed called directly ("gaac-codec": no LMCache objects, no wrapper). gaac's ratio is given for objects of their own size and for the fixed size LMCache's adapters need
 (object_ratio 1.38). Every lossless result is checked bit for bit before it is timed; fp8 is lossy (its error
 is reported). Times are the best of --repeats passes over all chunks of a set (serialize, then deserialize).
 
@@ -169,7 +169,7 @@ def time_serde(name, serializer, deserializer, chunks, device, repeats, lossless
         best_s, best_d = min(best_s, t1 - t0), min(best_d, t2 - t1)
     bf16 = sum(c.numel() * 2 for c in chunks)
     return {"serde": name, "device": device, "ratio": bf16 / sum(written), "stored_bytes": sum(written),
-            "bf16_bytes": bf16, "serialize_gbps": bf16 / best_s / 1e9, "deserialize_gbps": bf16 / best_d / 1e9,
+            "bf16_bytes": bf16, "chunk_shape": list(chunks[0].shape), "serialize_gbps": bf16 / best_s / 1e9, "deserialize_gbps": bf16 / best_d / 1e9,
             "max_abs_error": error}
 
 
@@ -186,6 +186,40 @@ def fp8_pair():
     from lmcache.v1.distributed.serde.fp8 import Fp8QuantizationDeserializer, Fp8QuantizationSerializer
 
     return Fp8QuantizationSerializer(), Fp8QuantizationDeserializer()
+
+
+def time_codec(calibration, chunks, repeats):
+    """gaac.ChunkCodec called directly on CUDA chunks (no LMCache memory objects, no serde wrapper), timed as
+    time_serde times a serde: what the binding and the codec take, apart from the wrapper's Python."""
+    codec = gaac.ChunkCodec(calibration)
+    chunks = [c.cuda() for c in chunks]
+    outs = [torch.zeros(codec.object_bytes(c.shape[2]), dtype=torch.uint8, device="cuda") for c in chunks]
+    backs = [torch.zeros_like(c) for c in chunks]
+    keys = [f"bench@{i}" for i in range(len(chunks))]
+    stream = torch.cuda.current_stream().cuda_stream
+    written = [codec.encode(c, o, k, stream) for c, o, k in zip(chunks, outs, keys)]
+    for o, b, k in zip(outs, backs, keys):
+        codec.decode(o, b, k, stream)
+    torch.cuda.synchronize()
+    if any(not torch.equal(b.view(torch.int16), c.view(torch.int16)) for b, c in zip(backs, chunks)):
+        raise RuntimeError("gaac codec: a chunk did not come back bit for bit")
+    best_s = best_d = float("inf")
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for c, o, k in zip(chunks, outs, keys):
+            codec.encode(c, o, k, stream)
+        torch.cuda.synchronize()
+        t1 = time.perf_counter()
+        for o, b, k in zip(outs, backs, keys):
+            codec.decode(o, b, k, stream)
+        torch.cuda.synchronize()
+        t2 = time.perf_counter()
+        best_s, best_d = min(best_s, t1 - t0), min(best_d, t2 - t1)
+    bf16 = sum(c.numel() * 2 for c in chunks)
+    return {"serde": "gaac-codec", "device": "cuda", "ratio": bf16 / sum(written), "stored_bytes": sum(written),
+            "bf16_bytes": bf16, "chunk_shape": list(chunks[0].shape), "serialize_gbps": bf16 / best_s / 1e9, "deserialize_gbps": bf16 / best_d / 1e9,
+            "max_abs_error": 0.0}
 
 
 def time_nvcomp(chunks, repeats):
@@ -336,6 +370,8 @@ def main():
     sets["8b"] = ([eight_b.chunk(c) for c in range(8)], eight_b.calibration)
 
     for name, (chunks, calibration) in ([] if args.skip_serdes else sets.items()):
+        # The shape says which cut of a model's cache was read (a --kv-dir may hold one-layer cuts).
+        log(f"{name}: {len(chunks)} chunks of {list(chunks[0].shape)} ({chunks[0].numel() * 2} bytes of BF16 each)")
         for t in threads:
             torch.set_num_threads(t)
             runs = [("gaac", *gaac_pair(calibration, t, 0), True),
@@ -357,6 +393,11 @@ def main():
                 results["serdes"].append(r)
                 log(f"{name:8s} {label:16s} cuda: ratio {r['ratio']:.4f}  serialize {r['serialize_gbps']:.1f} GB/s  "
                     f"deserialize {r['deserialize_gbps']:.1f} GB/s")
+            r = time_codec(calibration, chunks, args.repeats)
+            r.update(chunks=name)
+            results["serdes"].append(r)
+            log(f"{name:8s} gaac-codec       cuda: ratio {r['ratio']:.4f}  serialize {r['serialize_gbps']:.1f} GB/s  "
+                f"deserialize {r['deserialize_gbps']:.1f} GB/s  (gaac.ChunkCodec called directly)")
             r = time_nvcomp(chunks, args.repeats)
             if r is None:
                 log("nvCOMP: the nvidia.nvcomp package is not installed; skipped")

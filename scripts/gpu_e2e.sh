@@ -1,10 +1,9 @@
 #!/usr/bin/env bash
 # One call on a GPU machine for the Python package and the end-to-end experiments: installs gaac there
-# (pip, the CUDA kernels built by nvcc), runs the C++ tests of sequences grown on the device (prebuilt
-# binaries when given and they run), the Python GPU tests (gaac.KvCacheMirror, gaac.BatchKvCache,
-# GaacCache(device="cuda") on random-weight models and, when given, SmolLM2 and Gemma 3) and
-# bench/gpu/bench_e2e.py. $OUT (default
-# ./gpu-out) receives e2e.json and the logs.
+# (pip, the CUDA kernels built by nvcc), runs the C++ GPU tests (sequences grown on the device, the codec,
+# decode attention, KV chunk objects: prebuilt binaries when given and they run), the Python GPU tests
+# (gaac.KvCacheMirror, gaac.BatchKvCache, GaacCache(device="cuda") on random-weight models and, when given,
+# SmolLM2 and Gemma 3) and bench/gpu/bench_e2e.py. $OUT (default ./gpu-out) receives e2e.json and the logs.
 #   scripts/gpu_e2e.sh --data DIR [--models DIR] [--prebuilt DIR] [--wheel FILE] [--skip-tests] [--skip-bench]
 #                      [--bench-args "..."] [--build-only] [--lmcache DIR]
 # (--wheel: the package built elsewhere for this machine's Python, used when it imports and sees the GPU)
@@ -82,7 +81,7 @@ fi
 
 if [ $skip_tests = 0 ]; then
   stage "C++ GPU tests"
-  for t in cuda_grow_test cuda_codec_test cuda_decode_test; do
+  for t in cuda_grow_test cuda_codec_test cuda_decode_test cuda_chunk_test; do
     if [ -n "$prebuilt" ] && [ -f "$prebuilt/$t.xz" ]; then
       xz -dc "$prebuilt/$t.xz" >"/tmp/$t" && chmod +x "/tmp/$t"
       if /tmp/$t --gtest_list_tests >/dev/null 2>&1; then

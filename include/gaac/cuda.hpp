@@ -421,8 +421,10 @@ GAAC_API std::vector<uint8_t> snapshot_image(const KvDump& dump, const Calibrati
 /// KV chunk objects (docs/format.md, section 15) coded on the GPU: the same bytes as gaac::ChunkCodec
 /// makes of the same values, from and to chunks and objects in device memory, with no copy through
 /// the host (the host reads back only a few bytes: an object's size, a status). Every tile is one
-/// warp's; the escape stream is placed by a scan; the checksums are computed on the device, one
-/// thread per 4 KiB piece. Thread-safe: calls from many threads (on their own streams) run at once.
+/// warp's; the escape stream is placed by a scan; the checksums are computed on the device, four
+/// threads per 4 KiB piece. Thread-safe: calls from many threads (on their own streams) run at once.
+/// Each call works in device memory the codec keeps for later calls (one workspace per call running
+/// at once, as large as the largest chunk's needs; freed with the codec).
 class GAAC_API ChunkCodec {
  public:
   /// A codec for `calibration`'s chunks on the current device (its bases copied there);

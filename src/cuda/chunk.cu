@@ -1,23 +1,25 @@
 // KV chunk objects coded on the device (docs/format.md, section 15): the same bytes as the CPU's
 // gaac::ChunkCodec, from a chunk in device memory to an object in device memory and back, with no copy
 // through the host. The host computes the layout (every place but the escape stream's is fixed by the
-// geometry) and reads back a few words at the end: the object's size and a status.
+// geometry) and reads back a few words at the end, into pinned memory: the object's size and a status.
+// A call works in a workspace the codec keeps (WorkspacePool): nothing is allocated once it has run.
 //
 // Encode, on one stream: every tile encoded by one warp, its fixed part in place, its escapes (or a raw
-// tile's bytes past the fixed part) into a scratch place of its own, its stream size counted; the maps'
-// padding, the tails and the metadata written; an exclusive scan of the sizes (CUB) places every tile's
-// escapes in the escape section, the rest of which is zeroed, and gives the index; one thread hashes
-// each 4 KiB checksum piece; one block combines them per section and writes the table and the header.
+// tile's bytes past the fixed part) into a scratch place of its own, its stream size counted; in the
+// same launch, a block per section writes the maps' padding, the tails and the metadata; one block scans the sizes (every tile's place in the
+// escape section), writes the index and the object's size; every tile's escapes are copied to their
+// place and the rest of the section zeroed; four threads (a quad) hash each 4 KiB checksum piece; one
+// block combines them per section and writes the table and the header. Five launches and one copy.
 //
 // Decode: one block checks the header, the table against the layout and the metadata byte for byte;
 // the pieces are hashed and the checksums compared; every tile's stream size is counted from its tags
-// (tag 3, an unknown storage kind or too many escapes: refused) and scanned; the index must be what the
-// scan gives and the escape section's tail zero; every tile is rebuilt by one warp into the chunk; the tails are copied and every
-// padding byte checked. Any problem sets a status bit; then the object is copied to the host and read
-// by the CPU decoder, whose message (the same as on the CPU) is what is thrown.
+// (tag 3, an unknown storage kind or too many escapes: refused) and scanned by one block, which checks
+// the index against the scan; the escape section's tail must be zero; every tile is rebuilt by one warp
+// into the chunk and, in the same launch, a block per section copies the tails and checks every
+// padding byte. Seven launches and one copy. Any problem sets a status bit;
+// then the object is copied to the host and read by the CPU decoder, whose message (the same as on the
+// CPU) is what is thrown.
 #include <cuda_runtime.h>
-
-#include <cub/device/device_scan.cuh>
 
 #include <algorithm>
 #include <cstring>
@@ -67,9 +69,8 @@ struct Args {
   uint16_t* values = nullptr;  ///< the chunk (read by encode, written by decode)
   uint64_t kind_stride = 0, layer_stride = 0, token_stride = 0;
   int layers = 0, kv_heads = 0, head_dim = 0, tokens = 0;
-  PagedGeometry bases_geometry;      ///< for bases_index / lane_bases_index
-  const uint8_t* bases = nullptr;    ///< [layers][K, V][b3, b4][kv_heads][head_dim]
-  const uint32_t* lane_bases = nullptr;
+  PagedGeometry bases_geometry;           ///< for lane_bases_index
+  const uint32_t* lane_bases = nullptr;   ///< the bases as the lanes read them (lane_bases.hpp)
   uint8_t* object = nullptr;
   uint64_t buffer_bytes = 0;  ///< bytes at `object`
   // layout
@@ -152,41 +153,9 @@ __device__ __forceinline__ uint16_t* tile_origin(const Args& a, const TileAt& t)
 
 // ---- encode ---------------------------------------------------------------------------------------
 
-template <int C, int P>
-__global__ void __launch_bounds__(kWarps * 32) encode_tiles_kernel(const Args a) {
-  __shared__ __align__(16) uint16_t staged[kWarps][kTileTokens * lane::kStagedRow<C>];
-  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
-  const uint64_t g = static_cast<uint64_t>(blockIdx.x) * kWarps + warp;
-  if (g >= a.tiles) return;
-  const TileAt t = tile_at<P>(a, g);
-  lane::stage_rows<C>(tile_origin<C, P>(a, t), a.token_stride, 0, kTileTokens, staged[warp], lane);
-  __syncwarp();
-  const TensorKind kind = t.key ? TensorKind::key : TensorKind::value;
-  const uint8_t* b3 = a.bases + a.bases_geometry.bases_index(t.layer, kind, 0, t.head) + t.half * C;
-  const uint8_t* b4 = a.bases + a.bases_geometry.bases_index(t.layer, kind, 1, t.head) + t.half * C;
-  uint8_t* fixed = t.section + a.map_bytes + t.tile * a.fixed_bytes;
-  uint8_t* escapes = a.scratch + g * a.scratch_stride;
-  const uint32_t total = t.key ? lane::encode_staged_tile_split<C, true>(staged[warp], b3, b4, a.max_escapes, fixed, escapes, false, lane)
-                               : lane::encode_staged_tile_split<C, false>(staged[warp], b3, b4, a.max_escapes, fixed, escapes, false, lane);
-  const bool raw = total > a.max_escapes;
-  if (raw) {  // the raw rows: the first fixed_bytes in place, the rest to the stream
-    constexpr int kPieces = C * 2 / 16;
-    for (int v = lane; v < kTileTokens * kPieces; v += 32) {
-      const uint4 piece = *reinterpret_cast<const uint4*>(staged[warp] + (v / kPieces) * lane::kStagedRow<C> + (v % kPieces) * 8);
-      const uint32_t at = static_cast<uint32_t>(v) * 16;
-      *reinterpret_cast<uint4*>(at < a.fixed_bytes ? fixed + at : escapes + (at - a.fixed_bytes)) = piece;
-    }
-  }
-  if (lane == 0) {
-    t.section[t.tile] = raw ? kMapRaw : 0;
-    a.sizes[g] = raw ? a.raw_rest : total;
-  }
-}
-
-/// Block s < 2L: tensor section s's map padding, tail and padding after it; block 2L: the metadata
-/// and the padding after it and after the index (whose entries come after the scan).
-__global__ void fill_sections_kernel(const Args a, const Metadata meta) {
-  const uint32_t s = blockIdx.x;
+/// For s < 2L: tensor section s's map padding, tail and padding after it; for s = 2L: the metadata
+/// and the padding after it and after the index (whose entries come after the scan). By one block.
+__device__ void fill_section(const Args& a, const Metadata& meta, uint32_t s) {
   if (s == static_cast<uint32_t>(2 * a.layers)) {
     for (uint64_t i = threadIdx.x; i < a.first_tensor - a.metadata_offset; i += blockDim.x) {
       a.object[a.metadata_offset + i] = i < meta.size ? meta.bytes[i] : 0;
@@ -207,53 +176,161 @@ __global__ void fill_sections_kernel(const Args a, const Metadata meta) {
   }
 }
 
-/// Copies each tile's stream bytes to its place in the escape section (never past the buffer).
-__global__ void __launch_bounds__(kWarps * 32) place_escapes_kernel(const Args a) {
+/// The lane's base words of tile t's kind (Key) from the lane bases, four words a 16-byte load as
+/// decode_tile_to_rows reads them: b3's, and b4's as b3 + (b4 − b3).
+template <int C, bool Key>
+__device__ __forceinline__ void load_base_words(const Args& a, const TileAt& t, int lane, uint32_t (&b3)[lane::kBaseWords<C, Key>],
+                                                uint32_t (&b4)[lane::kBaseWords<C, Key>]) {
+  constexpr int kKeyWords = 32 * (C / 16), kValueWords = 32 * (C / 8);
+  const uint32_t* words = a.lane_bases + detail::lane_bases_index(a.bases_geometry, t.layer, t.head) +
+                          t.half * detail::lane_base_words_per_half(C) + (Key ? 0 : 2 * kKeyWords);
+  const uint32_t* deltas = words + (Key ? kKeyWords : kValueWords);
+#pragma unroll
+  for (int w = 0; w < lane::kBaseWords<C, Key>; w += 4) {
+    const uint4 w3 = reinterpret_cast<const uint4*>(words)[(w / 4) * 32 + lane];
+    const uint4 dl = reinterpret_cast<const uint4*>(deltas)[(w / 4) * 32 + lane];
+    b3[w] = w3.x, b3[w + 1] = w3.y, b3[w + 2] = w3.z, b3[w + 3] = w3.w;
+    b4[w] = w3.x + dl.x, b4[w + 1] = w3.y + dl.y, b4[w + 2] = w3.z + dl.z, b4[w + 3] = w3.w + dl.w;
+  }
+}
+
+/// Encodes the staged tile t (Key: its kind) to its fixed place and its escapes to `escapes`, as
+/// lane::encode_staged_tile_with; returns its escape bytes.
+template <int C, bool Key>
+__device__ __forceinline__ uint32_t encode_tile(const Args& a, const TileAt& t, const uint16_t* staged, uint8_t* fixed,
+                                                uint8_t* escapes, int lane) {
+  uint32_t b3[lane::kBaseWords<C, Key>], b4[lane::kBaseWords<C, Key>];
+  load_base_words<C, Key>(a, t, lane, b3, b4);
+  return lane::encode_staged_tile_with<C, Key>(
+      staged, [&](int w) { return b3[w]; }, [&](int w) { return b4[w]; }, a.max_escapes, fixed, escapes, false, lane);
+}
+
+/// Blocks of the tile kernels: kWarps tiles each.
+__device__ __forceinline__ uint64_t tile_blocks(const Args& a) { return (a.tiles + kWarps - 1) / kWarps; }
+
+/// A warp per tile (tile_blocks() blocks), then a block per fill_section (2L + 1 blocks).
+template <int C, int P>
+__global__ void __launch_bounds__(kWarps * 32) encode_tiles_kernel(const Args a, const Metadata meta) {
+  __shared__ __align__(16) uint16_t staged[kWarps][kTileTokens * lane::kStagedRow<C>];
+  if (blockIdx.x >= tile_blocks(a)) {
+    fill_section(a, meta, static_cast<uint32_t>(blockIdx.x - tile_blocks(a)));
+    return;
+  }
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const uint64_t g = static_cast<uint64_t>(blockIdx.x) * kWarps + warp;
   if (g >= a.tiles) return;
-  const uint64_t at = a.escape_offset + a.offsets[g];
-  const uint32_t n = a.sizes[g];
-  if (at + n > a.buffer_bytes) return;  // too large: refused by finish_escapes_kernel
-  const uint8_t* from = a.scratch + g * a.scratch_stride;
-  for (uint32_t i = lane; i < n; i += 32) a.object[at + i] = from[i];
+  const TileAt t = tile_at<P>(a, g);
+  lane::stage_rows<C>(tile_origin<C, P>(a, t), a.token_stride, 0, kTileTokens, staged[warp], lane);
+  __syncwarp();
+  uint8_t* fixed = t.section + a.map_bytes + t.tile * a.fixed_bytes;
+  uint8_t* escapes = a.scratch + g * a.scratch_stride;
+  const uint32_t total = t.key ? encode_tile<C, true>(a, t, staged[warp], fixed, escapes, lane)
+                               : encode_tile<C, false>(a, t, staged[warp], fixed, escapes, lane);
+  const bool raw = total > a.max_escapes;
+  if (raw) {  // the raw rows: the first fixed_bytes in place, the rest to the stream
+    constexpr int kPieces = C * 2 / 16;
+    for (int v = lane; v < kTileTokens * kPieces; v += 32) {
+      const uint4 piece = *reinterpret_cast<const uint4*>(staged[warp] + (v / kPieces) * lane::kStagedRow<C> + (v % kPieces) * 8);
+      const uint32_t at = static_cast<uint32_t>(v) * 16;
+      *reinterpret_cast<uint4*>(at < a.fixed_bytes ? fixed + at : escapes + (at - a.fixed_bytes)) = piece;
+    }
+  }
+  if (lane == 0) {
+    t.section[t.tile] = raw ? kMapRaw : 0;
+    a.sizes[g] = raw ? a.raw_rest : total;
+  }
 }
 
+// ---- the escape stream ----------------------------------------------------------------------------
+
+constexpr int kScanThreads = 1024;
+constexpr int kScanPerThread = 8;
+
+/// Stream bytes of all the tiles together (once the offsets are scanned).
 __device__ __forceinline__ uint64_t stream_total(const Args& a) {
   return a.tiles == 0 ? 0 : static_cast<uint64_t>(a.offsets[a.tiles - 1]) + a.sizes[a.tiles - 1];
 }
 
-/// The index: where each tensor section's escapes start (its first tile's offset).
-__global__ void write_index_kernel(const Args a) {
-  for (uint32_t s = blockIdx.x * blockDim.x + threadIdx.x; s < a.tensors; s += gridDim.x * blockDim.x) {
-    reinterpret_cast<uint64_t*>(a.object + a.index_offset)[s] = a.tiles_per_tensor == 0 ? 0 : a.offsets[s * a.tiles_per_tensor];
+/// Every tile's place in the stream: offsets, the exclusive prefix sum of sizes (u32), by one block of
+/// kScanThreads, kScanPerThread consecutive tiles a thread; the block's last __syncthreads follows the
+/// last write, so its threads may read any offset after it.
+__device__ void scan_sizes(const Args& a) {
+  __shared__ uint32_t warp_sums[kScanThreads / 32];
+  __shared__ uint32_t block_sum;
+  const int lane = static_cast<int>(threadIdx.x) % 32, warp = static_cast<int>(threadIdx.x) / 32;
+  uint32_t carry = 0;
+  for (uint64_t first = 0; first < a.tiles; first += static_cast<uint64_t>(kScanThreads) * kScanPerThread) {
+    const uint64_t mine = first + static_cast<uint64_t>(threadIdx.x) * kScanPerThread;
+    uint32_t sizes[kScanPerThread], sum = 0;
+#pragma unroll
+    for (int k = 0; k < kScanPerThread; ++k) {
+      sizes[k] = mine + k < a.tiles ? a.sizes[mine + k] : 0;
+      sum += sizes[k];
+    }
+    const uint32_t in_warp = detail::warp_exclusive_scan(sum, lane);
+    if (lane == 31) warp_sums[warp] = in_warp + sum;
+    __syncthreads();
+    if (warp == 0) {
+      const uint32_t w = warp_sums[lane], before = detail::warp_exclusive_scan(w, lane);
+      warp_sums[lane] = before;
+      if (lane == 31) block_sum = before + w;
+    }
+    __syncthreads();
+    uint32_t at = carry + warp_sums[warp] + in_warp;
+#pragma unroll
+    for (int k = 0; k < kScanPerThread; ++k) {
+      if (mine + k < a.tiles) a.offsets[mine + k] = at;
+      at += sizes[k];
+    }
+    carry += block_sum;
+    __syncthreads();  // warp_sums and block_sum are rewritten by the next round
   }
 }
 
-/// The object's end, the escape section's zeros after the streams, and the result words.
-__global__ void finish_escapes_kernel(const Args a) {
+/// One block: the tiles' places in the escape stream, the index (where each tensor section's escapes
+/// start: its first tile's offset), the object's end and the result words.
+__global__ void __launch_bounds__(kScanThreads) place_streams_kernel(const Args a) {
+  scan_sizes(a);
   const uint64_t total = stream_total(a);
   const uint64_t end = a.fixed_end != 0 ? a.fixed_end : a.escape_offset + (total + 63) / 64 * 64;
-  const bool too_large = a.escape_offset + total > end;
-  if (blockIdx.x == 0 && threadIdx.x == 0) {
+  for (uint32_t s = threadIdx.x; s < a.tensors; s += blockDim.x) {
+    reinterpret_cast<uint64_t*>(a.object + a.index_offset)[s] = a.tiles_per_tensor == 0 ? 0 : a.offsets[s * a.tiles_per_tensor];
+  }
+  if (threadIdx.x == 0) {
     a.result[0] = total;
-    a.result[1] = too_large ? kTooLarge : 0;
+    a.result[1] = a.escape_offset + total > end ? kTooLarge : 0;
     a.result[2] = end;
   }
-  if (too_large) return;
-  const uint64_t from = a.escape_offset + total;
-  for (uint64_t i = from + static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < end; i += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
+}
+
+/// Copies each tile's stream bytes (a warp per tile) to its place in the escape section and zeroes the
+/// section after the streams (every thread of the grid); nothing for an object too large (refused).
+__global__ void __launch_bounds__(kWarps * 32) place_escapes_kernel(const Args a) {
+  if (a.result[1] != 0) return;
+  const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const uint64_t g = static_cast<uint64_t>(blockIdx.x) * kWarps + warp;
+  if (g < a.tiles) {
+    uint8_t* to = a.object + a.escape_offset + a.offsets[g];
+    const uint8_t* from = a.scratch + g * a.scratch_stride;
+    const uint32_t n = a.sizes[g];
+    for (uint32_t i = lane; i < n; i += 32) to[i] = from[i];  // tens of bytes a tile, at any alignment
+  }
+  const uint64_t threads = static_cast<uint64_t>(gridDim.x) * blockDim.x;
+  for (uint64_t i = a.escape_offset + a.result[0] + static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < a.result[2];
+       i += threads) {
     a.object[i] = 0;
   }
 }
 
 // ---- checksums ------------------------------------------------------------------------------------
 
-/// One thread per piece of every section (the escape section's size from result[2]).
-__global__ void hash_pieces_kernel(const Args a) {
-  if (a.result[1] != 0) return;
-  const uint64_t p = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const uint64_t end = a.result[2];
+constexpr int kHashThreads = 256;
+/// Threads of the one-block kernels that combine the section checksums: a quad per section, 128 at once.
+constexpr int kHeaderThreads = 512;
+
+/// Piece p's bytes in an object ending at `end`: `length` bytes at `from` (0 for a piece past its
+/// section's end).
+__device__ void piece_bytes(const Args& a, uint64_t p, uint64_t end, uint64_t& from, uint64_t& length) {
   uint32_t s;
   const uint64_t tensors_from = a.metadata_pieces + a.index_pieces;
   if (p < a.metadata_pieces) {
@@ -268,19 +345,39 @@ __global__ void hash_pieces_kernel(const Args a) {
   uint64_t offset, bytes;
   section_at(a, s, end, offset, bytes);
   const uint64_t piece = p - first_piece(a, s);
-  if (piece >= pieces_of(bytes)) return;
-  const uint64_t from = piece * kPieceBytes;
-  const uint64_t length = bytes - from < kPieceBytes ? bytes - from : kPieceBytes;
-  a.hashes[p] = xxh::xxh64(a.object + offset + from, length, 0);
+  from = offset + piece * kPieceBytes;
+  length = piece < pieces_of(bytes) ? (bytes - piece * kPieceBytes < kPieceBytes ? bytes - piece * kPieceBytes : kPieceBytes) : 0;
 }
 
-/// Section checksums from their pieces' (thread per section), into section_sums.
+/// A quad of lanes per piece of every section (the object's end from result[2]).
+__global__ void __launch_bounds__(kHashThreads) hash_pieces_kernel(const Args a) {
+  if (a.result[1] != 0) return;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const uint64_t p = (static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 4;
+  uint64_t from = 0, length = 0;
+  if (p < a.max_pieces) piece_bytes(a, p, a.result[2], from, length);
+  const uint64_t h = xxh::quad_xxh64<true>(a.object + from, length, 0, lane);
+  if (length > 0 && lane % 4 == 0) a.hashes[p] = h;
+}
+
+/// Section checksums from their pieces', a quad of lanes per section, into section_sums. Every thread
+/// of the block calls it (blockDim.x a multiple of 32).
 __device__ void combine_sections(const Args& a, uint64_t end) {
-  for (uint32_t s = threadIdx.x; s < a.sections; s += blockDim.x) {
-    uint64_t offset, bytes;
-    section_at(a, s, end, offset, bytes);
-    a.section_sums[s] = xxh::xxh64(reinterpret_cast<const uint8_t*>(a.hashes + first_piece(a, s)), pieces_of(bytes) * 8, 0);
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  for (uint32_t first = 0; first < a.sections; first += blockDim.x / 4) {  // the same rounds in every lane
+    const uint32_t s = first + threadIdx.x / 4;
+    uint64_t offset = 0, bytes = 0;
+    if (s < a.sections) section_at(a, s, end, offset, bytes);
+    const uint8_t* pieces = reinterpret_cast<const uint8_t*>(a.hashes + (s < a.sections ? first_piece(a, s) : 0));
+    const uint64_t h = xxh::quad_xxh64<true>(pieces, pieces_of(bytes) * 8, 0, lane);
+    if (s < a.sections && lane % 4 == 0) a.section_sums[s] = h;
   }
+}
+
+/// The table's checksum (its a.sections entries at byte 32), by the quads of warp 0, for its lanes;
+/// plain loads: the encoder's block has just written the table.
+__device__ uint64_t table_checksum(const Args& a) {
+  return xxh::quad_xxh64<false>(a.object + 32, 32ull * a.sections, 0, static_cast<int>(threadIdx.x));
 }
 
 /// One block: section checksums, the table and the header.
@@ -302,13 +399,15 @@ __global__ void write_header_kernel(const Args a) {
   }
   for (uint64_t i = 32 + 32ull * a.sections + threadIdx.x; i < a.metadata_offset; i += blockDim.x) a.object[i] = 0;
   __syncthreads();
+  if (threadIdx.x >= 32) return;
+  const uint64_t table_sum = table_checksum(a);
   if (threadIdx.x == 0) {
     *reinterpret_cast<uint64_t*>(a.object) = kMagic;
     *reinterpret_cast<uint16_t*>(a.object + 8) = kChunkVersion;
     *reinterpret_cast<uint16_t*>(a.object + 10) = static_cast<uint16_t>(kTileFormatVersion);
     *reinterpret_cast<uint32_t*>(a.object + 12) = a.sections;
     *reinterpret_cast<uint64_t*>(a.object + 16) = end;
-    *reinterpret_cast<uint64_t*>(a.object + 24) = xxh::xxh64(table, 32ull * a.sections, 0);
+    *reinterpret_cast<uint64_t*>(a.object + 24) = table_sum;
   }
 }
 
@@ -319,6 +418,7 @@ __global__ void write_header_kernel(const Args a) {
 __global__ void check_header_kernel(const Args a, const Metadata meta) {
   __shared__ int bad;
   __shared__ uint64_t end;
+  const uint64_t table_sum = threadIdx.x < 32 ? table_checksum(a) : 0;
   if (threadIdx.x == 0) {
     bad = 0;
     end = *reinterpret_cast<const uint64_t*>(a.object + 16);
@@ -327,7 +427,7 @@ __global__ void check_header_kernel(const Args a, const Metadata meta) {
     bad |= *reinterpret_cast<const uint16_t*>(a.object + 10) != kTileFormatVersion;
     bad |= *reinterpret_cast<const uint32_t*>(a.object + 12) != a.sections;
     bad |= end > a.buffer_bytes || end < a.escape_offset || end % 64 != 0;
-    bad |= *reinterpret_cast<const uint64_t*>(a.object + 24) != xxh::xxh64(a.object + 32, 32ull * a.sections, 0);
+    bad |= *reinterpret_cast<const uint64_t*>(a.object + 24) != table_sum;
   }
   __syncthreads();
   const uint64_t object_end = bad ? a.escape_offset : end;
@@ -385,34 +485,70 @@ __global__ void count_streams_kernel(const Args a) {
   if (bad) atomicOr(reinterpret_cast<unsigned long long*>(a.result + 1), kBadTile);
 }
 
-/// The escape bytes fit the section, and its bytes after them are zero.
+/// One block: the tiles' places in the escape stream; the streams fit the section and the index is
+/// where they start.
+__global__ void __launch_bounds__(kScanThreads) check_streams_kernel(const Args a) {
+  if (a.result[1] != 0) return;
+  scan_sizes(a);
+  bool bad = a.escape_offset + stream_total(a) > a.result[2];
+  for (uint32_t s = threadIdx.x; s < a.tensors; s += blockDim.x) {
+    const uint64_t want = a.tiles_per_tensor == 0 ? 0 : a.offsets[s * a.tiles_per_tensor];
+    bad |= reinterpret_cast<const uint64_t*>(a.object + a.index_offset)[s] != want;
+  }
+  if (bad) atomicOr(reinterpret_cast<unsigned long long*>(a.result + 1), kBadEscapes);
+}
+
+/// Blocks of check_escapes_kernel at most (two an SM): its grid-stride loop covers any tail, whose size
+/// only the device knows; a grid sized to the largest escape section would be mostly empty blocks.
+constexpr unsigned kMaxZeroCheckBlocks = 264;
+
+/// The escape section's bytes after the streams are zero.
 __global__ void check_escapes_kernel(const Args a) {
   if (a.result[1] != 0) return;
-  const uint64_t total = stream_total(a), end = a.result[2];
-  if (a.escape_offset + total > end) {
-    if (blockIdx.x == 0 && threadIdx.x == 0) atomicOr(reinterpret_cast<unsigned long long*>(a.result + 1), kBadEscapes);
-    return;
-  }
   bool nonzero = false;
-  for (uint64_t i = a.escape_offset + total + static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < end;
+  for (uint64_t i = a.escape_offset + stream_total(a) + static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < a.result[2];
        i += static_cast<uint64_t>(gridDim.x) * blockDim.x) {
     nonzero |= a.object[i] != 0;
   }
   if (nonzero) atomicOr(reinterpret_cast<unsigned long long*>(a.result + 1), kBadPadding);
-  bool wrong_index = false;
-  for (uint32_t s = blockIdx.x * blockDim.x + threadIdx.x; s < a.tensors; s += gridDim.x * blockDim.x) {
-    const uint64_t want = a.tiles_per_tensor == 0 ? 0 : a.offsets[s * a.tiles_per_tensor];
-    wrong_index |= reinterpret_cast<const uint64_t*>(a.object + a.index_offset)[s] != want;
-  }
-  if (wrong_index) atomicOr(reinterpret_cast<unsigned long long*>(a.result + 1), kBadEscapes);
 }
 
+/// For s < 2L: tensor section s's tail into the chunk, its map padding and the padding after it zero;
+/// for s = 2L: the padding after the table and after the metadata zero. By one block.
+__device__ void finish_section(const Args& a, uint32_t s) {
+  bool nonzero = false;
+  if (s == static_cast<uint32_t>(2 * a.layers)) {
+    for (uint64_t i = 32 + 32ull * a.sections + threadIdx.x; i < a.metadata_offset; i += blockDim.x) nonzero |= a.object[i] != 0;
+    for (uint64_t i = a.metadata_offset + a.metadata_bytes + threadIdx.x; i < a.index_offset; i += blockDim.x) nonzero |= a.object[i] != 0;
+    for (uint64_t i = a.index_offset + a.index_bytes + threadIdx.x; i < a.first_tensor; i += blockDim.x) nonzero |= a.object[i] != 0;
+  } else {
+    const uint8_t* section = a.object + a.first_tensor + s * a.tensor_stride;
+    for (uint64_t i = a.tiles_per_tensor + threadIdx.x; i < a.map_bytes; i += blockDim.x) nonzero |= section[i] != 0;
+    for (uint64_t i = a.tensor_bytes + threadIdx.x; i < a.tensor_stride; i += blockDim.x) nonzero |= section[i] != 0;
+    const int tail_rows = a.tokens % kTileTokens;
+    const uint32_t row_bytes = static_cast<uint32_t>(a.kv_heads) * a.head_dim * 2;
+    uint16_t* tensor = a.values + (s % 2 == 0 ? 0 : a.kind_stride) + (s / 2) * a.layer_stride;
+    const uint8_t* tail = section + a.map_bytes + a.tiles_per_tensor * a.fixed_bytes;
+    for (uint32_t v = threadIdx.x; v < tail_rows * (row_bytes / 16); v += blockDim.x) {
+      const uint32_t r = v / (row_bytes / 16), piece = v % (row_bytes / 16);
+      *reinterpret_cast<uint4*>(tensor + (a.tokens - tail_rows + r) * a.token_stride + piece * 8) =
+          *reinterpret_cast<const uint4*>(tail + r * row_bytes + piece * 16);
+    }
+  }
+  if (nonzero) atomicOr(reinterpret_cast<unsigned long long*>(a.result + 1), kBadPadding);
+}
+
+/// A warp per tile (tile_blocks() blocks), then a block per finish_section (2L + 1 blocks).
 template <int C, int P>
 __global__ void __launch_bounds__(kWarps * 32) decode_tiles_kernel(const Args a) {
   constexpr int kEscapeRoom = 1216 + 32;  // the most a tile has, and the decoder's read-ahead
   __shared__ __align__(16) uint16_t tiles[kWarps][kTileTokens * kRow<C>];
   __shared__ __align__(16) uint8_t escapes[kWarps][kEscapeRoom];
   if (a.result[1] != 0) return;
+  if (blockIdx.x >= tile_blocks(a)) {
+    finish_section(a, static_cast<uint32_t>(blockIdx.x - tile_blocks(a)));
+    return;
+  }
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const uint64_t g = static_cast<uint64_t>(blockIdx.x) * kWarps + warp;
   if (g >= a.tiles) return;
@@ -456,78 +592,86 @@ __global__ void __launch_bounds__(kWarps * 32) decode_tiles_kernel(const Args a)
   }
 }
 
-/// Block s < 2L: tensor section s's tail into the chunk, its map padding and the padding after it
-/// zero; block 2L: the padding after the table and after the metadata zero.
-__global__ void finish_decode_kernel(const Args a) {
-  if (a.result[1] != 0) return;
-  const uint32_t s = blockIdx.x;
-  bool nonzero = false;
-  if (s == static_cast<uint32_t>(2 * a.layers)) {
-    for (uint64_t i = 32 + 32ull * a.sections + threadIdx.x; i < a.metadata_offset; i += blockDim.x) nonzero |= a.object[i] != 0;
-    for (uint64_t i = a.metadata_offset + a.metadata_bytes + threadIdx.x; i < a.index_offset; i += blockDim.x) nonzero |= a.object[i] != 0;
-    for (uint64_t i = a.index_offset + a.index_bytes + threadIdx.x; i < a.first_tensor; i += blockDim.x) nonzero |= a.object[i] != 0;
-  } else {
-    const uint8_t* section = a.object + a.first_tensor + s * a.tensor_stride;
-    for (uint64_t i = a.tiles_per_tensor + threadIdx.x; i < a.map_bytes; i += blockDim.x) nonzero |= section[i] != 0;
-    for (uint64_t i = a.tensor_bytes + threadIdx.x; i < a.tensor_stride; i += blockDim.x) nonzero |= section[i] != 0;
-    const int tail_rows = a.tokens % kTileTokens;
-    const uint32_t row_bytes = static_cast<uint32_t>(a.kv_heads) * a.head_dim * 2;
-    uint16_t* tensor = a.values + (s % 2 == 0 ? 0 : a.kind_stride) + (s / 2) * a.layer_stride;
-    const uint8_t* tail = section + a.map_bytes + a.tiles_per_tensor * a.fixed_bytes;
-    for (uint32_t v = threadIdx.x; v < tail_rows * (row_bytes / 16); v += blockDim.x) {
-      const uint32_t r = v / (row_bytes / 16), piece = v % (row_bytes / 16);
-      *reinterpret_cast<uint4*>(tensor + (a.tokens - tail_rows + r) * a.token_stride + piece * 8) =
-          *reinterpret_cast<const uint4*>(tail + r * row_bytes + piece * 16);
-    }
-  }
-  if (nonzero) atomicOr(reinterpret_cast<unsigned long long*>(a.result + 1), kBadPadding);
-}
-
 // ---- host side ------------------------------------------------------------------------------------
-
-/// A stream-ordered device allocation, freed on the same stream.
-class StreamBuffer {
- public:
-  StreamBuffer(size_t bytes, cudaStream_t stream) : stream_(stream) {
-    check(cudaMallocAsync(&data_, std::max<size_t>(bytes, 16), stream), "cudaMallocAsync");
-  }
-  ~StreamBuffer() { cudaFreeAsync(data_, stream_); }
-  StreamBuffer(const StreamBuffer&) = delete;
-  StreamBuffer& operator=(const StreamBuffer&) = delete;
-  uint8_t* data() const { return static_cast<uint8_t*>(data_); }
-
- private:
-  void* data_ = nullptr;
-  cudaStream_t stream_;
-};
 
 size_t align_up(size_t n, size_t to) { return (n + to - 1) / to * to; }
 
+/// The result words (kResultWords u64) in page-locked host memory, where a call reads them back with
+/// a true asynchronous copy.
+class PinnedResult {
+ public:
+  static constexpr size_t kResultWords = 3;
+  PinnedResult() { check(cudaMallocHost(reinterpret_cast<void**>(&words_), kResultWords * 8), "cudaMallocHost"); }
+  ~PinnedResult() { cudaFreeHost(words_); }
+  PinnedResult(const PinnedResult&) = delete;
+  PinnedResult& operator=(const PinnedResult&) = delete;
+  uint64_t* words() const { return words_; }
+
+ private:
+  uint64_t* words_ = nullptr;
+};
+
+/// Device memory one call works in, on one device, and its pinned result words: allocated by the
+/// first call that needs it (grown by a later one that needs more) and kept for the calls after.
+struct Workspace {
+  int device = 0;
+  DeviceBuffer memory;
+  PinnedResult result;
+};
+
+/// The workspaces no call holds. A call takes one of its device's (or a new one) and gives it back
+/// when its stream is done with it, so that calls on many threads each have their own and no call
+/// allocates once the codec has run.
+class WorkspacePool {
+ public:
+  std::unique_ptr<Workspace> take(int device) {
+    {
+      const std::lock_guard lock(mutex_);
+      for (auto it = idle_.begin(); it != idle_.end(); ++it) {
+        if ((*it)->device != device) continue;
+        std::unique_ptr<Workspace> w = std::move(*it);
+        idle_.erase(it);
+        return w;
+      }
+    }
+    auto w = std::make_unique<Workspace>();
+    w->device = device;
+    return w;
+  }
+  void give_back(std::unique_ptr<Workspace> w) {
+    const std::lock_guard lock(mutex_);
+    idle_.push_back(std::move(w));
+  }
+
+ private:
+  std::mutex mutex_;
+  std::vector<std::unique_ptr<Workspace>> idle_;
+};
+
 }  // namespace
 
-/// The bases on each device a codec has run on.
+/// The lane bases on each device a codec has run on, and the workspaces of its calls.
 struct ChunkCodec::State {
   explicit State(const CalibrationTable& table, ChunkOptions options) : host(table, options) {}
   gaac::ChunkCodec host;
   PagedGeometry geometry;
-  std::vector<uint8_t> bases;
   std::vector<uint32_t> lane_bases;
   std::mutex mutex;
-  std::map<int, std::pair<DeviceBuffer, DeviceBuffer>> on_device;  ///< device → (bases, lane bases)
+  std::map<int, DeviceBuffer> on_device;  ///< device → lane bases
+  WorkspacePool workspaces;
 
-  /// The bases on the current device, copied there on first use.
-  std::pair<const uint8_t*, const uint32_t*> current_bases() {
+  /// The lane bases on the current device, copied there on first use.
+  const uint32_t* current_lane_bases() {
     int device = 0;
     check(cudaGetDevice(&device), "cudaGetDevice");
     const std::lock_guard lock(mutex);
     auto it = on_device.find(device);
     if (it == on_device.end()) {
-      DeviceBuffer b(bases.size()), l(lane_bases.size() * 4);
-      b.upload(bases.data(), bases.size());
+      DeviceBuffer l(lane_bases.size() * 4);
       l.upload(lane_bases.data(), lane_bases.size() * 4);
-      it = on_device.emplace(device, std::make_pair(std::move(b), std::move(l))).first;
+      it = on_device.emplace(device, std::move(l)).first;
     }
-    return {static_cast<const uint8_t*>(it->second.first.data()), static_cast<const uint32_t*>(it->second.second.data())};
+    return static_cast<const uint32_t*>(it->second.data());
   }
 };
 
@@ -537,19 +681,19 @@ ChunkCodec::ChunkCodec(const CalibrationTable& calibration, ChunkOptions options
   s.geometry.layers = calibration.layers();
   s.geometry.kv_heads = calibration.kv_heads();
   s.geometry.head_dim = calibration.head_dim();
-  s.bases.resize(s.geometry.bases_bytes());
+  std::vector<uint8_t> bases(s.geometry.bases_bytes());
   for (int l = 0; l < calibration.layers(); ++l) {
     for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
       for (int which = 0; which < 2; ++which) {
         for (int h = 0; h < calibration.kv_heads(); ++h) {
           const auto src = which == 0 ? calibration.b3(kind, l, h) : calibration.b4(kind, l, h);
-          std::copy(src.begin(), src.end(), s.bases.begin() + static_cast<std::ptrdiff_t>(s.geometry.bases_index(l, kind, which, h)));
+          std::copy(src.begin(), src.end(), bases.begin() + static_cast<std::ptrdiff_t>(s.geometry.bases_index(l, kind, which, h)));
         }
       }
     }
   }
   s.lane_bases.resize(detail::lane_bases_index(s.geometry, s.geometry.layers, 0));
-  detail::fill_lane_bases(s.geometry, s.bases.data(), s.lane_bases.data());
+  detail::fill_lane_bases(s.geometry, bases.data(), s.lane_bases.data());
 }
 
 ChunkCodec::~ChunkCodec() = default;
@@ -593,15 +737,14 @@ Args make_args(const BasicChunkView<Element>& chunk, const ChunkLayout& layout, 
   return a;
 }
 
-/// Carves the workspace (scratch, sizes, offsets, hashes, sums, result, CUB's) out of one allocation.
-struct Workspace {
-  std::unique_ptr<StreamBuffer> buffer;
-  void* cub = nullptr;
-  size_t cub_bytes = 0;
-
-  Workspace(Args& a, bool scratch, cudaStream_t stream) {
-    const auto n = static_cast<int>(a.tiles);
-    check(cub::DeviceScan::ExclusiveSum(nullptr, cub_bytes, a.sizes, a.offsets, std::max(n, 1), stream), "cub scan");
+/// A workspace of the pool's, held by one call and carved for its arguments (scratch for encoding,
+/// sizes, offsets, piece and section checksums, the result words); given back when the call ends,
+/// after its stream has finished with it.
+class WorkspaceLease {
+ public:
+  WorkspaceLease(WorkspacePool& pool, Args& a, bool scratch, cudaStream_t stream) : pool_(pool), stream_(stream) {
+    int device = 0;
+    check(cudaGetDevice(&device), "cudaGetDevice");
     size_t at = 0;
     const auto take = [&](size_t bytes) {
       const size_t here = at;
@@ -610,22 +753,38 @@ struct Workspace {
     };
     const size_t scratch_at = take(scratch ? a.tiles * a.scratch_stride : 0), sizes_at = take(a.tiles * 4 + 4),
                  offsets_at = take(a.tiles * 4 + 4), hashes_at = take(a.max_pieces * 8 + 8), sums_at = take(a.sections * 8),
-                 result_at = take(32), cub_at = take(cub_bytes);
-    buffer = std::make_unique<StreamBuffer>(at, stream);
-    uint8_t* base = buffer->data();
+                 result_at = take(PinnedResult::kResultWords * 8);
+    workspace_ = pool.take(device);
+    if (workspace_->memory.bytes() < at) workspace_->memory = DeviceBuffer(at);
+    uint8_t* base = static_cast<uint8_t*>(workspace_->memory.data());
     a.scratch = base + scratch_at;
     a.sizes = reinterpret_cast<uint32_t*>(base + sizes_at);
     a.offsets = reinterpret_cast<uint32_t*>(base + offsets_at);
     a.hashes = reinterpret_cast<uint64_t*>(base + hashes_at);
     a.section_sums = reinterpret_cast<uint64_t*>(base + sums_at);
     a.result = reinterpret_cast<uint64_t*>(base + result_at);
-    cub = base + cub_at;
-    check(cudaMemsetAsync(a.result, 0, 32, stream), "cudaMemsetAsync");
   }
-  void scan(const Args& a, cudaStream_t stream) {
-    if (a.tiles == 0) return;
-    check(cub::DeviceScan::ExclusiveSum(cub, cub_bytes, a.sizes, a.offsets, static_cast<int>(a.tiles), stream), "cub scan");
+  ~WorkspaceLease() {
+    if (!finished_) cudaStreamSynchronize(stream_);  // a launch failed: the stream may still be using it
+    pool_.give_back(std::move(workspace_));
   }
+  WorkspaceLease(const WorkspaceLease&) = delete;
+  WorkspaceLease& operator=(const WorkspaceLease&) = delete;
+
+  /// The result words of the call's kernels, once its stream has run them (synchronises it).
+  const uint64_t* result(const Args& a, const char* what) {
+    uint64_t* words = workspace_->result.words();
+    check(cudaMemcpyAsync(words, a.result, PinnedResult::kResultWords * 8, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
+    check(cudaStreamSynchronize(stream_), what);
+    finished_ = true;
+    return words;
+  }
+
+ private:
+  WorkspacePool& pool_;
+  cudaStream_t stream_;
+  std::unique_ptr<Workspace> workspace_;
+  bool finished_ = false;
 };
 
 Metadata metadata_of(const std::string& text) {
@@ -637,6 +796,11 @@ Metadata metadata_of(const std::string& text) {
 }
 
 unsigned blocks_for(uint64_t items, unsigned per_block) { return static_cast<unsigned>(std::max<uint64_t>((items + per_block - 1) / per_block, 1)); }
+
+/// The grid of the tile kernels: tile_blocks() and one block per section it fills or finishes (2L + 1).
+unsigned tile_and_section_blocks(const Args& a) {
+  return static_cast<unsigned>((a.tiles + kWarps - 1) / kWarps + 2 * static_cast<uint64_t>(a.layers) + 1);
+}
 
 }  // namespace
 
@@ -655,24 +819,18 @@ size_t ChunkCodec::encode(const ChunkView& chunk, std::string_view key, uint8_t*
   }
   Args a = make_args(chunk, layout, s.geometry, out, object_bytes, what);
   a.fixed_end = s.host.options().object_ratio != 0 ? object_bytes : 0;
-  const auto [bases, lane_bases] = s.current_bases();
-  a.bases = bases, a.lane_bases = lane_bases;
+  a.lane_bases = s.current_lane_bases();
   const Metadata meta = metadata_of(chunk_metadata(layout.geometry, s.host.calibration_id(), chunk_key_id(key)));
-  Workspace work(a, true, stream);
+  WorkspaceLease work(s.workspaces, a, true, stream);
   detail::with_head_shape(layout.geometry.head_dim, what, [&]<int C, int P>() {
-    if (a.tiles > 0) encode_tiles_kernel<C, P><<<blocks_for(a.tiles, kWarps), kWarps * 32, 0, stream>>>(a);
+    encode_tiles_kernel<C, P><<<tile_and_section_blocks(a), kWarps * 32, 0, stream>>>(a, meta);
   });
-  fill_sections_kernel<<<static_cast<unsigned>(2 * a.layers + 1), 256, 0, stream>>>(a, meta);
-  work.scan(a, stream);
-  if (a.tiles > 0) place_escapes_kernel<<<blocks_for(a.tiles, kWarps), kWarps * 32, 0, stream>>>(a);
-  finish_escapes_kernel<<<blocks_for(object_bytes - layout.escape_offset, 256 * 8), 256, 0, stream>>>(a);
-  write_index_kernel<<<blocks_for(a.tensors, 256), 256, 0, stream>>>(a);
-  hash_pieces_kernel<<<blocks_for(a.max_pieces, 128), 128, 0, stream>>>(a);
-  write_header_kernel<<<1, 256, 0, stream>>>(a);
+  place_streams_kernel<<<1, kScanThreads, 0, stream>>>(a);
+  place_escapes_kernel<<<blocks_for(a.tiles, kWarps), kWarps * 32, 0, stream>>>(a);
+  hash_pieces_kernel<<<blocks_for(a.max_pieces, kHashThreads / 4), kHashThreads, 0, stream>>>(a);
+  write_header_kernel<<<1, kHeaderThreads, 0, stream>>>(a);
   check(cudaGetLastError(), std::string(what) + " launch");
-  uint64_t result[3] = {};
-  check(cudaMemcpyAsync(result, a.result, sizeof result, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
-  check(cudaStreamSynchronize(stream), what);
+  const uint64_t* result = work.result(a, what);
   if (result[1] & kTooLarge) {
     throw Error(ErrorCode::out_of_space, "chunk of " + layout.geometry.describe() + " needs " +
                                              std::to_string(layout.escape_offset + result[0]) +
@@ -702,27 +860,23 @@ void ChunkCodec::decode(const uint8_t* object, size_t object_bytes, std::string_
   };
   if (object_bytes < layout.escape_offset) host_verdict("an object shorter than its fixed parts");
   Args a = make_args(chunk, layout, s.geometry, const_cast<uint8_t*>(object), object_bytes, what);
-  const auto [bases, lane_bases] = s.current_bases();
-  a.bases = bases, a.lane_bases = lane_bases;
+  a.lane_bases = s.current_lane_bases();
   const Metadata meta = metadata_of(chunk_metadata(layout.geometry, s.host.calibration_id(), chunk_key_id(key)));
-  Workspace work(a, false, stream);
+  WorkspaceLease work(s.workspaces, a, false, stream);
   check_header_kernel<<<1, 256, 0, stream>>>(a, meta);
-  hash_pieces_kernel<<<blocks_for(a.max_pieces, 128), 128, 0, stream>>>(a);
-  check_checksums_kernel<<<1, 256, 0, stream>>>(a);
+  hash_pieces_kernel<<<blocks_for(a.max_pieces, kHashThreads / 4), kHashThreads, 0, stream>>>(a);
+  check_checksums_kernel<<<1, kHeaderThreads, 0, stream>>>(a);
   detail::with_head_shape(layout.geometry.head_dim, what, [&]<int C, int P>() {
     if (a.tiles > 0) count_streams_kernel<C, P><<<blocks_for(a.tiles, 128), 128, 0, stream>>>(a);
   });
-  work.scan(a, stream);
-  check_escapes_kernel<<<blocks_for(object_bytes - layout.escape_offset, 256 * 8), 256, 0, stream>>>(a);
+  check_streams_kernel<<<1, kScanThreads, 0, stream>>>(a);
+  check_escapes_kernel<<<std::min(blocks_for(object_bytes - layout.escape_offset, 256 * 8), kMaxZeroCheckBlocks), 256, 0, stream>>>(a);
   detail::with_head_shape(layout.geometry.head_dim, what, [&]<int C, int P>() {
-    if (a.tiles > 0) decode_tiles_kernel<C, P><<<blocks_for(a.tiles, kWarps), kWarps * 32, 0, stream>>>(a);
+    decode_tiles_kernel<C, P><<<tile_and_section_blocks(a), kWarps * 32, 0, stream>>>(a);
   });
-  finish_decode_kernel<<<static_cast<unsigned>(2 * a.layers + 1), 256, 0, stream>>>(a);
   check(cudaGetLastError(), std::string(what) + " launch");
-  uint64_t result[3] = {};
-  check(cudaMemcpyAsync(result, a.result, sizeof result, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
-  check(cudaStreamSynchronize(stream), what);
-  if (result[1] != 0) host_verdict("status " + std::to_string(result[1]));
+  const uint64_t status = work.result(a, what)[1];
+  if (status != 0) host_verdict("status " + std::to_string(status));
 }
 
 }  // namespace gaac::cuda

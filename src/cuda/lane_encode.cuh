@@ -64,19 +64,20 @@ __device__ __forceinline__ void load_quad(const uint16_t* staged, int lane, int 
   split_quad(lo, hi, exponents, sign_mantissa);
 }
 
-/// Encodes the staged tile (16 rows of kStagedRow<C> elements in shared memory) with the tile's bases
-/// (`b3`, `b4`: C bytes each, any memory) and escape capacity `capacity`. Returns the tile's escape
-/// bytes, the same in every lane. When they fit the capacity, the fixed part (sign+mantissa, codes,
-/// tags: fixed_bytes) is written to `slot` (16-byte aligned) and the escapes to `escape_slot` (any
-/// alignment; with `zero_fill`, the rest of its `capacity` bytes zeroed: 16-byte aligned and capacity
-/// a multiple of 16 then); otherwise nothing is written. All 32 lanes must call it.
+/// Encodes the staged tile (16 rows of kStagedRow<C> elements in shared memory) with the tile's bases,
+/// given as the lane's base words (lane_decode.cuh, base_word): `base3(w)` and `base4(w)` return word
+/// w (0 .. kBaseWords<C, Key> − 1) of b3 and of b4; and escape capacity `capacity`. Returns the tile's
+/// escape bytes, the same in every lane. When they fit the capacity, the fixed part (sign+mantissa,
+/// codes, tags: fixed_bytes) is written to `slot` (16-byte aligned) and the escapes to `escape_slot`
+/// (any alignment; with `zero_fill`, the rest of its `capacity` bytes zeroed: 16-byte aligned and
+/// capacity a multiple of 16 then); otherwise nothing is written. All 32 lanes must call it.
 ///
 /// Four elements at a time in the bytes of a word: offsets are one byte-wise subtraction
 /// (`__vsub4`), and because calibrated bases keep every window inside 0..255 (b3 ≤ 248, b4 ≤ 240) an
 /// exponent below its base wraps to at least 8 (16), so "fits the window" is one mask test.
-template <int C, bool Key>
-__device__ uint32_t encode_staged_tile_split(const uint16_t* staged, const uint8_t* b3, const uint8_t* b4, uint32_t capacity,
-                                             uint8_t* slot, uint8_t* escape_slot, bool zero_fill, int lane) {
+template <int C, bool Key, class Base3, class Base4>
+__device__ uint32_t encode_staged_tile_with(const uint16_t* staged, const Base3& base3, const Base4& base4, uint32_t capacity,
+                                            uint8_t* slot, uint8_t* escape_slot, bool zero_fill, int lane) {
   constexpr TileShape shape{Key ? TensorKind::key : TensorKind::value, C};
   constexpr int kQuads = shape.quads_per_lane();
   constexpr int kGroups = shape.groups_per_lane();
@@ -88,8 +89,8 @@ __device__ uint32_t encode_staged_tile_split(const uint16_t* staged, const uint8
   for (int q = 0; q < kQuads; ++q) {
     load_quad<C, Key>(staged, lane, q, exponents[q], sign_mantissa[q]);
     const int w = base_word_of_quad<C, Key>(q);
-    offsets3[q] = __vsub4(exponents[q], base_word<C, Key>(b3, lane, w));
-    offsets4[q] = __vsub4(exponents[q], base_word<C, Key>(b4, lane, w));
+    offsets3[q] = __vsub4(exponents[q], base3(w));
+    offsets4[q] = __vsub4(exponents[q], base4(w));
   }
   uint32_t tags = 0, escapes = 0;
 #pragma unroll
@@ -157,6 +158,16 @@ __device__ uint32_t encode_staged_tile_split(const uint16_t* staged, const uint8
     *reinterpret_cast<uint32_t*>(slot + shape.tag_offset() + 4 * (lane / kLanesPerWord)) = word;
   }
   return total;
+}
+
+/// encode_staged_tile_with the bases as bytes (`b3`, `b4`: C bytes each, any memory), each base word
+/// gathered from four of them.
+template <int C, bool Key>
+__device__ uint32_t encode_staged_tile_split(const uint16_t* staged, const uint8_t* b3, const uint8_t* b4, uint32_t capacity,
+                                             uint8_t* slot, uint8_t* escape_slot, bool zero_fill, int lane) {
+  return encode_staged_tile_with<C, Key>(
+      staged, [&](int w) { return base_word<C, Key>(b3, lane, w); }, [&](int w) { return base_word<C, Key>(b4, lane, w); },
+      capacity, slot, escape_slot, zero_fill, lane);
 }
 
 /// encode_staged_tile_split into one slot: `fixed_bytes + capacity` bytes at `slot` (16-byte aligned,

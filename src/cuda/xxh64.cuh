@@ -1,7 +1,12 @@
-// XXH64 (seed 0 or any) for one thread: the KV chunk objects' checksums computed on the device, one
-// thread per 4 KiB piece (docs/format.md, section 15). Written from the algorithm's specification;
-// plain integer code that compiles for the host too, where a test checks it against libxxhash on every
-// length. Reads `data` with 8-byte loads from its start: the pointer must be 8-byte aligned.
+// XXH64 (seed 0 or any) for the device: the KV chunk objects' checksums (docs/format.md, section 15).
+// Written from the algorithm's specification; plain integer code that compiles for the host too, where
+// a test checks it against libxxhash on every length. Reads `data` with 8-byte loads from its start:
+// the pointer must be 8-byte aligned.
+//
+// XXH64's stripe loop keeps four accumulators that never mix until the end, so four threads (a quad of
+// a warp) run one each over the same bytes: quad_xxh64. accumulate() loads the words of kBatch stripes
+// before their rounds; through the read-only data cache (kReadOnly) ptxas keeps about ten loads
+// in flight ahead of the rounds (plain loads: four), so a thread waits for memory about once a batch.
 #pragma once
 
 #include <cstddef>
@@ -21,6 +26,10 @@ inline constexpr uint64_t kPrime2 = 0xC2B2AE3D27D4EB4Full;
 inline constexpr uint64_t kPrime3 = 0x165667B19E3779F9ull;
 inline constexpr uint64_t kPrime4 = 0x85EBCA77C2B2AE63ull;
 inline constexpr uint64_t kPrime5 = 0x27D4EB2F165667C5ull;
+/// Bytes of one stripe: a word for each of the four accumulators.
+inline constexpr size_t kStripe = 32;
+/// Stripes whose words a thread loads before it runs their rounds.
+inline constexpr size_t kBatch = 32;
 
 GAAC_XXH_INLINE uint64_t rotl(uint64_t x, int r) { return (x << r) | (x >> (64 - r)); }
 
@@ -28,32 +37,47 @@ GAAC_XXH_INLINE uint64_t round(uint64_t acc, uint64_t input) { return rotl(acc +
 
 GAAC_XXH_INLINE uint64_t merge(uint64_t acc, uint64_t value) { return (acc ^ round(0, value)) * kPrime1 + kPrime4; }
 
-/// Little-endian words at an aligned address (the device and x86 are little-endian).
-GAAC_XXH_INLINE uint64_t load64(const uint8_t* p) { return *reinterpret_cast<const uint64_t*>(p); }
+/// Little-endian words at an aligned address (the device and x86 are little-endian); on the device
+/// through the read-only data cache when `kReadOnly`: only for bytes no thread writes while the kernel
+/// runs (that cache does not see them).
+template <bool kReadOnly = false>
+GAAC_XXH_INLINE uint64_t load64(const uint8_t* p) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (kReadOnly) return __ldg(reinterpret_cast<const unsigned long long*>(p));
+#endif
+  return *reinterpret_cast<const uint64_t*>(p);
+}
 GAAC_XXH_INLINE uint32_t load32(const uint8_t* p) { return *reinterpret_cast<const uint32_t*>(p); }
 
-/// XXH64 of `length` bytes at `data` (8-byte aligned) with `seed`.
-GAAC_XXH_INLINE uint64_t xxh64(const uint8_t* data, size_t length, uint64_t seed) {
-  const uint8_t* p = data;
-  const uint8_t* end = data + length;
+/// Accumulator `which` (0..3: v1..v4) of XXH64 with `seed` after the stripe loop over the first
+/// `stripes` stripes at `data` (8-byte aligned): the rounds of word `which` of every stripe.
+template <bool kReadOnly = false>
+GAAC_XXH_INLINE uint64_t accumulate(const uint8_t* data, size_t stripes, int which, uint64_t seed) {
+  uint64_t v = which == 0 ? seed + kPrime1 + kPrime2 : which == 1 ? seed + kPrime2 : which == 2 ? seed : seed - kPrime1;
+  const uint8_t* p = data + 8 * which;
+  size_t i = 0;
+  for (; i + kBatch <= stripes; i += kBatch) {
+    uint64_t words[kBatch];
+    for (size_t k = 0; k < kBatch; ++k) words[k] = load64<kReadOnly>(p + kStripe * (i + k));
+    for (size_t k = 0; k < kBatch; ++k) v = round(v, words[k]);
+  }
+  for (; i < stripes; ++i) v = round(v, load64<kReadOnly>(p + kStripe * i));
+  return v;
+}
+
+/// XXH64 of `length` bytes at `data` with `seed`, given the four accumulators of its stripe loop
+/// (`v`, unused when `length` < 32): their convergence, the last `length` mod 32 bytes, the avalanche.
+GAAC_XXH_INLINE uint64_t finish(const uint64_t (&v)[4], const uint8_t* data, size_t length, uint64_t seed) {
   uint64_t h;
-  if (length >= 32) {
-    uint64_t v1 = seed + kPrime1 + kPrime2, v2 = seed + kPrime2, v3 = seed, v4 = seed - kPrime1;
-    for (; p + 32 <= end; p += 32) {
-      v1 = round(v1, load64(p));
-      v2 = round(v2, load64(p + 8));
-      v3 = round(v3, load64(p + 16));
-      v4 = round(v4, load64(p + 24));
-    }
-    h = rotl(v1, 1) + rotl(v2, 7) + rotl(v3, 12) + rotl(v4, 18);
-    h = merge(h, v1);
-    h = merge(h, v2);
-    h = merge(h, v3);
-    h = merge(h, v4);
+  if (length >= kStripe) {
+    h = rotl(v[0], 1) + rotl(v[1], 7) + rotl(v[2], 12) + rotl(v[3], 18);
+    for (int k = 0; k < 4; ++k) h = merge(h, v[k]);
   } else {
     h = seed + kPrime5;
   }
   h += static_cast<uint64_t>(length);
+  const uint8_t* p = data + length / kStripe * kStripe;
+  const uint8_t* end = data + length;
   for (; p + 8 <= end; p += 8) h = rotl(h ^ round(0, load64(p)), 27) * kPrime1 + kPrime4;
   if (p + 4 <= end) {
     h = rotl(h ^ (static_cast<uint64_t>(load32(p)) * kPrime1), 23) * kPrime2 + kPrime3;
@@ -67,5 +91,28 @@ GAAC_XXH_INLINE uint64_t xxh64(const uint8_t* data, size_t length, uint64_t seed
   h ^= h >> 32;
   return h;
 }
+
+/// XXH64 of `length` bytes at `data` (8-byte aligned) with `seed`, by one thread.
+GAAC_XXH_INLINE uint64_t xxh64(const uint8_t* data, size_t length, uint64_t seed) {
+  uint64_t v[4] = {};
+  for (int k = 0; length >= kStripe && k < 4; ++k) v[k] = accumulate(data, length / kStripe, k, seed);
+  return finish(v, data, length, seed);
+}
+
+#if defined(__CUDACC__)
+/// XXH64 of `length` bytes at `data` (8-byte aligned) with `seed`, by the quad of lanes 4q .. 4q + 3
+/// holding the calling lane (`lane` its lane in the warp): each runs one accumulator, and every lane
+/// of the quad returns the hash. All 32 lanes of the warp must call it together (each quad with its
+/// own bytes, or none: `length` 0). `kReadOnly`: as for load64.
+template <bool kReadOnly>
+__device__ __forceinline__ uint64_t quad_xxh64(const uint8_t* data, size_t length, uint64_t seed, int lane) {
+  const int which = lane % 4;
+  const uint64_t mine = length >= kStripe ? accumulate<kReadOnly>(data, length / kStripe, which, seed) : 0;
+  uint64_t v[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) v[k] = __shfl_sync(0xffffffffu, mine, k, 4);
+  return finish(v, data, length, seed);
+}
+#endif
 
 }  // namespace gaac::cuda::xxh

@@ -1,12 +1,16 @@
 // KV chunk objects on the GPU against the CPU's gaac::ChunkCodec: the same bytes for every tile width,
 // chunks with and without a BF16 tail and raw tiles, objects of their own size and of a fixed size;
-// decoding back bit for bit, strided chunks included; a chunk too large for the fixed size refused; and
-// every corruption the CPU reader refuses refused with its message. GPU tests skip without a device.
+// decoding back bit for bit, strided chunks included; a chunk too large for the fixed size refused;
+// every corruption the CPU reader refuses refused with its message; and more tiles than one round of
+// the device's scan, with one codec's workspaces reused across chunk sizes and by threads on their own
+// streams. GPU tests skip without a device.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <map>
 #include <random>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "gaac/chunk.hpp"
@@ -170,6 +174,64 @@ TEST_F(GpuChunk, FixedSizeObjectsRefuseWhatDoesNotFit) {
   } catch (const Error& e) {
     EXPECT_EQ(e.code(), ErrorCode::out_of_space);
   }
+}
+
+TEST_F(GpuChunk, ManyTilesAndWorkspacesReusedAcrossSizesAndThreads) {
+  // 256 tokens: 2 × 9 layers × 16 blocks × 32 heads = 9,216 tiles, two rounds of the one-block scan
+  // (8,192 tiles a round); 40 tokens: 1,152 tiles and a tail; 15 tokens: no tile, the escape section alone.
+  const ChunkGeometry full{9, 32, 64, 256};
+  const CalibrationTable table = calibration_for(full);
+  const ChunkCodec cpu(table, {.threads = 2});
+  const cuda::ChunkCodec gpu(table);
+  struct Case {
+    std::vector<uint16_t> values;
+    std::vector<uint8_t> object;
+  };
+  std::map<int, Case> cases;
+  for (const int tokens : {256, 40, 15}) {
+    const ChunkGeometry g{full.layers, full.kv_heads, full.head_dim, tokens};
+    Case& c = cases[tokens];
+    c.values = make_chunk(g, 31 + static_cast<uint64_t>(tokens), 7);
+    c.object.resize(cpu.object_bytes(tokens));
+    c.object.resize(cpu.encode(dense_chunk_view(static_cast<const uint16_t*>(c.values.data()), g), "key", c.object));
+  }
+  // One call's check: empty when the object and the values came back as the CPU's.
+  const auto round_trip = [&](int tokens, cudaStream_t stream) -> std::string {
+    const ChunkGeometry g{full.layers, full.kv_heads, full.head_dim, tokens};
+    const Case& c = cases.at(tokens);
+    cuda::DeviceBuffer chunk(c.values.size() * 2), object(gpu.object_bytes(tokens)), back(c.values.size() * 2);
+    chunk.upload(c.values.data(), c.values.size() * 2);
+    const size_t n = gpu.encode(dense_chunk_view(static_cast<const uint16_t*>(chunk.data()), g), "key",
+                                static_cast<uint8_t*>(object.data()), object.bytes(), stream);
+    if (n != c.object.size() || download<uint8_t>(object, n) != c.object) return "object of " + std::to_string(tokens) + " tokens";
+    gpu.decode(static_cast<const uint8_t*>(object.data()), n, "key", dense_chunk_view(static_cast<uint16_t*>(back.data()), g), stream);
+    if (download<uint16_t>(back, c.values.size()) != c.values) return "values of " + std::to_string(tokens) + " tokens";
+    return "";
+  };
+  // One thread: the workspace grows (15 → 256 tokens) and is reused (40, 256 again).
+  for (const int tokens : {15, 256, 40, 256}) EXPECT_EQ(round_trip(tokens, nullptr), "");
+  // Threads on their own streams at once: a workspace each.
+  std::vector<std::string> failures(3);
+  std::vector<std::thread> threads;
+  for (size_t t = 0; t < failures.size(); ++t) {
+    threads.emplace_back([&, t] {
+      cudaStream_t stream = nullptr;
+      if (cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking) != cudaSuccess) {
+        failures[t] = "cudaStreamCreate";
+        return;
+      }
+      try {
+        for (const int tokens : {256, 40, 15, 256}) {
+          if (failures[t].empty()) failures[t] = round_trip(tokens, stream);
+        }
+      } catch (const std::exception& e) {
+        failures[t] = e.what();
+      }
+      cudaStreamDestroy(stream);
+    });
+  }
+  for (std::thread& thread : threads) thread.join();
+  for (const std::string& failure : failures) EXPECT_EQ(failure, "");
 }
 
 }  // namespace

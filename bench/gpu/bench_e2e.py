@@ -59,7 +59,7 @@ REPLAYS = 30
 # Tokens written into a gaac cache per begin when filling it from a prefill. A forward's blocks stay raw (two
 # units a tile) until its end, and a fill writes every sequence at once: chunks of one block keep that transient
 # to one open block a sequence and layer, as a server's chunked prefill of one sequence at a time does (chunks of
-# 4096 tokens cost 6-15% of the sequences, chunks of 256 still 10-20% at Gemma's 2 GB).
+# 4096 tokens cost 6-15% of the sequences, chunks of 256 still 4-10% at Gemma's 2 GB).
 FILL_CHUNK = 16
 GROWTH = 64  # tokens a cache may grow by while being timed (warm-up, capture, replays)
 

@@ -139,7 +139,8 @@ class GAAC_API Calibrator {
   void check_format(ElementFormat format) const;
   template <class Dump>
   void count_exponents(const Dump& dump, const Progress& progress);
-  void count_escape_sizes(TensorKind kind, int layer, const TileEncoding& encoding);
+  template <class Dump, class Codecs>
+  void measure_escape_sizes(const Dump& dump, const Codecs& measuring, const Progress& progress);
   int layers_, kv_heads_, head_dim_;
   ElementFormat format_;
   std::vector<uint32_t> histograms_;       // [kind][layer][head][channel][256]

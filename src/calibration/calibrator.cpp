@@ -135,12 +135,10 @@ uint8_t Calibrator::window_base(TensorKind kind, int layer, int head, int channe
   return best_exponent_window(histogram(kind, layer, head, channel), width);
 }
 
-void Calibrator::add_escape_sizes(const KvDump& dump, const CalibrationTable& table, const Progress& progress) {
-  check_format(ElementFormat::bf16);
-  table.check_matches(dump);
-  validate_dump(dump);
-  // The largest capacity makes every tile's escape size exact.
-  const CalibratedCodecs measuring(table, tile_shape_for(TensorKind::key, head_dim_).max_slot_capacity());
+/// Pass 2's loop for either element format: each complete tile encoded by `measuring` (codecs of the
+/// largest capacity, so every escape size is exact), its escape bytes counted per (kind, layer).
+template <class Dump, class Codecs>
+void Calibrator::measure_escape_sizes(const Dump& dump, const Codecs& measuring, const Progress& progress) {
   for (int l = 0; l < layers_; ++l) {
     for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
       auto counts = escape_histogram(kind, l);
@@ -151,19 +149,21 @@ void Calibrator::add_escape_sizes(const KvDump& dump, const CalibrationTable& ta
   }
 }
 
+void Calibrator::add_escape_sizes(const KvDump& dump, const CalibrationTable& table, const Progress& progress) {
+  check_format(ElementFormat::bf16);
+  table.check_matches(dump);
+  validate_dump(dump);
+  // The largest capacity makes every tile's escape size exact.
+  const CalibratedCodecs measuring(table, tile_shape_for(TensorKind::key, head_dim_).max_slot_capacity());
+  measure_escape_sizes(dump, measuring, progress);
+}
+
 void Calibrator::add_escape_sizes(const Fp8KvDump& dump, const CalibrationTable& table, const Progress& progress) {
   check_format(dump.format);
   table.check_matches(dump);
   validate_dump(dump);
   const Fp8CalibratedCodecs measuring(table, Fp8TileShape{format_, tile_shape_for(TensorKind::key, head_dim_)}.max_slot_capacity());
-  for (int l = 0; l < layers_; ++l) {
-    for (const TensorKind kind : {TensorKind::key, TensorKind::value}) {
-      auto counts = escape_histogram(kind, l);
-      encode_each_tile(view_of(dump.layers[static_cast<size_t>(l)].of(kind)), measuring.tensor_codecs(kind, l),
-                       [&](size_t, TilePosition, const TileEncoding& enc, auto) { ++counts[enc.escape_bytes]; });
-    }
-    if (progress) progress(static_cast<size_t>(l) + 1, static_cast<size_t>(layers_));
-  }
+  measure_escape_sizes(dump, measuring, progress);
 }
 
 void Calibrator::choose_capacities(CalibrationTable& table) const {

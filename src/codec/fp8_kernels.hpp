@@ -39,3 +39,28 @@ namespace gaac::avx2 {
 /// The AVX2 FP8 kernels; only call them when the CPU supports AVX2 and BMI2 (avx2::compiled() too).
 detail::Fp8ShapeKernels fp8_kernels(Fp8TileShape shape);
 }  // namespace gaac::avx2
+
+namespace gaac::gfni {
+/// True when this build has the GFNI FP8 kernels (an x86-64 compiler that takes -mgfni).
+bool compiled();
+/// The AVX2 FP8 kernels with GFNI's escape-plane expansion (codec/fp8_gfni.cpp); only call them when
+/// the CPU supports AVX2, BMI2 and GFNI and gfni::compiled().
+detail::Fp8ShapeKernels fp8_kernels(Fp8TileShape shape);
+}  // namespace gaac::gfni
+
+namespace gaac::detail {
+
+/// The FP8 kernel sets. Backend::avx2 runs avx2_gfni where this build and CPU have it, else avx2; the
+/// tests name the sets to compare each with the scalar oracle on any machine.
+enum class Fp8KernelSet : uint8_t { scalar, avx2, avx2_gfni };
+
+/// "scalar", "avx2", "avx2_gfni".
+const char* to_string(Fp8KernelSet set);
+/// True when this build and this CPU (common/cpu.hpp's probe) can run `set`.
+bool fp8_kernel_set_available(Fp8KernelSet set);
+/// The set a resolved backend (not Backend::automatic) runs.
+Fp8KernelSet fp8_kernel_set(Backend backend);
+/// The kernels of `set` for `shape` (which the caller has validated).
+Fp8ShapeKernels fp8_kernels(Fp8KernelSet set, Fp8TileShape shape);
+
+}  // namespace gaac::detail

@@ -5,10 +5,48 @@
 
 #include "codec/codec_setup.hpp"
 #include "codec/fp8_kernels.hpp"
+#include "common/cpu.hpp"
 #include "gaac/error.hpp"
 #include "gaac/fp8_codec.hpp"
 
 namespace gaac {
+
+namespace detail {
+
+const char* to_string(Fp8KernelSet set) {
+  switch (set) {
+    case Fp8KernelSet::scalar: return "scalar";
+    case Fp8KernelSet::avx2: return "avx2";
+    case Fp8KernelSet::avx2_gfni: return "avx2_gfni";
+  }
+  return "unknown";
+}
+
+bool fp8_kernel_set_available(Fp8KernelSet set) {
+  switch (set) {
+    case Fp8KernelSet::scalar: return true;
+    case Fp8KernelSet::avx2: return backend_available(Backend::avx2);
+    case Fp8KernelSet::avx2_gfni: return backend_available(Backend::avx2) && gfni::compiled() && cpu_features().gfni;
+  }
+  return false;
+}
+
+Fp8KernelSet fp8_kernel_set(Backend backend) {
+  static const Fp8KernelSet avx2_set =
+      fp8_kernel_set_available(Fp8KernelSet::avx2_gfni) ? Fp8KernelSet::avx2_gfni : Fp8KernelSet::avx2;
+  return backend == Backend::avx2 ? avx2_set : Fp8KernelSet::scalar;
+}
+
+Fp8ShapeKernels fp8_kernels(Fp8KernelSet set, Fp8TileShape shape) {
+  switch (set) {
+    case Fp8KernelSet::avx2: return avx2::fp8_kernels(shape);
+    case Fp8KernelSet::avx2_gfni: return gfni::fp8_kernels(shape);
+    case Fp8KernelSet::scalar: break;
+  }
+  return scalar::fp8_kernels(shape);
+}
+
+}  // namespace detail
 
 bool validate_fp8_bases(Fp8TileShape shape, const Fp8TileBases& bases) {
   const auto n = static_cast<size_t>(shape.tile.channels);
@@ -31,7 +69,7 @@ Fp8TileCodec::Fp8TileCodec(Fp8TileShape shape, const Fp8TileBases& bases, size_t
   backend_ = backend;
   std::copy_n(bases.b2.begin(), shape.tile.channels, b2_.begin());
   std::copy_n(bases.b3.begin(), shape.tile.channels, b3_.begin());
-  const detail::Fp8ShapeKernels kernels = backend == Backend::avx2 ? avx2::fp8_kernels(shape) : scalar::fp8_kernels(shape);
+  const detail::Fp8ShapeKernels kernels = detail::fp8_kernels(detail::fp8_kernel_set(backend), shape);
   kernels.prepare(bases, prepared_.data());
   encode_ = kernels.encode;
   decode_ = kernels.decode;

@@ -34,6 +34,7 @@ CpuFeatures probe() {
   f.avx512bw = zmm && (ebx & bit_AVX512BW) != 0;
   f.avx512vl = zmm && (ebx & bit_AVX512VL) != 0;
   f.avx512vbmi = zmm && (ecx & bit_AVX512VBMI) != 0;
+  f.gfni = ymm && (ecx & bit_GFNI) != 0;  // only its VEX (AVX) forms are used, which need the YMM state
 #endif
   return f;
 }

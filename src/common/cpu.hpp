@@ -13,6 +13,7 @@ struct CpuFeatures {
   bool avx512bw = false;
   bool avx512vl = false;
   bool avx512vbmi = false;  ///< byte permutes across a register (vpermb, vpermt2b)
+  bool gfni = false;        ///< Galois-field byte instructions (vgf2p8affineqb; VEX-encoded with AVX)
 
   /// AVX2 with the companions every AVX2 kernel of the project may use (BMI2, FMA, F16C).
   bool avx2_set() const { return avx2 && bmi2 && fma && f16c; }

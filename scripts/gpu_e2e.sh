@@ -49,7 +49,7 @@ site=/tmp/gaac-site
 sources=$(find CMakeLists.txt pyproject.toml cmake include src python -type f -print0 | sort -z | xargs -0 cat | sha1sum | cut -c1-16)
 if [ -n "$wheel" ] && [ ! -f "$site/.built-$sources" ]; then
   rm -rf "$site" && mkdir -p "$site"
-  for w in "$wheel" "$data"/gguf-*.whl; do [ -f "$w" ] && { python3 -m pip install -q --no-index --no-deps --target "$site" "$w" || exit 1; }; done
+  python3 -m pip install -q --no-index --no-deps --target "$site" "$wheel" || exit 1
   if PYTHONPATH=$site python3 -c "import gaac, sys; sys.exit(0 if gaac.cuda_available() else 1)"; then
     touch "$site/.built-$sources"
     echo "using the wheel $wheel"
@@ -59,8 +59,6 @@ if [ -n "$wheel" ] && [ ! -f "$site/.built-$sources" ]; then
 fi
 if [ ! -f "$site/.built-$sources" ]; then
   rm -rf "$site" && mkdir -p "$site"
-  # transformers reads GGUF files with it (the real-model tests); the other tests need no wheel.
-  for w in "$data"/gguf-*.whl; do [ -f "$w" ] && { python3 -m pip install -q --no-index --no-deps --target "$site" "$w" || exit 1; }; done
   # One C++ runtime in the Python process: the compiler whose libstdc++ python3 loads (or an older one).
   cxx=$(scripts/cxx_for_python.sh) || exit 1
   echo "C++ compiler: $cxx"
@@ -69,6 +67,11 @@ if [ ! -f "$site/.built-$sources" ]; then
     -C cmake.define.GAAC_XXHASH_INCLUDE_DIR="$PWD/$data/xxhash" >"$out/pip.log" 2>&1 || { tail -40 "$out/pip.log"; exit 1; }
   touch "$site/.built-$sources"
 fi
+# transformers reads GGUF files with it (the real-model tests); the other tests need no wheel. Installed whenever
+# it is missing, also into a package built by an earlier call.
+for w in "$data"/gguf-*.whl; do
+  [ -f "$w" ] && [ ! -d "$site/gguf" ] && { python3 -m pip install -q --no-index --no-deps --target "$site" "$w" || exit 1; }
+done
 export PYTHONPATH=$site PYTHONUNBUFFERED=1
 python3 -c "import gaac; print('gaac', gaac.__file__, 'cuda', gaac.cuda_available())" || exit 1
 [ $build_only = 1 ] && exit 0

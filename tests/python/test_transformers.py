@@ -331,15 +331,22 @@ def new_tokens(ids, prompt_width):
 
 @pytest.mark.parametrize("name,device", MODES)
 def test_left_padded_batch(name, device):
-    """Three prompts of different lengths, left-padded: pads are neither stored nor read, so each row's tokens are
-    the ones it gets alone (and the twin's)."""
+    """Three prompts of different lengths, left-padded: pads are neither stored nor read, so a row's tokens do not
+    depend on which token pads it (the same shapes, bit for bit), equal the twin's, and on the CPU equal the ones
+    it gets alone. (On a GPU a row run alone may round apart from the batch: cuBLAS picks its kernels by the batch,
+    so there the run alone is reported, not asserted.)"""
     torch, gt, model, table, prompts = mode_model(name, device)
     with placed(model, device):
-        ids, mask = left_padded(torch, prompts, device=device)
-        gaac_ids, twin_ids = twins(gt, model, table, lambda cache: generate(
-            model, ids, attention_mask=mask, cache=cache, max_new_tokens=8, do_sample=False, pad_token_id=0),
-            batch=3, device=device)
+        def padded_run(pad, fmt="gaac"):  # `pad`: the token left of the shorter prompts
+            ids, mask = left_padded(torch, prompts, pad=pad, device=device)
+            cache = cache_for(gt, model, table, device, max_tokens=128, batch=3, cache_format=fmt)
+            return ids, generate(model, ids, attention_mask=mask, cache=cache, max_new_tokens=8, do_sample=False,
+                                 pad_token_id=0)
+        ids, gaac_ids = padded_run(0)
+        _, twin_ids = padded_run(0, "bf16")
+        _, other_pad_ids = padded_run(1)
         assert new_tokens(gaac_ids, ids.shape[1]) == new_tokens(twin_ids, ids.shape[1])
+        assert new_tokens(gaac_ids, ids.shape[1]) == new_tokens(other_pad_ids, ids.shape[1])
         for b, p in enumerate(prompts):
             cache = cache_for(gt, model, table, device, max_tokens=128)
             alone = generate(model, torch.tensor([p], device=device), cache=cache, max_new_tokens=8, do_sample=False,
@@ -348,7 +355,8 @@ def test_left_padded_batch(name, device):
             agree = new_tokens(alone, len(p))[0] == new_tokens(gaac_ids, ids.shape[1])[b]
             print(f"[{name} on {device}] padded row {b} ({ids.shape[1] - len(p)} pads): "
                   f"{'the tokens it gets alone' if agree else 'differs from its run alone (batched matmuls round apart)'}")
-            assert new_tokens(alone, len(p))[0][:2] == new_tokens(gaac_ids, ids.shape[1])[b][:2]
+            if device == "cpu":
+                assert new_tokens(alone, len(p))[0][:2] == new_tokens(gaac_ids, ids.shape[1])[b][:2]
 
 
 @pytest.mark.parametrize("name,device", MODES)

@@ -17,7 +17,9 @@ scripts/setup.sh
 python3 scripts/fetch_models.py
 export GAAC_REQUIRE_MODELS=1
 
-stage() { printf '\n=== %s\n' "$*"; }
+stage() { printf '\n=== %s (%d s in)\n' "$*" "$SECONDS"; }
+# The ten slowest tests of a ctest run (what to look at first when the run grows).
+slowest() { sort -k3 -gr "$1/Testing/Temporary/CTestCostData.txt" 2>/dev/null | awk 'NF == 3 {printf "  %7.1f s  %s\n", $3, $1}' | head -10; }
 
 # The Python tests' packages (PyTorch among them: gigabytes to download) install in the background while
 # the suite builds; the Python stage waits for them. LMCache goes in after them without its dependencies (the
@@ -37,12 +39,13 @@ stage "Release build and test suite"
 cmake -S . -B build -DCMAKE_BUILD_TYPE=Release >/dev/null
 cmake --build build -j"$jobs"
 ctest --test-dir build --output-on-failure -j"$jobs"
+slowest build
 
 stage "Python package: wheel, install, tests"
 # The wheel is built from this tree by pip (scikit-build-core + nanobind from PyPI), installed into the
 # fresh virtual environment made above and tested against the CLI built above.
 wait $python_deps || { tail -30 build/python-venv-install.log; echo "installing tests/python/requirements.txt (or converting the models) FAILED"; exit 1; }
-build/python-venv/bin/pip wheel -q --no-build-isolation --no-deps -w build/wheels .
+CMAKE_BUILD_PARALLEL_LEVEL=$jobs build/python-venv/bin/pip wheel -q --no-build-isolation --no-deps -w build/wheels .
 build/python-venv/bin/pip install -q build/wheels/gaac-*.whl
 # Every test runs: transformers' (both models, on the CPU) and LMCache's too; the GPU ones skip without a device.
 # Side by side, one process per core (pytest-xdist), each with one PyTorch thread (threads of every process
@@ -64,6 +67,7 @@ cmake --build build-asan -j"$jobs"
 # here the engine runs both models through the greedy-token tests.
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --test-dir build-asan --output-on-failure -j"$jobs" \
   -E 'LogitsAreIdenticalWithEitherCache|PromptInPassesEqualsOnePass'
+slowest build-asan
 
 
 stage "libFuzzer targets, ${fuzz_seconds}s each"
@@ -92,4 +96,4 @@ for ((first = 0; first < ${#targets[@]}; first += jobs)); do
   done
 done
 echo
-echo "all test stages passed"
+echo "all test stages passed in $SECONDS s"

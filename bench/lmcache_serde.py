@@ -22,7 +22,7 @@ built from the JSON a user configures). With --odirect the adapter bypasses the 
 files are written to and read from the page cache. Every chunk loaded is checked bit for bit.
 
   python3 bench/lmcache_serde.py --kv-dir ~/.cache/gaac/kv --out results.json [--device cuda] [--e2e-tokens 32768]
-      [--e2e-dir /path/on/the/disk] [--odirect] [--repeats 3] [--skip-e2e | --skip-serdes]
+      [--e2e-dir /path/on/the/disk] [--odirect] [--repeats 3] [--skip-e2e | --skip-serdes] [--profile-serde]
 """
 import argparse
 import json
@@ -171,6 +171,36 @@ def time_serde(name, serializer, deserializer, chunks, device, repeats, lossless
     return {"serde": name, "device": device, "ratio": bf16 / sum(written), "stored_bytes": sum(written),
             "bf16_bytes": bf16, "chunk_shape": list(chunks[0].shape), "serialize_gbps": bf16 / best_s / 1e9, "deserialize_gbps": bf16 / best_d / 1e9,
             "max_abs_error": error}
+
+
+def profile_serde(name, serializer, deserializer, chunks, passes=20):
+    """The host time of gaac's serde on CUDA chunks by function (cProfile over `passes` passes of serialize
+    then deserialize), logged: what the serde adds to gaac.ChunkCodec's own call."""
+    import cProfile
+    import io
+    import pstats
+
+    from lmcache.v1.distributed.api import MemoryLayoutDesc
+
+    chunks = [c.cuda() for c in chunks]
+    size = serializer.estimate_serialized_size(MemoryLayoutDesc(shapes=[chunks[0].shape], dtypes=[chunks[0].dtype]))
+    srcs = [memory_obj(c) for c in chunks]
+    dsts = [memory_obj(torch.zeros(size, dtype=torch.uint8, device="cuda")) for _ in chunks]
+    outs = [memory_obj(torch.zeros_like(c)) for c in chunks]
+    keys = [key_of(i) for i in range(len(chunks))]
+    calls = passes * len(chunks)
+    profile = cProfile.Profile()
+    torch.cuda.synchronize()
+    profile.enable()
+    for _ in range(passes):
+        for s, d, o, k in zip(srcs, dsts, outs, keys):
+            serializer.serialize(s, d, k)
+            deserializer.deserialize(d, o, k)
+    profile.disable()
+    text = io.StringIO()
+    pstats.Stats(profile, stream=text).sort_stats("tottime").print_stats(12)
+    log(f"{name}: gaac serde on CUDA, {calls} serialize + deserialize pairs (per pair: divide by {calls})")
+    log("\n".join(line for line in text.getvalue().splitlines() if line.strip()))
 
 
 def gaac_pair(calibration, threads, object_ratio):
@@ -355,6 +385,8 @@ def main():
     ap.add_argument("--odirect", action="store_true", help="the fs adapter bypasses the page cache")
     ap.add_argument("--skip-e2e", action="store_true")
     ap.add_argument("--skip-serdes", action="store_true", help="the end-to-end figure alone")
+    ap.add_argument("--profile-serde", action="store_true",
+                    help="with --device cuda: where gaac's serde spends a call's host time (cProfile, the 12 costliest)")
     args = ap.parse_args()
     if args.repeats < 1 or args.e2e_tokens < CHUNK or args.e2e_tokens % CHUNK:
         ap.error("--repeats ≥ 1 and --e2e-tokens a positive multiple of 256")
@@ -393,6 +425,8 @@ def main():
                 results["serdes"].append(r)
                 log(f"{name:8s} {label:16s} cuda: ratio {r['ratio']:.4f}  serialize {r['serialize_gbps']:.1f} GB/s  "
                     f"deserialize {r['deserialize_gbps']:.1f} GB/s")
+            if args.profile_serde:
+                profile_serde(name, *gaac_pair(calibration, 1, 0), chunks)
             r = time_codec(calibration, chunks, args.repeats)
             r.update(chunks=name)
             results["serdes"].append(r)

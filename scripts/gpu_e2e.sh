@@ -5,20 +5,22 @@
 # (gaac.KvCacheMirror, gaac.BatchKvCache, GaacCache(device="cuda") on random-weight models and, when given,
 # SmolLM2 and Gemma 3) and bench/gpu/bench_e2e.py. $OUT (default ./gpu-out) receives e2e.json and the logs.
 #   scripts/gpu_e2e.sh --data DIR [--models DIR] [--prebuilt DIR] [--wheel FILE] [--skip-tests] [--skip-bench]
-#                      [--bench-args "..."] [--build-only] [--lmcache DIR]
+#                      [--bench-args "..."] [--build-only] [--lmcache DIR] [--serde-args "..."]
 # (--wheel: the package built elsewhere for this machine's Python, used when it imports and sees the GPU)
 # (without --models: the tests that need no model files, random-weight models among them; the benchmark
 # only when --bench-args names models that need no files, e.g. "--only llama8b,gemma3_geometry")
 # (--build-only: the package alone, e.g. in the background while the models are still on their way).
 # (--lmcache DIR: wheels of LMCache and those of its light dependencies the machine lacks; after the tests, its
-# tests (tests/python/test_lmcache.py) and bench/lmcache_serde.py --device cuda on DATA/kv, into lmcache.json.)
+# tests (tests/python/test_lmcache.py) and bench/lmcache_serde.py --device cuda on DATA/kv, into lmcache.json,
+# with --serde-args added to its arguments; where DIR also holds nvcomp-site.tar.xz (nvCOMP's Python package
+# unpacked from its wheels, as scripts/prepare_codec_peers.sh stages it), nvCOMP ANS is timed beside them.)
 # MODELS holds the two GGUF files; DATA holds xxhash/ (xxhash.h: the build machine may lack it) and the
 # gguf wheel (gguf-*.whl), which transformers needs to read GGUF files. The package is built once per
 # machine (into /tmp/gaac-site), and the models are converted once (save_pretrained, into /tmp/gaac-hf)
 # so that every later load takes seconds.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-models="" data="" prebuilt="" wheel="" skip_tests=0 skip_bench=0 bench_args="" build_only=0 lmcache=""
+models="" data="" prebuilt="" wheel="" skip_tests=0 skip_bench=0 bench_args="" build_only=0 lmcache="" serde_args=""
 while [ $# -gt 0 ]; do
   case $1 in
     --models) models=$2; shift 2 ;;
@@ -30,6 +32,7 @@ while [ $# -gt 0 ]; do
     --build-only) build_only=1; shift ;;
     --lmcache) lmcache=$2; shift 2 ;;
     --bench-args) bench_args=$2; shift 2 ;;
+    --serde-args) serde_args=$2; shift 2 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -108,10 +111,12 @@ if [ -n "$lmcache" ]; then
   stage "LMCache"
   lm=/tmp/gaac-lmcache
   rm -rf "$lm" && mkdir -p "$lm" && python3 -m pip install -q --no-index --no-deps --target "$lm" "$lmcache"/*.whl || exit 1
-  GAAC_REQUIRE_LMCACHE=1 GAAC_MODEL_DIR=${models:-/nonexistent} PYTHONPATH=$site:$lm \
+  [ -f "$lmcache/nvcomp-site.tar.xz" ] && { tar -xJf "$lmcache/nvcomp-site.tar.xz" -C "$lm" || exit 1; }
+  GAAC_REQUIRE_LMCACHE=1 GAAC_MODEL_DIR=${models:-/nonexistent} GAAC_KV_DIR=$(cd "$data" && pwd)/kv PYTHONPATH=$site:$lm \
     python3 -m pytest -q -p no:cacheprovider tests/python/test_lmcache.py 2>&1 | tee "$out/pytest-lmcache.log" | tail -8
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
-  PYTHONPATH=$site:$lm python3 bench/lmcache_serde.py --kv-dir "$data/kv" --device cuda --out "$out/lmcache.json" \
+  # shellcheck disable=SC2086
+  PYTHONPATH=$site:$lm python3 bench/lmcache_serde.py --kv-dir "$data/kv" --device cuda --out "$out/lmcache.json" $serde_args \
     2>&1 | tee "$out/lmcache.log" | grep -v Warning | tail -40
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
 fi

@@ -6,8 +6,9 @@ refused; many stores and loads run at once on LMCache's own serde worker threads
 of their own size as small as `gaac stats` says, learning a calibration once, clear errors.
 
 Needs lmcache (tests/python/requirements.txt; skipped without it unless GAAC_REQUIRE_LMCACHE=1), the CLI (GAAC_CLI)
-and the models (scripts/fetch_models.py; GAAC_REQUIRE_MODELS=1 makes a missing one a failure). The CUDA path runs
-where a GPU and a CUDA build of gaac are present.
+and the models (scripts/fetch_models.py; GAAC_REQUIRE_MODELS=1 makes a missing one a failure), or, in their place,
+captures of both models' KV in GAAC_KV_DIR (as a GPU machine receives them). The CUDA path runs where a GPU and a
+CUDA build of gaac are present.
 """
 import argparse
 import functools
@@ -54,18 +55,26 @@ def lmcache_modules():
 
 @functools.lru_cache(maxsize=None)
 def real_chunks(model):
-    """(chunks, head_dim): the model's KV of TOKENS tokens of the calibration text, captured by the CLI, as
-    LMCache chunks [2, layers, tokens, kv_heads * head_dim]: one of 256 tokens and one of 40."""
-    tool = pathlib.Path(os.environ.get("GAAC_CLI", ROOT / "build" / "tools" / "gaac" / "gaac"))
-    need(tool.is_file(), f"no gaac CLI at {tool} (set GAAC_CLI)", "GAAC_REQUIRE_MODELS")
+    """(chunks, head_dim): the model's KV of TOKENS tokens as LMCache chunks [2, layers, tokens, kv_heads *
+    head_dim], one of 256 tokens and one of 40. Where GAAC_KV_DIR holds `<model>-gpl3-2048.safetensors`
+    (scripts/bench_kv.sh's captures, or the one-layer cuts a GPU machine receives), its first TOKENS tokens;
+    else TOKENS tokens of the calibration text captured from the model by the CLI."""
     file, head_dim = MODEL_FILES[model]
-    need((MODELS / file).is_file(), f"no model {MODELS / file} (scripts/fetch_models.py)", "GAAC_REQUIRE_MODELS")
-    dump = pathlib.Path(os.environ.get("PYTEST_TMPDIR", "/tmp")) / f"gaac-lmcache-{os.getpid()}-{model}.safetensors"
-    subprocess.run([str(tool), "capture", "-m", str(MODELS / file), "--text", str(ROOT / "data" / "calibration_text.txt"),
-                    "--tokens", str(TOKENS), "-o", str(dump)], check=True, capture_output=True)
-    k, v = gaac.load_kv_dump(str(dump))
-    dump.unlink()
-    full = torch.stack([torch.stack([gaac.to_torch(x).reshape(TOKENS, -1) for x in layers]) for layers in (k, v)])
+    captured = pathlib.Path(os.environ.get("GAAC_KV_DIR", "/nonexistent")) / f"{model}-gpl3-2048.safetensors"
+    if captured.is_file():
+        k, v = gaac.load_kv_dump(str(captured))
+    else:
+        tool = pathlib.Path(os.environ.get("GAAC_CLI", ROOT / "build" / "tools" / "gaac" / "gaac"))
+        need(tool.is_file(), f"no gaac CLI at {tool} (set GAAC_CLI)", "GAAC_REQUIRE_MODELS")
+        need((MODELS / file).is_file(), f"no model {MODELS / file} (scripts/fetch_models.py)", "GAAC_REQUIRE_MODELS")
+        dump = pathlib.Path(os.environ.get("PYTEST_TMPDIR", "/tmp")) / f"gaac-lmcache-{os.getpid()}-{model}.safetensors"
+        subprocess.run([str(tool), "capture", "-m", str(MODELS / file), "--text", str(ROOT / "data" / "calibration_text.txt"),
+                        "--tokens", str(TOKENS), "-o", str(dump)], check=True, capture_output=True)
+        k, v = gaac.load_kv_dump(str(dump))
+        dump.unlink()
+    full = torch.stack([torch.stack([gaac.to_torch(x).reshape(x.shape[0], -1)[:TOKENS] for x in layers])
+                        for layers in (k, v)])
+    assert full.shape[2] == TOKENS, f"{model}: {full.shape[2]} tokens captured, {TOKENS} needed"
     return [full[:, :, :256].contiguous(), full[:, :, 256:].contiguous()], head_dim
 
 

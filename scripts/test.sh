@@ -19,7 +19,11 @@ export GAAC_REQUIRE_MODELS=1
 
 stage() { printf '\n=== %s (%d s in)\n' "$*" "$SECONDS"; }
 # The ten slowest tests of a ctest run (what to look at first when the run grows).
-slowest() { sort -k3 -gr "$1/Testing/Temporary/CTestCostData.txt" 2>/dev/null | awk 'NF == 3 {printf "  %7.1f s  %s\n", $3, $1}' | head -10; }
+# (awk reads all of sort's output, so that no early exit breaks the pipe under pipefail.)
+slowest() {
+  sort -k3 -gr "$1/Testing/Temporary/CTestCostData.txt" 2>/dev/null |
+    awk 'NF == 3 && shown < 10 {printf "  %7.1f s  %s\n", $3, $1; ++shown}' || true
+}
 
 # The Python tests' packages (PyTorch among them: gigabytes to download) install in the background while
 # the suite builds; the Python stage waits for them. LMCache goes in after them without its dependencies (the
@@ -45,7 +49,12 @@ stage "Python package: wheel, install, tests"
 # The wheel is built from this tree by pip (scikit-build-core + nanobind from PyPI), installed into the
 # fresh virtual environment made above and tested against the CLI built above.
 wait $python_deps || { tail -30 build/python-venv-install.log; echo "installing tests/python/requirements.txt (or converting the models) FAILED"; exit 1; }
-CMAKE_BUILD_PARALLEL_LEVEL=$jobs build/python-venv/bin/pip wheel -q --no-build-isolation --no-deps -w build/wheels .
+# Without a GPU the wheel leaves out the CUDA kernels, which its tests could not run (the Release build above
+# compiled them, and their tests skipped there too): minutes of nvcc saved. With one, they are in.
+cuda_wheel=()
+nvidia-smi -L >/dev/null 2>&1 || cuda_wheel=(-C cmake.define.GAAC_ENABLE_CUDA=OFF)
+CMAKE_BUILD_PARALLEL_LEVEL=$jobs build/python-venv/bin/pip wheel -q --no-build-isolation --no-deps -w build/wheels \
+  "${cuda_wheel[@]}" .
 build/python-venv/bin/pip install -q build/wheels/gaac-*.whl
 # Every test runs: transformers' (both models, on the CPU) and LMCache's too; the GPU ones skip without a device.
 # Side by side, one process per core (pytest-xdist), each with one PyTorch thread (threads of every process

@@ -16,9 +16,10 @@
 // cache holding the same values. NaN results are NaN on every path, with unspecified payloads.
 //
 // An FP8 cache (gaac_fp8 or fp8) is read as BF16 rows widened from its codes block by block, in each job's
-// scratch: code x of layer l's K is the operand bf16_rn(fp8_to_float(x) · k_scale[l]) (V likewise;
-// docs/format.md, section 13), and the rest is the BF16 arithmetic above. A gaac_fp8 cache and its fp8
-// twin give the same bits on every path, those of a BF16 cache holding the widened operands. Queries over
+// scratch: code x is the operand fp8_to_float(x), exact in BF16; layer l's scales apply where engines apply
+// them, `scale` · k_scale[l] (one float product) multiplying every score and (1/S) · v_scale[l] the output
+// (docs/format.md, section 13); the rest is the BF16 arithmetic above. A gaac_fp8 cache and its fp8 twin
+// give the same bits on every path, those of a BF16 cache holding the codes' values with those factors. Queries over
 // an FP8 cache take no extra rows (the pass's codes are appended first).
 #pragma once
 

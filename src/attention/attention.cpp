@@ -75,9 +75,13 @@ class Runner {
     if (group_ > kMaxGroup) throw Error("attention: more than 64 query heads per KV head");
     if (o.splits < 1) throw Error("attention: splits must be at least 1, got " + std::to_string(o.splits));
     const int window = o.window < 0 ? view_.windows[layer] : o.window;
+    key_scale_ = o.scale;
     if (is_fp8(g.element_format)) {
-      widening_[0] = fp8_widening(g.element_format, cache.scale(layer, TensorKind::key));
-      widening_[1] = fp8_widening(g.element_format, cache.scale(layer, TensorKind::value));
+      // Codes widen exactly; the layer's scales multiply the softmax scale and the output's 1/S instead (for
+      // a BF16 cache both factors stay as they are).
+      widening_ = fp8_widening(g.element_format);
+      key_scale_ = o.scale * cache.scale(layer, TensorKind::key);
+      value_scale_ = cache.scale(layer, TensorKind::value);
     }
     std::vector<SequenceId> ids;
     for (const AttentionQuery& q : queries) ids.push_back(q.sequence);
@@ -221,13 +225,13 @@ class Runner {
     const BlockDecodeResult r = fp8() ? cache_.fp8_codecs()->codec(kind, layer_, head, half).decode_blocks(slot, 0, 1, codes.data(), channels, 0)
                                       : cache_.codecs()->codec(kind, layer_, head, half).decode_blocks(slot, 0, 1, out, channels, 0);
     if (r.status != DecodeStatus::ok) throw Error(std::string("attention: a compressed tile does not decode: ") + to_string(r.status));
-    if (fp8()) widen(widening(kind), codes.data(), kTileTokens * channels, out);
+    if (fp8()) widen(widening(), codes.data(), kTileTokens * channels, out);
   }
 
   /// True for a cache of FP8 codes, whose tiles are read as BF16 rows widened from them.
   bool fp8() const { return is_fp8(view_.geometry.element_format); }
-  /// The widening of this layer's K or V codes.
-  const Fp8Widening& widening(TensorKind kind) const { return widening_[kind == TensorKind::key ? 0 : 1]; }
+  /// The widening of the cache's codes (one table for K and V: their scales apply to scores and output).
+  const Fp8Widening& widening() const { return widening_; }
 
   /// The decoded tiles of `sequence` when several query tiles share them, else null.
   const DecodedBlocks* shared_blocks(SequenceId sequence) const {
@@ -280,7 +284,7 @@ class Runner {
           const uint8_t* at = t < kTileTokens / 2 ? a + t * row_bytes : second + (t - kTileTokens / 2) * row_bytes;
           if (fp8()) {
             uint16_t* into = widened + static_cast<size_t>(t) * channels;
-            widen(widening(kind), at, static_cast<size_t>(channels), into);
+            widen(widening(), at, static_cast<size_t>(channels), into);
             src.rows[t] = into;
           } else {
             src.rows[t] = reinterpret_cast<const uint16_t*>(at);
@@ -310,9 +314,9 @@ class Runner {
     const bool compressed_k = k[0].codec != nullptr;
     if (compressed_k) {
       const float* q = kernels_.prepare_compressed_query != nullptr ? s.q_compressed.data() : s.q.data();
-      kernels_.key_scores_compressed(task, q, o_.scale, s.scores.data());
+      kernels_.key_scores_compressed(task, q, key_scale_, s.scores.data());
     } else {
-      kernels_.key_scores_raw(task, s.q.data(), o_.scale, s.scores.data());
+      kernels_.key_scores_raw(task, s.q.data(), key_scale_, s.scores.data());
     }
     for (int h = 0; h < group_; ++h) {
       online_softmax(s.scores.data() + h * kTileTokens, t0, t1, s.partials[static_cast<size_t>(h)], s.rescale.data() + h * kTileTokens,
@@ -378,7 +382,7 @@ class Runner {
     if (splits == 1) {
       for (int h = 0; h < group_; ++h) {
         const float sum = s.partials[static_cast<size_t>(h)].sum;
-        const float inverse = sum == 0.0f ? 0.0f : 1.0f / sum;
+        const float inverse = (sum == 0.0f ? 0.0f : 1.0f / sum) * value_scale_;
         float* out = query.out + (static_cast<size_t>(head) * group_ + h) * d;
         const float* acc = s.acc.data() + static_cast<size_t>(h) * d;
         for (int c = 0; c < d; ++c) out[c] = acc[c] * inverse;
@@ -432,13 +436,13 @@ class Runner {
         const QuerySequence& qp = sequences_[r.begin + static_cast<size_t>(i)];
         s.ranges[static_cast<size_t>(i)] = {std::max(qp.first - base, 0), std::min(qp.last - base + 1, kTileTokens)};
       }
-      QueryTileTask task{k, v, g.halves(), g.tile_channels(), lo, hi, group_, o_.scale, n, s.ranges.data(), s.q.data(),
+      QueryTileTask task{k, v, g.halves(), g.tile_channels(), lo, hi, group_, key_scale_, n, s.ranges.data(), s.q.data(),
                          s.acc.data(), s.max.data(), s.sum.data(), s.tile_scratch.data()};
       kernels_.query_tile(task);
     }
     for (int j = 0; j < lanes; ++j) {
       const float sum = s.sum[static_cast<size_t>(j)];
-      const float inverse = sum == 0.0f ? 0.0f : 1.0f / sum;
+      const float inverse = (sum == 0.0f ? 0.0f : 1.0f / sum) * value_scale_;
       const int i = j / group_, h = j % group_;
       float* out = queries_[r.begin + static_cast<size_t>(i)].out + (static_cast<size_t>(head) * group_ + h) * d;
       const float* acc = s.acc.data() + static_cast<size_t>(j) * d;
@@ -467,7 +471,7 @@ class Runner {
             const float* a = partial_acc_.data() + ((first_job + sp) * group_ + h) * static_cast<size_t>(d);
             for (int c = 0; c < d; ++c) acc[static_cast<size_t>(c)] = std::fma(a[c], f, acc[static_cast<size_t>(c)]);
           }
-          const float inverse = sum == 0.0f ? 0.0f : 1.0f / sum;
+          const float inverse = (sum == 0.0f ? 0.0f : 1.0f / sum) * value_scale_;
           for (int c = 0; c < d; ++c) out[c] = acc[static_cast<size_t>(c)] * inverse;
         }
       }
@@ -480,7 +484,9 @@ class Runner {
   const std::span<const AttentionQuery> queries_;
   const AttentionOptions& o_;
   const Kernels& kernels_;
-  Fp8Widening widening_[2] = {};  ///< an FP8 cache's K and V widening for this layer
+  Fp8Widening widening_ = {};  ///< an FP8 cache's widening of its codes
+  float key_scale_ = 1.0f;      ///< factor of every score: the softmax scale, times an FP8 layer's K scale
+  float value_scale_ = 1.0f;    ///< factor of the output's 1/S: an FP8 layer's V scale (1 otherwise)
   int group_ = 1;
   SequenceTable table_;
   std::vector<QuerySequence> sequences_;

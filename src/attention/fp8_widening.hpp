@@ -1,6 +1,7 @@
 // FP8 codes widened to the BF16 operands attention reads (docs/format.md, section 13): each code's exact
-// value times its layer's K or V scale, the product in float, rounded to the nearest BF16 (ties to even,
-// NaN staying NaN). One table per (layer, K/V) and call; every kernel then reads BF16 rows.
+// value, which every E4M3 and E5M2 code has in BF16 (NaN staying NaN, E5M2's infinities infinite). The
+// layer's K and V scales are applied to the scores and to the output, not here. One table per format;
+// every kernel then reads BF16 rows.
 #pragma once
 
 #include <array>
@@ -12,13 +13,13 @@
 
 namespace gaac::attention {
 
-/// The BF16 operand of every FP8 code of one (layer, K/V), indexed by the code.
+/// The BF16 operand of every FP8 code of one format, indexed by the code.
 using Fp8Widening = std::array<uint16_t, 256>;
 
-/// The table of `format` (E4M3 or E5M2) and `scale`: entry x is bf16_rn(float(fp8_to_float(x) · scale)).
-inline Fp8Widening fp8_widening(ElementFormat format, float scale) {
+/// The table of `format` (E4M3 or E5M2): entry x is fp8_to_float(x) as BF16, exactly.
+inline Fp8Widening fp8_widening(ElementFormat format) {
   Fp8Widening table{};
-  for (size_t x = 0; x < table.size(); ++x) table[x] = float_to_bf16(fp8_to_float(static_cast<uint8_t>(x), format) * scale);
+  for (size_t x = 0; x < table.size(); ++x) table[x] = float_to_bf16(fp8_to_float(static_cast<uint8_t>(x), format));
   return table;
 }
 

@@ -1,7 +1,8 @@
 // CPU attention over the FP8 caches: a gaac-fp8 cache and its plain fp8 twin give the same bits through
-// every kernel set, path and range split; with one range those are the dense oracle's over the widened
-// BF16 operands (docs/format.md, section 13), and they stay within FP8 rounding of a float64 reference
-// over the codes' exact values times their scales. E4M3 and E5M2, GQA shapes, block edges, sliding
+// every kernel set, path and range split; with one range those are the dense oracle's over the codes
+// widened exactly to BF16, with the softmax scale times the K scale and the output times the V scale
+// (docs/format.md, section 13), and they stay within FP8 rounding of a float64 reference over the codes'
+// exact values times their scales. E4M3 and E5M2, GQA shapes, block edges, sliding
 // windows, raw and compressed tiles, prefill query tiles.
 #include <gtest/gtest.h>
 
@@ -39,7 +40,7 @@ struct Fp8Filled {
   CalibrationTable table;
   KvCache compressed, plain;
   SequenceId compressed_id = 0, plain_id = 0;
-  std::vector<uint16_t> k_bf16, v_bf16;  ///< every code widened: bf16_rn(fp8_to_float(x) · scale)
+  std::vector<uint16_t> k_bf16, v_bf16;  ///< every code widened: fp8_to_float(x) as BF16 (exact)
 
   static Fp8KvDump make_dump(Shape s, ElementFormat format, int tokens, uint64_t seed, double outliers) {
     Fp8KvDump d = convert_to_fp8(test::synthetic_layer(s, tokens, seed), format, Fp8Scaling::per_tensor);
@@ -85,21 +86,29 @@ struct Fp8Filled {
     compressed_id = compressed.add_sequence();
     plain_id = plain.add_sequence();
     test::fill_twins(compressed, compressed_id, plain, plain_id, dump.layers[0].k, dump.layers[0].v, tokens);
-    for (const auto& [codes, scale, out] : {std::tuple{&dump.layers[0].k, dump.k_scales[0], &k_bf16},
-                                            std::tuple{&dump.layers[0].v, dump.v_scales[0], &v_bf16}}) {
-      for (const uint8_t x : codes->data) out->push_back(float_to_bf16(fp8_to_float(x, dump.format) * scale));
+    for (const auto& [codes, out] : {std::pair{&dump.layers[0].k, &k_bf16}, std::pair{&dump.layers[0].v, &v_bf16}}) {
+      for (const uint8_t x : codes->data) {
+        const uint16_t widened = float_to_bf16(fp8_to_float(x, dump.format));
+        EXPECT_TRUE(std::isnan(fp8_to_float(x, dump.format)) || bf16_to_float(widened) == fp8_to_float(x, dump.format))
+            << "code " << int{x} << " is not a BF16 value";
+        out->push_back(widened);
+      }
     }
   }
 
-  /// The dense query of query head `h` at `position` over the widened operands, sliding window `w`.
+  /// The dense query of query head `h` at `position` over the widened operands, sliding window `w`: the
+  /// softmax scale times the K scale, the output times the V scale.
   test::DenseQuery dense(const std::vector<float>& q, int h, int position, int w) const {
-    return test::dense_query(shape, q, k_bf16.data(), v_bf16.data(), h, position, w);
+    test::DenseQuery dq = test::dense_query(shape, q, k_bf16.data(), v_bf16.data(), h, position, w);
+    dq.scale *= dump.k_scales[0];
+    dq.output_scale = dump.v_scales[0];
+    return dq;
   }
 
   /// Float64 attention of query head `h` over the codes' exact values times their scales (q rounded
   /// to BF16, as every path rounds it), and the largest |value| it attends.
   std::pair<std::vector<double>, double> exact(const std::vector<float>& q, int h, int position, int w) const {
-    const test::DenseQuery dq = dense(q, h, position, w);
+    const test::DenseQuery dq = test::dense_query(shape, q, k_bf16.data(), v_bf16.data(), h, position, w);  // scales below
     const size_t d = static_cast<size_t>(shape.head_dim), offset = static_cast<size_t>(dq.keys - k_bf16.data());
     const auto value = [&](const Fp8KvTensor& t, float scale, int p, size_t c) {
       return static_cast<double>(fp8_to_float(t.data[offset + static_cast<size_t>(p) * dq.stride + c], dump.format)) * scale;

@@ -44,7 +44,7 @@ std::vector<float> ggml_attention(const DenseQuery& query) {
     for (int i = 0; i < hd; ++i) acc[static_cast<size_t>(i)] = std::fma(bf16_to_float(query.values[at + static_cast<size_t>(i)]), weight, acc[static_cast<size_t>(i)]);
     sum = std::fma(sum, rescale, weight);
   }
-  const float inverse = sum == 0.0f ? 0.0f : 1.0f / sum;
+  const float inverse = (sum == 0.0f ? 0.0f : 1.0f / sum) * query.output_scale;
   for (int i = 0; i < hd; ++i) out[static_cast<size_t>(i)] = acc[static_cast<size_t>(i)] * inverse;
   return out;
 }
@@ -70,6 +70,7 @@ std::vector<double> attention_in_double(const DenseQuery& query) {
       out[static_cast<size_t>(i)] += w * bf16_to_float(query.values[static_cast<size_t>(p) * query.stride + static_cast<size_t>(i)]);
     }
   }
+  for (double& x : out) x *= query.output_scale;
   return out;
 }
 

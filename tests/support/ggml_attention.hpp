@@ -18,9 +18,11 @@ struct DenseQuery {
   int head_dim = 0;
   int first = 0, last = 0;  ///< positions attended, inclusive
   float scale = 1.0f;
+  float output_scale = 1.0f;  ///< factor of the output's 1/S (an FP8 cache's V scale)
 };
 
-/// softmax(scale · q·K)·V over first..last in llama.cpp's order: one position at a time.
+/// softmax(scale · q·K)·V over first..last in llama.cpp's order: one position at a time; the output
+/// acc · ((1/S) · output_scale).
 std::vector<float> ggml_attention(const DenseQuery& query);
 /// The same in float64 (q rounded to BF16), for tolerance checks.
 std::vector<double> attention_in_double(const DenseQuery& query);

@@ -132,8 +132,9 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def time_serde(name, serializer, deserializer, chunks, device, repeats, lossless):
-    """Ratio, serialize and deserialize GB/s of a Serializer / Deserializer pair over the chunks."""
+def serde_objects(serializer, chunks, device):
+    """The chunks on `device` and LMCache's memory objects a serde pass reads and writes: (chunks, sources,
+    objects sized by the serializer's estimate, chunks to decode into, their memory objects, keys)."""
     from lmcache.v1.distributed.api import MemoryLayoutDesc
 
     chunks = [c.to(device) for c in chunks]
@@ -141,8 +142,12 @@ def time_serde(name, serializer, deserializer, chunks, device, repeats, lossless
     srcs = [memory_obj(c) for c in chunks]
     dsts = [memory_obj(torch.zeros(size, dtype=torch.uint8, device=device)) for _ in chunks]
     backs = [torch.zeros_like(c) for c in chunks]
-    outs = [memory_obj(b) for b in backs]
-    keys = [key_of(i) for i in range(len(chunks))]
+    return chunks, srcs, dsts, backs, [memory_obj(b) for b in backs], [key_of(i) for i in range(len(chunks))]
+
+
+def time_serde(name, serializer, deserializer, chunks, device, repeats, lossless):
+    """Ratio, serialize and deserialize GB/s of a Serializer / Deserializer pair over the chunks."""
+    chunks, srcs, dsts, backs, outs, keys = serde_objects(serializer, chunks, device)
     written = [serializer.serialize(s, d, k) for s, d, k in zip(srcs, dsts, keys)]
     for d, o, k in zip(dsts, outs, keys):
         deserializer.deserialize(d, o, k)
@@ -180,14 +185,7 @@ def profile_serde(name, serializer, deserializer, chunks, passes=20):
     import io
     import pstats
 
-    from lmcache.v1.distributed.api import MemoryLayoutDesc
-
-    chunks = [c.cuda() for c in chunks]
-    size = serializer.estimate_serialized_size(MemoryLayoutDesc(shapes=[chunks[0].shape], dtypes=[chunks[0].dtype]))
-    srcs = [memory_obj(c) for c in chunks]
-    dsts = [memory_obj(torch.zeros(size, dtype=torch.uint8, device="cuda")) for _ in chunks]
-    outs = [memory_obj(torch.zeros_like(c)) for c in chunks]
-    keys = [key_of(i) for i in range(len(chunks))]
+    chunks, srcs, dsts, _, outs, keys = serde_objects(serializer, chunks, "cuda")
     calls = passes * len(chunks)
     profile = cProfile.Profile()
     torch.cuda.synchronize()

@@ -79,7 +79,7 @@ class Runner {
     if (is_fp8(g.element_format)) {
       // Codes widen exactly; the layer's scales multiply the softmax scale and the output's 1/S instead (for
       // a BF16 cache both factors stay as they are).
-      widening_ = fp8_widening(g.element_format);
+      widening_ = &fp8_widening(g.element_format);
       key_scale_ = o.scale * cache.scale(layer, TensorKind::key);
       value_scale_ = cache.scale(layer, TensorKind::value);
     }
@@ -231,7 +231,7 @@ class Runner {
   /// True for a cache of FP8 codes, whose tiles are read as BF16 rows widened from them.
   bool fp8() const { return is_fp8(view_.geometry.element_format); }
   /// The widening of the cache's codes (one table for K and V: their scales apply to scores and output).
-  const Fp8Widening& widening() const { return widening_; }
+  const Fp8Widening& widening() const { return *widening_; }
 
   /// The decoded tiles of `sequence` when several query tiles share them, else null.
   const DecodedBlocks* shared_blocks(SequenceId sequence) const {
@@ -484,9 +484,9 @@ class Runner {
   const std::span<const AttentionQuery> queries_;
   const AttentionOptions& o_;
   const Kernels& kernels_;
-  Fp8Widening widening_ = {};  ///< an FP8 cache's widening of its codes
-  float key_scale_ = 1.0f;      ///< factor of every score: the softmax scale, times an FP8 layer's K scale
-  float value_scale_ = 1.0f;    ///< factor of the output's 1/S: an FP8 layer's V scale (1 otherwise)
+  const Fp8Widening* widening_ = nullptr;  ///< an FP8 cache's widening of its codes
+  float key_scale_ = 1.0f;                 ///< factor of every score: the softmax scale, times an FP8 layer's K scale
+  float value_scale_ = 1.0f;               ///< factor of the output's 1/S: an FP8 layer's V scale (1 otherwise)
   int group_ = 1;
   SequenceTable table_;
   std::vector<QuerySequence> sequences_;

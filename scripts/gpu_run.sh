@@ -83,9 +83,9 @@ if [ $skip_tests -eq 0 ]; then
 fi
 sanitize() {
   stage "compute-sanitizer"
-  for t in cuda_decode_test:GpuDecode cuda_codec_test:GpuCodec; do
+  for t in cuda_decode_test:GpuDecode cuda_decode_test:GpuFp8Decode cuda_codec_test:GpuCodec; do
     for tool in memcheck racecheck; do
-      log="$out/sanitizer-${t%%:*}-$tool.log"
+      log="$out/sanitizer-${t%%:*}-${t#*:}-$tool.log"
       timeout 120 compute-sanitizer --tool $tool --error-exitcode 3 "$bin/${t%%:*}" \
         --gtest_filter="${t#*:}.SmallCaseForTheSanitizers" >"$log" 2>&1
       rc=$?
@@ -134,7 +134,7 @@ if [ $skip_bench -eq 0 ]; then
     stage "benchmark $((i + 1)) of ${#bench_args[@]}: ${bench_args[$i]}"
     # What runs after the benchmark: the comparisons (~8 s each), the sanitizers (~45 s), ncu (~20 s each);
     # the time left is shared by the benchmark runs still to come.
-    reserve=$((8 * ${#compare[@]} + (skip_sanitizer ? 0 : 45) + 20 * ${#profiles[@]} + 10))
+    reserve=$((8 * ${#compare[@]} + (skip_sanitizer ? 0 : 65) + 20 * ${#profiles[@]} + 10))
     left=$(((limit - SECONDS - reserve) / (${#bench_args[@]} - i)))
     # shellcheck disable=SC2086
     PYTHONUNBUFFERED=1 timeout $((left + 30)) python3 bench/gpu/bench_decode.py --lib "$bin/libgaac_gpu_bench.so" \

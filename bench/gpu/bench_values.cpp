@@ -28,6 +28,49 @@ CalibrationTable calibration_of_layer(const CalibrationTable& table, int layer) 
   return one;
 }
 
+/// `src` repeated along tokens to `tokens` tokens, starting at token `shift`.
+template <class T>
+BasicKvTensor<T> tiled_tensor(const BasicKvTensor<T>& src, int tokens, int shift) {
+  BasicKvTensor<T> dst{tokens, src.kv_heads, src.head_dim, {}};
+  const size_t row = static_cast<size_t>(src.kv_heads) * src.head_dim;
+  dst.data.resize(static_cast<size_t>(tokens) * row);
+  for (int t = 0; t < tokens; ++t)
+    std::memcpy(dst.data.data() + static_cast<size_t>(t) * row,
+                src.data.data() + static_cast<size_t>((t + shift) % src.tokens) * row, row * sizeof(T));
+  return dst;
+}
+
+/// Runs body over [0, n) in one chunk per core.
+void on_every_core(size_t n, const std::function<void(size_t, size_t)>& body) {
+  const size_t threads = std::max<size_t>(1, std::min<size_t>(std::thread::hardware_concurrency(), n));
+  std::vector<std::thread> pool;
+  for (size_t i = 0; i < threads; ++i) pool.emplace_back([&, i] { body(n * i / threads, n * (i + 1) / threads); });
+  for (std::thread& t : pool) t.join();
+}
+
+/// A cache of one layer made from `config` (its format, calibration and FP8 settings; the geometry and
+/// a budget that surely holds them are set here) holding each of `sequences` as one sequence, appended
+/// whole, and their table.
+template <class Dump>
+KvCache fill_cache(const std::vector<Dump>& sequences, CacheConfig config, int window, SequenceTable& batch) {
+  const Dump& first = sequences.front();
+  config.geometry = {1, first.kv_heads(), first.head_dim(), {window}};
+  config.budget_bytes = worst_case_budget(config.geometry, config.format, config.calibration, first.layers[0].k.tokens,
+                                          static_cast<int>(sequences.size()));
+  config.parallel = on_every_core;
+  KvCache cache(std::move(config));
+  using View = decltype(view_of(first.layers[0].k));  // KvView or Fp8KvView
+  std::vector<SequenceId> ids;
+  for (const Dump& d : sequences) {
+    ids.push_back(cache.add_sequence());
+    const View k[] = {view_of(d.layers[0].k)};
+    const View v[] = {view_of(d.layers[0].v)};
+    if (cache.append(ids.back(), k, v).status != CacheStatus::ok) throw Error("bench: the cache is full");
+  }
+  batch = cache.sequence_table(ids);
+  return cache;
+}
+
 }  // namespace
 
 std::string& last_error() {
@@ -99,45 +142,33 @@ void base_values(const std::string& source, int layer, const std::string& calibr
 
 KvDump tiled(const KvDump& base, int tokens, int shift) {
   KvDump d;
-  d.layers.resize(1);
-  const int n = base.layers[0].k.tokens;
-  const size_t row = static_cast<size_t>(base.kv_heads()) * base.head_dim();
-  for (int kind = 0; kind < 2; ++kind) {
-    const KvTensor& src = kind ? base.layers[0].v : base.layers[0].k;
-    KvTensor& dst = kind ? d.layers[0].v : d.layers[0].k;
-    dst.tokens = tokens, dst.kv_heads = src.kv_heads, dst.head_dim = src.head_dim;
-    dst.data.resize(static_cast<size_t>(tokens) * row);
-    for (int t = 0; t < tokens; ++t)
-      std::memcpy(dst.data.data() + static_cast<size_t>(t) * row, src.data.data() + static_cast<size_t>((t + shift) % n) * row, row * 2);
-  }
+  d.layers.push_back({tiled_tensor(base.layers[0].k, tokens, shift), tiled_tensor(base.layers[0].v, tokens, shift)});
+  return d;
+}
+
+Fp8KvDump tiled(const Fp8KvDump& base, int tokens, int shift) {
+  Fp8KvDump d;
+  d.format = base.format, d.k_scales = base.k_scales, d.v_scales = base.v_scales;
+  d.layers.push_back({tiled_tensor(base.layers[0].k, tokens, shift), tiled_tensor(base.layers[0].v, tokens, shift)});
   return d;
 }
 
 KvCache fill(const std::vector<KvDump>& sequences, CacheFormat format, const CalibrationTable& table, int window,
              SequenceTable& batch) {
   CacheConfig config;
-  const KvDump& first = sequences.front();
-  config.geometry = {1, first.kv_heads(), first.head_dim(), {window}};
   config.format = format;
   config.calibration = &table;
-  config.budget_bytes = worst_case_budget(config.geometry, format, &table, first.layers[0].k.tokens,
-                                          static_cast<int>(sequences.size()));
-  config.parallel = [](size_t n, const std::function<void(size_t, size_t)>& body) {
-    const size_t threads = std::max<size_t>(1, std::min<size_t>(std::thread::hardware_concurrency(), n));
-    std::vector<std::thread> pool;
-    for (size_t i = 0; i < threads; ++i) pool.emplace_back([&, i] { body(n * i / threads, n * (i + 1) / threads); });
-    for (std::thread& t : pool) t.join();
-  };
-  KvCache cache(std::move(config));
-  std::vector<SequenceId> ids;
-  for (const KvDump& d : sequences) {
-    ids.push_back(cache.add_sequence());
-    const KvView k[] = {view_of(d.layers[0].k)};
-    const KvView v[] = {view_of(d.layers[0].v)};
-    if (cache.append(ids.back(), k, v).status != CacheStatus::ok) throw Error("bench: the cache is full");
-  }
-  batch = cache.sequence_table(ids);
-  return cache;
+  return fill_cache(sequences, std::move(config), window, batch);
+}
+
+KvCache fill(const std::vector<Fp8KvDump>& sequences, CacheFormat format, const CalibrationTable& table, int window,
+             SequenceTable& batch) {
+  const Fp8KvDump& first = sequences.front();
+  CacheConfig config;
+  config.format = format;
+  config.calibration = &table;
+  config.fp8 = {first.format, first.k_scales, first.v_scales};
+  return fill_cache(sequences, std::move(config), window, batch);
 }
 
 }  // namespace gaac::bench

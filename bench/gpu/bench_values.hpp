@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "gaac/calibration.hpp"
+#include "gaac/fp8_dump.hpp"
 #include "gaac/kv_cache.hpp"
 #include "gaac/kv_dump.hpp"
 
@@ -39,10 +40,16 @@ void base_values(const std::string& source, int layer, const std::string& calibr
 
 /// The one layer of `base` repeated along tokens to `tokens` tokens, starting at token `shift`.
 KvDump tiled(const KvDump& base, int tokens, int shift);
+/// The same for FP8 codes; the format and scales are carried over.
+Fp8KvDump tiled(const Fp8KvDump& base, int tokens, int shift);
 
 /// A cache of one layer holding each of `sequences` as one sequence, appended whole (complete blocks
 /// encoded on every core), and their table.
 KvCache fill(const std::vector<KvDump>& sequences, CacheFormat format, const CalibrationTable& table, int window,
+             SequenceTable& batch);
+/// The same for FP8 codes, in a cache of an FP8 format (gaac_fp8 or fp8) with the dumps' element format
+/// and scales, `table` an FP8 table of that format.
+KvCache fill(const std::vector<Fp8KvDump>& sequences, CacheFormat format, const CalibrationTable& table, int window,
              SequenceTable& batch);
 
 }  // namespace gaac::bench

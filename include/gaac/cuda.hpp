@@ -73,7 +73,10 @@ class GAAC_API CacheMemory {
  public:
   /// Copies a host cache to the device, in its layout: the pool up to its last unit in use (units past
   /// it hold nothing a kernel reads), the whole block table, the bases and the windows; the free stack
-  /// holds the host's free units the device pool has, in the host's order.
+  /// holds the host's free units the device pool has, in the host's order. Any format: BF16 (gaac,
+  /// bf16) or FP8 (gaac_fp8, fp8, with their scales); an FP8 cache on the device is read by decode
+  /// attention only (every kernel that writes or rebuilds tiles refuses it), and marks the tiles that
+  /// hold a NaN or infinity code, which attention widens through the table of exact values.
   static CacheMemory upload(const KvCache& host);
   /// An empty cache made on the device alone, carved from `config`'s budget exactly as a KvCache of
   /// that config is (the same unit size, units, block rows and bases), every unit free. Sequences grow
@@ -96,8 +99,17 @@ class GAAC_API CacheMemory {
   const std::vector<int32_t>& windows() const { return windows_; }
   /// Units in the pool.
   uint32_t units() const { return units_; }
-  /// True for a cache of compressed slots (units smaller than a raw tile); false for a BF16 cache.
+  /// True for a cache of compressed slots (units smaller than a raw tile: gaac, gaac_fp8); false for a
+  /// BF16 or plain FP8 cache.
   bool compressed() const { return view_.geometry.raw_split(); }
+  /// The elements its tiles hold: BF16, or the FP8 format of an FP8 cache.
+  ElementFormat element_format() const { return view_.geometry.element_format; }
+  /// The scale of layer `layer`'s K or V codes in an FP8 cache (1 in a BF16 cache): code x stands for
+  /// fp8_to_float(x) · scale.
+  float scale(int layer, TensorKind kind) const;
+  /// Throws gaac::Error naming `what` unless the cache holds BF16 tiles: every kernel but decode
+  /// attention (growth, finalize, edits, decompression) reads and writes BF16 only.
+  void require_bf16(const char* what) const;
   /// Copies the pool and the block table back to host memory (synchronous; for tests and tools).
   void download(std::vector<uint8_t>& units, std::vector<uint32_t>& entries) const;
   /// The block table, copied to host memory (synchronises the device).
@@ -134,6 +146,8 @@ class GAAC_API CacheMemory {
   uint32_t rows_taken_ = 0;
   DeviceBuffer units_buffer_, entries_buffer_, bases_buffer_, lane_bases_buffer_, windows_buffer_;
   DeviceBuffer free_stack_buffer_, free_count_buffer_, status_buffer_, refs_buffer_;
+  std::vector<float> k_scales_, v_scales_;       ///< FP8 caches: per layer (empty: all 1)
+  DeviceBuffer special_buffer_, widening_buffer_;  ///< FP8 caches: DeviceCacheView::special, ::widening
 };
 
 /// The sequence table of a batch on the device, with the host's copy of its numbers (what a plan
@@ -307,7 +321,10 @@ class GAAC_API DecodePlan {
   size_t workspace_bytes() const;
 
   /// Decode attention of one query token per sequence (its newest) over layer `layer`: the fused GAAC
-  /// kernel for a compressed cache, the BF16 twin for a BF16 one. `q` and `out` are device arrays
+  /// kernel for a compressed cache, the BF16 twin for a BF16 one; over an FP8 cache the same kernels
+  /// with its codes widened to their exact BF16 values (GAAC-FP8 slots rebuilt in registers, the plain
+  /// FP8 twin's tiles read from shared memory), every score multiplied by `scale` · k_scale of the layer
+  /// and the output by v_scale (docs/format.md, section 13). `q` and `out` are device arrays
   /// `[sequences][q_heads][head_dim]` of BF16; query head h reads KV head h / (q_heads / kv_heads);
   /// `scale` multiplies the scores (0: 1/sqrt(head_dim)). Asynchronous on `stream`. Throws, launching
   /// nothing, when the plan does not cover the cache and batch (plan again).

@@ -24,6 +24,11 @@ struct DeviceCacheView {
   /// Per unit: the block-table entries holding it as a tile's (first) unit. Forks share tiles; a tile's
   /// units go back on the free stack when the last entry holding it lets go.
   uint32_t* refs = nullptr;
+  /// FP8 caches: bit u % 32 of word u / 32 is set when unit u is a tile's (first) unit and the tile holds
+  /// a NaN or infinity code (widened through `widening` rather than by bit placement). Null otherwise.
+  const uint32_t* special = nullptr;
+  /// FP8 caches: the exact BF16 value of each of the 256 codes of the cache's format. Null otherwise.
+  const uint16_t* widening = nullptr;
 };
 
 /// A batch's sequence table on the device as kernels read it (CSR, as gaac::SequenceTableView).

@@ -37,6 +37,7 @@ BatchTable BatchTable::upload(const SequenceTableView& host) {
 }
 
 BatchTable BatchTable::reserve(CacheMemory& cache, int sequences, int max_tokens) {
+  cache.require_bf16("BatchTable::reserve");
   if (sequences < 1) throw Error("BatchTable: a batch needs at least one sequence");
   if (max_tokens < 1) throw Error("BatchTable: max_tokens must be at least 1");
   const int blocks = (max_tokens + kTileTokens - 1) / kTileTokens;

@@ -9,7 +9,10 @@
 
 #include "cuda/check.hpp"
 #include "cuda/lane_bases.hpp"
+#include "cuda/lane_fp8.cuh"
+#include "gaac/bf16.hpp"
 #include "gaac/cuda.hpp"
+#include "gaac/fp8_dump.hpp"
 #include "gaac/kv_cache.hpp"
 
 namespace gaac::cuda {
@@ -46,11 +49,59 @@ void upload_bases(const PagedGeometry& geo, const uint8_t* bases, DeviceBuffer& 
   lanes.upload(lane_bases.data(), lane_bases.size() * 4);
 }
 
-/// Throws gaac::Error unless the cache holds BF16 elements: the device kernels read BF16 tiles only.
-void require_bf16(const PagedGeometry& geo) {
+/// Throws gaac::Error unless the cache holds BF16 elements: caches grown on the device are BF16.
+void require_bf16_geometry(const PagedGeometry& geo) {
   if (geo.element_format != ElementFormat::bf16) {
-    throw Error(std::string("CacheMemory: the GPU cache holds BF16 tiles, not ") + to_string(geo.element_format));
+    throw Error(std::string("CacheMemory: a cache grown on the GPU holds BF16 tiles, not ") + to_string(geo.element_format) +
+                " (an FP8 cache is made on the host and uploaded)");
   }
+}
+
+/// True when one of the 16·C codes at `codes` is a NaN or an infinity of format F.
+template <ElementFormat F>
+bool has_special_code(const std::vector<uint8_t>& codes) {
+  for (size_t i = 0; i < codes.size(); i += 4) {
+    uint32_t word;
+    std::memcpy(&word, codes.data() + i, 4);
+    if (lane::fp8_special_codes<F>(word) != 0u) return true;
+  }
+  return false;
+}
+
+/// DeviceCacheView::special of an FP8 host cache whose pool's first `units` units are uploaded: every
+/// tile (compressed slots decoded with the cache's codecs, raw tiles read) is looked at once.
+std::vector<uint32_t> special_units(const KvCache& host, uint32_t units) {
+  const PagedCacheView v = host.view();
+  const PagedGeometry& g = v.geometry;
+  const int channels = g.tile_channels();
+  std::vector<uint32_t> bits(units / 32 + 1, 0u);
+  std::vector<uint8_t> codes(static_cast<size_t>(kTileTokens) * channels);
+  const auto special = g.element_format == ElementFormat::e4m3 ? &has_special_code<ElementFormat::e4m3>
+                                                               : &has_special_code<ElementFormat::e5m2>;
+  for (int layer = 0; layer < g.layers; ++layer)
+    for (uint32_t row = 0; row < g.row_capacity; ++row)
+      for (int head = 0; head < g.kv_heads; ++head)
+        for (const TensorKind kind : {TensorKind::key, TensorKind::value})
+          for (int half = 0; half < g.halves(); ++half) {
+            const uint32_t e = v.entries[g.entry_index(layer, row, head, kind, half)];
+            const TileClass cls = entry_class(e);
+            if (cls != TileClass::compressed && cls != TileClass::raw) continue;
+            const uint32_t unit = entry_unit(e);
+            const uint8_t* first = v.units + g.unit_offset(unit);
+            if (cls == TileClass::compressed) {
+              const BlockDecodeResult r = host.fp8_codecs()->codec(kind, layer, head, half).decode_blocks(
+                  first, g.unit_bytes, 1, codes.data(), static_cast<size_t>(channels), codes.size());
+              if (r.status != DecodeStatus::ok) throw Error("CacheMemory: an FP8 slot of the host cache does not decode");
+            } else {
+              uint32_t second = 0;
+              if (g.raw_split()) std::memcpy(&second, first + g.partner_offset(), sizeof second);
+              const uint8_t* high = g.raw_split() ? v.units + g.unit_offset(second) : first + g.raw_half_bytes();
+              std::memcpy(codes.data(), first, g.raw_half_bytes());
+              std::memcpy(codes.data() + g.raw_half_bytes(), high, g.raw_half_bytes());
+            }
+            if (special(codes)) bits[unit / 32] |= 1u << (unit % 32);
+          }
+  return bits;
 }
 
 }  // namespace
@@ -58,7 +109,6 @@ void require_bf16(const PagedGeometry& geo) {
 CacheMemory CacheMemory::upload(const KvCache& host_cache) {
   const PagedCacheView host = host_cache.view();
   const PagedGeometry& geo = host.geometry;
-  require_bf16(geo);
   if (geo.unit_bytes % 16 != 0) throw Error("CacheMemory: unit size is not a multiple of 16 bytes");
   const uint32_t units = units_in_use(host);
   CacheMemory cache;
@@ -81,13 +131,40 @@ CacheMemory CacheMemory::upload(const KvCache& host_cache) {
   for (size_t i = 0; i < geo.table_entries(); ++i)
     if (entry_class(host.entries[i]) != TileClass::absent) ++refs[entry_unit(host.entries[i])];
   cache.refs_buffer_.upload(refs.data(), static_cast<size_t>(units) * 4);
+  if (is_fp8(geo.element_format)) {
+    for (int l = 0; l < geo.layers; ++l) {
+      cache.k_scales_.push_back(host_cache.scale(l, TensorKind::key));
+      cache.v_scales_.push_back(host_cache.scale(l, TensorKind::value));
+    }
+    const std::vector<uint32_t> special = special_units(host_cache, units);
+    cache.special_buffer_ = DeviceBuffer(special.size() * 4);
+    cache.special_buffer_.upload(special.data(), special.size() * 4);
+    std::vector<uint16_t> table(256);  // each code's exact value, as CPU attention widens it
+    for (size_t x = 0; x < table.size(); ++x) table[x] = float_to_bf16(fp8_to_float(static_cast<uint8_t>(x), geo.element_format));
+    cache.widening_buffer_ = DeviceBuffer(table.size() * 2);
+    cache.widening_buffer_.upload(table.data(), table.size() * 2);
+    cache.view_.special = static_cast<const uint32_t*>(cache.special_buffer_.data());
+    cache.view_.widening = static_cast<const uint16_t*>(cache.widening_buffer_.data());
+  }
   return cache;
+}
+
+void CacheMemory::require_bf16(const char* what) const {
+  if (is_fp8(element_format()))
+    throw Error(std::string(what) + ": the cache holds " + to_string(element_format()) +
+                " codes; on the GPU an FP8 cache is read by decode attention only");
+}
+
+float CacheMemory::scale(int layer, TensorKind kind) const {
+  if (layer < 0 || layer >= view_.geometry.layers) throw Error("CacheMemory::scale: layer " + std::to_string(layer) + " out of range");
+  const std::vector<float>& scales = kind == TensorKind::key ? k_scales_ : v_scales_;
+  return scales.empty() ? 1.0f : scales[static_cast<size_t>(layer)];
 }
 
 CacheMemory CacheMemory::create(const CacheConfig& config) {
   const CacheCarving carving = carve_cache(config);
   const PagedGeometry& geo = carving.geometry;
-  require_bf16(geo);
+  require_bf16_geometry(geo);
   CacheMemory cache;
   cache.units_ = static_cast<uint32_t>(carving.units);
   const size_t pool = static_cast<size_t>(cache.units_) * geo.unit_bytes;
@@ -158,6 +235,10 @@ CacheMemory CacheMemory::clone() const {
   copy.free_count_buffer_ = free_count_buffer_.copy();
   copy.status_buffer_ = status_buffer_.copy();
   copy.refs_buffer_ = refs_buffer_.copy();
+  copy.k_scales_ = k_scales_;
+  copy.v_scales_ = v_scales_;
+  copy.special_buffer_ = special_buffer_.copy();
+  copy.widening_buffer_ = widening_buffer_.copy();
   copy.view_ = view_;
   copy.view_.units = static_cast<uint8_t*>(copy.units_buffer_.data());
   copy.view_.entries = static_cast<uint32_t*>(copy.entries_buffer_.data());
@@ -168,6 +249,8 @@ CacheMemory CacheMemory::clone() const {
   copy.view_.free_count = static_cast<uint32_t*>(copy.free_count_buffer_.data());
   copy.view_.status = static_cast<uint32_t*>(copy.status_buffer_.data());
   copy.view_.refs = static_cast<uint32_t*>(copy.refs_buffer_.data());
+  if (view_.special) copy.view_.special = static_cast<const uint32_t*>(copy.special_buffer_.data());
+  if (view_.widening) copy.view_.widening = static_cast<const uint16_t*>(copy.widening_buffer_.data());
   return copy;
 }
 

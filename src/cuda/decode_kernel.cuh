@@ -1,10 +1,16 @@
-// The split-context decode-attention kernel over a paged cache (docs/format.md, section 13), in two
-// forms that differ only in how a tile becomes operand registers:
+// The split-context decode-attention kernel over a paged cache (docs/format.md, section 13), in forms
+// that differ only in how a tile becomes operand registers:
 //   * TileSource::gaac — compressed slots are rebuilt in registers (lane_decode.cuh), raw tiles read
 //     from global memory;
-//   * TileSource::bf16 — its twin over a BF16 cache: tiles read from shared memory with ldmatrix.
+//   * TileSource::bf16 — its twin over a BF16 cache: tiles read from shared memory with ldmatrix;
+//   * TileSource::gaac_e4m3 / gaac_e5m2 — GAAC-FP8 slots rebuilt in registers (lane_fp8.cuh), raw FP8
+//     tiles read from global memory, every code widened to its exact BF16 value;
+//   * TileSource::e4m3 / e5m2 — their twin over a plain FP8 cache: tiles read from shared memory and
+//     widened the same way. Its value tiles come through ldmatrix.trans, which hands a lane channels
+//     2g and 2g+1 of a 16-channel block where the slots' order has g and g+8: the twin's output rows
+//     are those channels (each output element is the same sum of the same products either way).
 // Everything else — the pipeline, the products, the online softmax, the merges — is the same code,
-// so on the same values both give the same bits.
+// so on the same values a cache and its twin give the same bits.
 //
 // Work split: CTA (split, KV head, sequence) takes up to blocks_per_split consecutive attended
 // blocks of one sequence; its warps take every NW-th block, each streaming its blocks through its own
@@ -23,6 +29,7 @@
 #include "cuda/decode_params.hpp"
 #include "cuda/lane_bases.hpp"
 #include "cuda/lane_decode.cuh"
+#include "cuda/lane_fp8.cuh"
 #include "cuda/ptx.cuh"
 #include "cuda/warp.cuh"
 
@@ -43,16 +50,27 @@ __device__ __forceinline__ uint32_t lane_tags(const uint8_t* slot, int lane) {
   else return slot[S::kTagOffset + lane];
 }
 
+/// Escape bytes lane `lane` owns in the compressed slot at `slot` of source Src.
+template <int C, TileSource Src>
+__device__ __forceinline__ uint32_t lane_escape_bytes(const uint8_t* slot, int lane) {
+  if constexpr (Src == TileSource::gaac) {
+    return lane::escape_bytes_of_lane(lane_tags<C>(slot, lane));
+  } else {
+    constexpr ElementFormat F = element_format(Src);
+    return lane::fp8_escape_bytes_of_lane<C, F>(lane::fp8_lane_tags<C, F>(slot, lane));
+  }
+}
+
 /// Where each lane's escapes start in each of a block's tiles: one warp scan for every two tiles (two
 /// 16-bit prefix sums in one word; a lane's escapes are at most 40 bytes, a tile's at most 1,280).
 /// Tiles that are not compressed count zero.
-template <int C, int kTiles>
+template <int C, TileSource Src, int kTiles>
 __device__ __forceinline__ void escape_offsets(const uint8_t* stage, uint32_t tile_stride, const uint32_t (&ent)[kTiles],
                                                int lane, uint32_t (&offset)[kTiles]) {
   uint32_t count[kTiles];
 #pragma unroll
   for (int j = 0; j < kTiles; ++j)
-    count[j] = entry_class(ent[j]) == TileClass::compressed ? lane::escape_bytes_of_lane(lane_tags<C>(stage + j * tile_stride, lane)) : 0u;
+    count[j] = entry_class(ent[j]) == TileClass::compressed ? lane_escape_bytes<C, Src>(stage + j * tile_stride, lane) : 0u;
 #pragma unroll
   for (int j = 0; j < kTiles; j += 2) {
     const uint32_t both = warp_exclusive_scan(count[j] | count[j + 1] << 16, lane);
@@ -115,6 +133,40 @@ __device__ __forceinline__ void decode_slot(const uint8_t* slot, int lane, uint3
     decode_groups<C, Key, EscapePath::branch_free>(s, escapes, offset, base3, delta, lane, use);
 }
 
+/// The two bf16x2 registers of an FP8 quad: by bit placement, or through `table` in a tile that holds
+/// a NaN or infinity code (Exact).
+template <ElementFormat F, bool Exact>
+__device__ __forceinline__ void widen(lane::Fp8Quad q, const uint16_t* table, uint32_t& r0, uint32_t& r1) {
+  if constexpr (Exact) lane::widen_exact<F>(q, table, r0, r1);
+  else lane::widen_fast<F>(q, r0, r1);
+}
+
+/// decode_slot for a GAAC-FP8 slot: its quads rebuilt (lane_fp8.cuh) and widened (through `table`
+/// when Exact), passed to `use` group by group as decode_slot does. `base2`/`delta` point at the
+/// lane-interleaved b2 and b3 − b2 words of this (kind, half) in shared memory.
+template <int C, ElementFormat F, bool Key, bool Exact, class Use>
+__device__ __forceinline__ void decode_fp8_slot(const uint8_t* slot, int lane, uint32_t offset, const uint4* base2,
+                                                const uint4* delta, const uint16_t* table, const Use& use) {
+  const auto word = [&](const uint4* words, int w) {  // a 16-byte load the quads of a group share
+    const uint4 x = words[(w / 4) * 32 + lane];
+    return w % 4 == 0 ? x.x : w % 4 == 1 ? x.y : w % 4 == 2 ? x.z : x.w;
+  };
+  lane::fp8_decode_groups<C, F, Key>(
+      slot, lane, offset, [&](int w) { return word(base2, w); }, [&](int w) { return word(delta, w); },
+      [&](auto group, const lane::Fp8Quad (&quads)[2]) {
+        uint32_t r0[2], r1[2];
+#pragma unroll
+        for (int q = 0; q < 2; ++q) widen<F, Exact>(quads[q], table, r0[q], r1[q]);
+        use(group, r0, r1);
+      });
+}
+
+/// True when the tile of `entry` (compressed or raw) holds a NaN or infinity code (FP8 caches).
+__device__ __forceinline__ bool special_tile(const DeviceCacheView& cache, uint32_t entry) {
+  const uint32_t unit = entry_unit(entry);
+  return (__ldg(cache.special + unit / 32) >> (unit % 32)) & 1u;
+}
+
 /// Key fragments from the rebuilt quads: quad h·(C/16) + s is (token half h, channel step s).
 template <int C>
 __device__ __forceinline__ void key_from_quads(const uint32_t (&r0)[C / 8], const uint32_t (&r1)[C / 8],
@@ -166,11 +218,11 @@ struct RawRows {
   const uint8_t* high;
 };
 
-template <int C>
 __device__ __forceinline__ RawRows raw_rows(const DecodeArgs& a, uint32_t entry) {
   const uint8_t* first = a.cache.units + a.cache.geometry.unit_offset(entry_unit(entry));
-  if (!a.cache.geometry.raw_split()) return {first, first + 16 * C};
-  const uint32_t second = *reinterpret_cast<const uint32_t*>(first + 16 * C);
+  const size_t half = a.cache.geometry.raw_half_bytes();
+  if (!a.cache.geometry.raw_split()) return {first, first + half};
+  const uint32_t second = *reinterpret_cast<const uint32_t*>(first + half);
   return {first, a.cache.units + a.cache.geometry.unit_offset(second)};
 }
 
@@ -205,6 +257,64 @@ __device__ __forceinline__ void value_from_raw(const RawRows& rows, int lane, Va
   }
 }
 
+/// Key fragments of an FP8 tile whose rows 0..7 start at `low` and 8..15 at `high`, `stride` bytes
+/// apart: a lane's codes of channels 16s + 2t, +1 and 16s + 2t + 8, +9 (two 2-byte loads) make the
+/// quad of the slots' order, widened.
+template <int C, ElementFormat F, bool Exact>
+__device__ __forceinline__ void key_from_fp8_rows(const uint8_t* low, const uint8_t* high, uint32_t stride, int lane,
+                                                  const uint16_t* table, KeyFragments<C>& kf) {
+  const int g = lane / 4, t = lane % 4;
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint8_t* row = (h ? high : low) + g * stride + 2 * t;
+#pragma unroll
+    for (int s = 0; s < C / 16; ++s) {
+      const uint32_t first = *reinterpret_cast<const uint16_t*>(row + 16 * s);
+      const uint32_t second = *reinterpret_cast<const uint16_t*>(row + 16 * s + 8);
+      widen<F, Exact>(lane::fp8_quad<F>(lane::prmt(first, second, 0x5140u)), table, kf[h][s][0], kf[h][s][1]);
+    }
+  }
+}
+
+/// Value fragments of a plain FP8 tile staged in shared memory (rows of fp8_row_stride(C) bytes), with
+/// ldmatrix.trans: a lane receives tokens 2t, 2t+1 of channels 2g, 2g+1 of a 16-channel block, which
+/// become A rows g (channel 2g) and g + 8 (channel 2g + 1): the twin's permuted output rows.
+template <int C, ElementFormat F, bool Exact>
+__device__ __forceinline__ void value_from_fp8_tile(const uint8_t* tile, int lane, const uint16_t* table,
+                                                    ValueFragments<C>& vf) {
+  const int m = lane / 8, r = lane % 8;
+  const uint8_t* row = tile + (8 * (m % 2) + r) * fp8_row_stride(C) + 16 * (m / 2);
+#pragma unroll
+  for (int pair = 0; pair < C / 32; ++pair) {
+    uint32_t x[4];
+    ptx::ldmatrix_x4_trans(x, row + 32 * pair);
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      uint32_t* a = vf[2 * pair + k / 2] + 2 * (k % 2);  // tokens 0..7: a0, a1; tokens 8..15: a2, a3
+      widen<F, Exact>(lane::fp8_quad<F>(x[k]), table, a[0], a[1]);
+    }
+  }
+}
+
+/// Value fragments of a raw FP8 tile in global memory (the rare path of the GAAC-FP8 kernel), in the
+/// slots' order: quad c holds channel 8c + g, tokens 2t, 2t+8, 2t+1, 2t+9.
+template <int C, ElementFormat F, bool Exact>
+__device__ __forceinline__ void value_from_fp8_raw(const RawRows& rows, int lane, const uint16_t* table,
+                                                   ValueFragments<C>& vf) {
+  const int g = lane / 4, t = lane % 4;
+  uint32_t r0[C / 8], r1[C / 8];
+#pragma unroll
+  for (int c = 0; c < C / 8; ++c) {
+    const int channel = 8 * c + g;
+    const uint32_t codes = static_cast<uint32_t>(rows.low[2 * t * C + channel]) |
+                           static_cast<uint32_t>(rows.high[2 * t * C + channel]) << 8 |
+                           static_cast<uint32_t>(rows.low[(2 * t + 1) * C + channel]) << 16 |
+                           static_cast<uint32_t>(rows.high[(2 * t + 1) * C + channel]) << 24;
+    widen<F, Exact>(lane::fp8_quad<F>(codes), table, r0[c], r1[c]);
+  }
+  value_from_quads<C>(r0, r1, vf);
+}
+
 /// Folds fragments into a word the compiler cannot drop (variants that skip the products).
 template <int N>
 __device__ __forceinline__ uint32_t fold(const uint32_t* x) {
@@ -237,12 +347,12 @@ __device__ __forceinline__ bool last_to_arrive(uint32_t* counter, int expected, 
 
 /// Merges `count` consecutive partial results (running max m, sum l, unnormalised O of `heads` heads ×
 /// kD channels; consecutive partials `stride` heads apart), starting at head `first` of `po`/`pml`, in
-/// index order. Final: writes O / L as bf16 to `out`; otherwise writes the merged (M, L, O) to
+/// index order. Final: writes O · ((1 / L) · out_scale) as bf16 to `out`; otherwise writes the merged (M, L, O) to
 /// `dst_o`/`dst_ml` (the same stride). `scratch`: shared memory for H × 64 weights and H × 2 floats;
 /// heads ≤ H, count ≤ 64.
 template <int NW, int H, int kD, bool Final>
 __device__ void merge_partials(const float* po, const float* pml, size_t first, int count, int heads, int stride,
-                               uint8_t* scratch, uint16_t* out, float* dst_o, float* dst_ml, int tid) {
+                               uint8_t* scratch, uint16_t* out, float* dst_o, float* dst_ml, float out_scale, int tid) {
   const int warp = tid / 32, lane = tid % 32;
   float* weight = reinterpret_cast<float*>(scratch);  // [head][64]
   float* ml = weight + H * 64;                        // [head][M, L]
@@ -262,7 +372,7 @@ __device__ void merge_partials(const float* po, const float* pml, size_t first, 
     for (int d = 16; d > 0; d >>= 1) l += __shfl_xor_sync(0xFFFFFFFFu, l, d);
     __syncwarp();
     if (Final) {
-      const float inv = l > 0.0f ? 1.0f / l : 0.0f;
+      const float inv = (l > 0.0f ? 1.0f / l : 0.0f) * out_scale;
       for (int i = lane; i < count; i += 32) weight[head * 64 + i] *= inv;
     } else if (lane == 0) {
       ml[2 * head] = mx, ml[2 * head + 1] = l;
@@ -315,6 +425,10 @@ template <int C, int P, int H, TileSource Src, Work W, int NW, int STAGES>
 __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STAGES))
     decode_attention_kernel(const DecodeArgs a) {
   static_assert(H == 8 || H == 16, "8 or 16 query heads per KV head");
+  constexpr ElementFormat F = element_format(Src);
+  // A plain FP8 twin: its tiles staged in shared memory, its value tiles giving A rows g and g + 8
+  // channels 2g and 2g + 1 of a block (see the top).
+  constexpr bool kPlainFp8 = is_fp8(Src) && !is_compressed(Src);
   constexpr int kSteps = C / 16;  // k16 steps of Q·Kᵀ per tile, m16 blocks of Vᵀ·Pᵀ per tile
   constexpr int kBlocks = H / 8;  // n8 column blocks of query heads
   constexpr int kD = C * P;
@@ -396,7 +510,7 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
     const uint32_t* e = ents + (warp + NW * i) * kTiles;
     uint8_t* stage = my_stages + static_cast<uint32_t>(i % STAGES) * stage_bytes;
     uint64_t* bar = &bars[warp * STAGES + i % STAGES];
-    if constexpr (Src == TileSource::gaac) {
+    if constexpr (is_compressed(Src)) {
       // Lane j copies tile j when it is compressed (raw tiles are read from global memory), announcing
       // its bytes first; lane 0 arrives once every lane has.
       if (lane < kTiles) {
@@ -410,7 +524,8 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
       __syncwarp();
       if (lane == 0) ptx::mbarrier_arrive(bar);
     } else {
-      constexpr uint32_t kRowBytes = 2 * C;
+      constexpr uint32_t kRowBytes = is_fp8(Src) ? C : 2 * C;
+      constexpr uint32_t kRowStride = is_fp8(Src) ? fp8_row_stride(C) : bf16_row_stride(C);
       if (lane == 0) {
         uint32_t bytes = 0;
 #pragma unroll
@@ -422,7 +537,7 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
       for (int r = lane; r < 16 * kTiles; r += 32) {
         const uint32_t entry = e[r / 16];
         if (entry_class(entry) == TileClass::raw)
-          ptx::bulk_copy_to_shared(stage + (r / 16) * a.tile_stride + (r % 16) * bf16_row_stride(C),
+          ptx::bulk_copy_to_shared(stage + (r / 16) * a.tile_stride + (r % 16) * kRowStride,
                                    a.cache.units + a.cache.geometry.unit_offset(entry_unit(entry)) + (r % 16) * kRowBytes, kRowBytes,
                                    bar);
       }
@@ -447,14 +562,34 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
 
   for (int i = 0; i < STAGES && i < mine; ++i) issue(i);
 
-  // The lane-interleaved base words of this (layer, head), while the first tiles are in flight.
-  if constexpr (Src == TileSource::gaac) {
+  // The lane-interleaved base words of this (layer, head) and an FP8 cache's widening table, while the
+  // first tiles are in flight.
+  if constexpr (is_compressed(Src)) {
     constexpr uint32_t kVectors = lane_base_words(C, P) / 4;
     const uint4* src = reinterpret_cast<const uint4*>(a.cache.lane_bases + lane_bases_index(a.cache.geometry, a.layer, kvh));
     uint4* dst = reinterpret_cast<uint4*>(smem + layout.bases);
     for (uint32_t i = static_cast<uint32_t>(tid); i < kVectors; i += NW * 32) dst[i] = src[i];
   }
+  const uint16_t* table = reinterpret_cast<const uint16_t*>(smem + layout.widening);
+  if constexpr (is_fp8(Src)) {
+    for (int i = tid; i < 128; i += NW * 32)
+      reinterpret_cast<uint32_t*>(smem + layout.widening)[i] = reinterpret_cast<const uint32_t*>(a.cache.widening)[i];
+  }
   __syncthreads();
+
+  // Rebuilds the compressed tile at `tile` (a key tile when `key` is true) group by group into `use`
+  // (decode_slot's callback); a GAAC-FP8 tile holding a NaN or infinity code through the table.
+  const auto rebuild = [&](auto key, const uint8_t* tile, uint32_t offset, int half, uint32_t entry, const auto& use) {
+    constexpr bool kKey = decltype(key)::value;
+    const uint4* low = base_words<C>(bases, half, kKey, false);
+    const uint4* delta = base_words<C>(bases, half, kKey, true);
+    if constexpr (Src == TileSource::gaac) {
+      decode_slot<C, kKey>(tile, lane, offset, low, delta, use);
+    } else if constexpr (is_compressed(Src)) {
+      if (special_tile(a.cache, entry)) decode_fp8_slot<C, F, kKey, true>(tile, lane, offset, low, delta, table, use);
+      else decode_fp8_slot<C, F, kKey, false>(tile, lane, offset, low, delta, table, use);
+    }
+  };
 
   for (int i = 0; i < mine; ++i) {
     ptx::mbarrier_wait(&bars[warp * STAGES + i % STAGES], static_cast<uint32_t>(i / STAGES) & 1u);
@@ -473,7 +608,7 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
 #pragma unroll
       for (int h = 0; h < P; ++h) key_absent |= entry_class(ent[h]) == TileClass::absent;
       uint32_t offset[kTiles];
-      if constexpr (Src == TileSource::gaac && W != Work::no_decode) escape_offsets<C, kTiles>(stage, a.tile_stride, ent, lane, offset);
+      if constexpr (is_compressed(Src) && W != Work::no_decode) escape_offsets<C, Src, kTiles>(stage, a.tile_stride, ent, lane, offset);
 
       // Sᵀ = K·Qᵀ: the key tile is the A operand (token rows g and g+8, channel step s: quads s and
       // kSteps + s), Q the B operand (heads as columns: no zero rows), two accumulation chains per
@@ -487,10 +622,9 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
       for (int half = 0; half < P; ++half) {
         const TileClass cls = entry_class(ent[half]);
         const uint8_t* tile = stage + half * a.tile_stride;
-        if (Src == TileSource::gaac && W != Work::no_decode && cls == TileClass::compressed) {
+        if (is_compressed(Src) && W != Work::no_decode && cls == TileClass::compressed) {
           uint32_t low0[kSteps], low1[kSteps];  // token half 0 of a channel step, until half 1 arrives
-          decode_slot<C, true>(tile, lane, offset[half], base_words<C>(bases, half, true, false),
-                               base_words<C>(bases, half, true, true),
+          rebuild(std::true_type{}, tile, offset[half], half, ent[half],
                                [&](auto group, const uint32_t (&r0)[2], const uint32_t (&r1)[2]) {
 #pragma unroll
                                  for (int q = 0; q < 2; ++q) {
@@ -518,8 +652,16 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
           for (int q = 0; q < C / 8; ++q) r0[q] = s.sm[q], r1[q] = s.sm[q] ^ s.words[q % 3];
           key_from_quads<C>(r0, r1, kf);
         } else if (cls == TileClass::raw) {
-          if constexpr (Src == TileSource::bf16) key_from_bf16_tile<C>(tile, lane, kf);
-          else key_from_raw<C>(raw_rows<C>(a, ent[half]), lane, kf);
+          if constexpr (Src == TileSource::bf16) {
+            key_from_bf16_tile<C>(tile, lane, kf);
+          } else if constexpr (Src == TileSource::gaac) {
+            key_from_raw<C>(raw_rows(a, ent[half]), lane, kf);
+          } else {  // FP8: the twin's staged rows, or a raw tile's rows in global memory
+            const RawRows rows = kPlainFp8 ? RawRows{tile, tile + 8 * fp8_row_stride(C)} : raw_rows(a, ent[half]);
+            const uint32_t stride = kPlainFp8 ? fp8_row_stride(C) : C;
+            if (special_tile(a.cache, ent[half])) key_from_fp8_rows<C, F, true>(rows.low, rows.high, stride, lane, table, kf);
+            else key_from_fp8_rows<C, F, false>(rows.low, rows.high, stride, lane, table, kf);
+          }
         } else {
 #pragma unroll
           for (int h = 0; h < 2; ++h)
@@ -618,9 +760,8 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
       for (int half = 0; half < P; ++half) {
         const TileClass cls = entry_class(ent[P + half]);
         const uint8_t* tile = stage + (P + half) * a.tile_stride;
-        if (Src == TileSource::gaac && W != Work::no_decode && cls == TileClass::compressed) {
-          decode_slot<C, false>(tile, lane, offset[P + half], base_words<C>(bases, half, false, false),
-                                base_words<C>(bases, half, false, true),
+        if (is_compressed(Src) && W != Work::no_decode && cls == TileClass::compressed) {
+          rebuild(std::false_type{}, tile, offset[P + half], half, ent[P + half],
                                 [&](auto group, const uint32_t (&r0)[2], const uint32_t (&r1)[2]) {
                                   if constexpr (kMath) {
 #pragma unroll
@@ -641,8 +782,17 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
           for (int q = 0; q < C / 8; ++q) r0[q] = s.sm[q], r1[q] = s.sm[q] ^ s.words[q % 3];
           value_from_quads<C>(r0, r1, vf);
         } else if (cls == TileClass::raw) {
-          if constexpr (Src == TileSource::bf16) value_from_bf16_tile<C>(tile, lane, vf);
-          else value_from_raw<C>(raw_rows<C>(a, ent[P + half]), lane, vf);
+          if constexpr (Src == TileSource::bf16) {
+            value_from_bf16_tile<C>(tile, lane, vf);
+          } else if constexpr (Src == TileSource::gaac) {
+            value_from_raw<C>(raw_rows(a, ent[P + half]), lane, vf);
+          } else if constexpr (kPlainFp8) {
+            if (special_tile(a.cache, ent[P + half])) value_from_fp8_tile<C, F, true>(tile, lane, table, vf);
+            else value_from_fp8_tile<C, F, false>(tile, lane, table, vf);
+          } else {
+            if (special_tile(a.cache, ent[P + half])) value_from_fp8_raw<C, F, true>(raw_rows(a, ent[P + half]), lane, table, vf);
+            else value_from_fp8_raw<C, F, false>(raw_rows(a, ent[P + half]), lane, table, vf);
+          }
         } else {
 #pragma unroll
           for (int p = 0; p < kSteps; ++p) vf[p][0] = vf[p][1] = vf[p][2] = vf[p][3] = 0u;
@@ -694,7 +844,8 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
       for (int p = 0; p < kSteps; ++p)
 #pragma unroll
         for (int k = 0; k < 4; ++k) {
-          const int head = 8 * cb + 2 * t + k % 2, channel = h * C + 16 * p + g + 8 * (k / 2);
+          const int head = 8 * cb + 2 * t + k % 2;
+          const int channel = h * C + 16 * p + (kPlainFp8 ? 2 * g + k / 2 : g + 8 * (k / 2));
           wo[(warp * H + head) * kD + channel] = o[cb][h][p][k];
         }
   __syncthreads();
@@ -718,7 +869,7 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
       }
     }
     if (splits == 1) {
-      out[idx] = static_cast<uint16_t>(ptx::pack_bf16(l > 0.0f ? acc / l : 0.0f, 0.0f) & 0xFFFFu);
+      out[idx] = static_cast<uint16_t>(ptx::pack_bf16((l > 0.0f ? acc / l : 0.0f) * a.out_scale, 0.0f) & 0xFFFFu);
     } else {
       const size_t at = (pair * a.max_splits + split) * group + head0 + head;
       a.partial_o[at * kD + channel] = acc;
@@ -741,17 +892,17 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
   if (!last_to_arrive(&counters[my_group], group_count, flag, tid)) return;
   if (groups == 1) {
     merge_partials<NW, H, kD, true>(a.partial_o, a.partial_ml, part0 + group_first * group, group_count, heads, group,
-                                    smem + layout.stages, out, nullptr, nullptr, tid);
+                                    smem + layout.stages, out, nullptr, nullptr, a.out_scale, tid);
     if (tid == 0) counters[my_group] = 0u;
     return;
   }
   merge_partials<NW, H, kD, false>(a.partial_o, a.partial_ml, part0 + group_first * group, group_count, heads, group,
                                    smem + layout.stages, nullptr, a.group_o + (group0 + my_group * group) * kD,
-                                   a.group_ml + 2 * (group0 + my_group * group), tid);
+                                   a.group_ml + 2 * (group0 + my_group * group), a.out_scale, tid);
   if (tid == 0) counters[my_group] = 0u;
   if (!last_to_arrive(&counters[a.max_groups], groups, flag, tid)) return;
   merge_partials<NW, H, kD, true>(a.group_o, a.group_ml, group0, groups, heads, group, smem + layout.stages, out, nullptr,
-                                  nullptr, tid);
+                                  nullptr, a.out_scale, tid);
   if (tid == 0) counters[a.max_groups] = 0u;
 }
 

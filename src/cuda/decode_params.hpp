@@ -9,8 +9,35 @@
 
 namespace gaac::cuda::detail {
 
-/// Where a kernel's tiles come from: compressed slots (with raw tiles beside them) or a BF16 cache.
-enum class TileSource : uint8_t { gaac = 0, bf16 = 1 };
+/// Where a kernel's tiles come from: compressed slots (with raw tiles beside them) or an uncompressed
+/// cache (its twin), of BF16 elements or of FP8 codes of one format.
+enum class TileSource : uint8_t {
+  gaac = 0,       ///< GAAC slots (BF16)
+  bf16 = 1,       ///< a BF16 cache
+  gaac_e4m3 = 2,  ///< GAAC-FP8 slots of E4M3 codes
+  gaac_e5m2 = 3,  ///< GAAC-FP8 slots of E5M2 codes
+  e4m3 = 4,       ///< a plain FP8 cache of E4M3 codes
+  e5m2 = 5,       ///< a plain FP8 cache of E5M2 codes
+};
+
+/// True for the sources of compressed slots.
+GAAC_HOST_DEVICE constexpr bool is_compressed(TileSource s) {
+  return s == TileSource::gaac || s == TileSource::gaac_e4m3 || s == TileSource::gaac_e5m2;
+}
+/// The elements a source's tiles hold.
+GAAC_HOST_DEVICE constexpr ElementFormat element_format(TileSource s) {
+  return s == TileSource::gaac_e4m3 || s == TileSource::e4m3   ? ElementFormat::e4m3
+         : s == TileSource::gaac_e5m2 || s == TileSource::e5m2 ? ElementFormat::e5m2
+                                                               : ElementFormat::bf16;
+}
+/// True for the sources of FP8 codes.
+GAAC_HOST_DEVICE constexpr bool is_fp8(TileSource s) { return element_format(s) != ElementFormat::bf16; }
+/// The source of a cache's tiles: its element format, compressed or not.
+GAAC_HOST_DEVICE constexpr TileSource tile_source(ElementFormat f, bool compressed) {
+  return f == ElementFormat::e4m3   ? (compressed ? TileSource::gaac_e4m3 : TileSource::e4m3)
+         : f == ElementFormat::e5m2 ? (compressed ? TileSource::gaac_e5m2 : TileSource::e5m2)
+                                    : (compressed ? TileSource::gaac : TileSource::bf16);
+}
 
 
 /// Arguments of one decode-attention launch (one layer, a batch of sequences, one query token each).
@@ -27,7 +54,8 @@ struct DecodeArgs {
   /// CTAs that share each KV head's queries (grid.y = kv_heads · head_slices): slice i serves query heads
   /// [i·H, i·H + H) of the kernel's H, so a group of 9–16 runs on the 8-head instance.
   int head_slices = 1;
-  float scale_log2 = 0.0f;      ///< softmax scale × log2(e)
+  float scale_log2 = 0.0f;      ///< softmax scale × log2(e) (FP8: softmax scale × the layer's K scale × log2(e))
+  float out_scale = 1.0f;       ///< multiplies the output after its 1/S: the layer's V scale (FP8), else 1
   // The split of each sequence's blocks over CTAs.
   int blocks_per_split = 1;
   int max_splits = 1;           ///< partial results the workspace holds per (sequence, KV head), ≥ gridDim.x
@@ -58,6 +86,15 @@ inline constexpr int kMaxSplits = 1024;  // merge groups of at most 32, at most 
 /// Padded row of a BF16 tile in shared memory: 2·C bytes + 16, so ldmatrix's eight rows of a matrix
 /// fall in different banks.
 GAAC_HOST_DEVICE constexpr uint32_t bf16_row_stride(int channels) { return 2u * static_cast<uint32_t>(channels) + 16u; }
+/// Padded row of a plain FP8 tile in shared memory: C bytes + 16, for the same reason.
+GAAC_HOST_DEVICE constexpr uint32_t fp8_row_stride(int channels) { return static_cast<uint32_t>(channels) + 16u; }
+/// Bytes of one tile in a pipeline stage: a slot padded by 16 bytes (decoders read past its escapes)
+/// for compressed sources, 16 padded rows for the others.
+GAAC_HOST_DEVICE constexpr uint32_t stage_tile_bytes(TileSource source, int channels, uint32_t unit_bytes) {
+  return is_compressed(source) ? unit_bytes + 16u
+         : is_fp8(source)      ? 16u * fp8_row_stride(channels)
+                               : 16u * bf16_row_stride(channels);
+}
 
 /// Byte offsets of the parts of a decode CTA's dynamic shared memory.
 struct SharedLayout {
@@ -65,6 +102,8 @@ struct SharedLayout {
   uint32_t bars = 0;     ///< one mbarrier per stage
   uint32_t entries = 0;  ///< block-table entries of the CTA's blocks
   uint32_t bases = 0;    ///< per half: key b3, key b4−b3, value b3, value b4−b3 words, lane-interleaved
+                         ///< (GAAC-FP8: b2 and b3−b2)
+  uint32_t widening = 0; ///< FP8 sources: the BF16 value of each of the 256 codes
   uint32_t flag = 0;     ///< the last-CTA flag of the final merge
   uint32_t total = 0;
 };
@@ -87,10 +126,11 @@ GAAC_HOST_DEVICE constexpr SharedLayout shared_memory_layout(int channels, int h
   layout.bars = region;
   layout.entries = layout.bars + static_cast<uint32_t>(warps * stages) * 8u;
   layout.bases = align16(layout.entries + static_cast<uint32_t>(blocks) * tiles * 4u);
-  const uint32_t base_words = source == TileSource::gaac
+  const uint32_t base_words = is_compressed(source)
                                   ? static_cast<uint32_t>(halves) * 2u * static_cast<uint32_t>(channels / 16 + channels / 8)
                                   : 0u;
-  layout.flag = layout.bases + base_words * 32u * 4u;
+  layout.widening = layout.bases + base_words * 32u * 4u;
+  layout.flag = layout.widening + (is_fp8(source) ? 512u : 0u);
   layout.total = layout.flag + 16u;
   return layout;
 }

@@ -24,6 +24,7 @@ using detail::TileSource;
 /// A kernel instance and what it needs to be launched.
 struct KernelChoice {
   void (*kernel)(DecodeArgs) = nullptr;
+  TileSource source = TileSource::gaac;
   int heads = 0;   ///< query heads per KV head it has room for
   int warps = 0;   ///< warps per CTA
   int stages = 0;  ///< stages per warp
@@ -34,10 +35,11 @@ template <int C, int P, int H, TileSource Src, Work W, int NW, int Stages>
 KernelChoice choice(uint32_t unit_bytes) {
   KernelChoice k;
   k.kernel = detail::decode_attention_kernel<C, P, H, Src, W, NW, Stages>;
+  k.source = Src;
   k.heads = H;
   k.warps = NW;
   k.stages = Stages;
-  k.tile_stride = Src == TileSource::gaac ? unit_bytes + 16u : 16u * detail::bf16_row_stride(C);
+  k.tile_stride = detail::stage_tile_bytes(Src, C, unit_bytes);
   return k;
 }
 
@@ -51,11 +53,12 @@ constexpr int kDefaultWarps = P == 1 && H == 8 ? 16 : detail::kDecodeWarps;
 /// Default stages per warp (measured, docs/performance.md): the GAAC kernel is bound by instruction
 /// latency, so it takes two stages and more warps per SM; the twin three stages, and in CTAs of 16
 /// warps two for 64-channel tiles, one for 128 (two padded BF16 tiles per warp would not fit shared
-/// memory); a head_dim-256 stage holds four tiles, so two.
+/// memory); a head_dim-256 stage holds four tiles, so two. FP8 sources (not yet tuned) take two: the
+/// plain FP8 twin's tiles are half a BF16 tile's, so two stages of 16 warps fit.
 template <int C, int P, TileSource Src, int NW>
-constexpr int kDefaultStages = Src == TileSource::bf16 && NW >= 16 ? (C == 64 ? 2 : 1)
-                               : P == 2 || Src == TileSource::gaac ? 2
-                                                                   : 3;
+constexpr int kDefaultStages = Src == TileSource::bf16 && NW >= 16                        ? (C == 64 ? 2 : 1)
+                               : P == 2 || detail::is_compressed(Src) || detail::is_fp8(Src) ? 2
+                                                                                            : 3;
 
 /// The instances that exist: for every head width and 8 or 16 query heads per KV head the default
 /// warps and stages (kDefaultWarps, kDefaultStages), with the breakdown variants for head_dim 128; for
@@ -68,6 +71,14 @@ KernelChoice pick(Work work, int warps, int stages, uint32_t unit_bytes) {
   constexpr int kDef4 = kDefaultStages<C, P, Src, 4>;
   if (warps == 0) warps = NW;
   if (stages == 0) stages = warps == NW ? kDef : kDef4;  // 4 and 8 warps share theirs
+  if constexpr (detail::is_fp8(Src)) {
+    // FP8 caches: the default instance, and one stage where two of the largest units do not fit.
+    if (work == Work::full && warps == NW && stages == kDef) return choice<C, P, H, Src, Work::full, NW, kDef>(unit_bytes);
+    if constexpr (detail::is_compressed(Src))
+      if (work == Work::full && warps == NW && stages == 1) return choice<C, P, H, Src, Work::full, NW, 1>(unit_bytes);
+    throw Error("decode attention over an FP8 cache: only the default warps and stages (or one stage) of the full "
+                "kernel exist (asked " + std::to_string(warps) + " warps, " + std::to_string(stages) + " stages)");
+  }
   if (warps == NW && stages == kDef) {
     if (work == Work::full) return choice<C, P, H, Src, Work::full, NW, kDef>(unit_bytes);
     if constexpr (C == 128 && P == 1 && H == 8) {
@@ -102,13 +113,22 @@ int head_slices(int group, const DecodeConfig& config) {
   return config.heads_per_cta == 8 ? (group + 7) / 8 : 1;
 }
 
-/// The kernel instance for a cache and `group` query heads per KV head (split over head_slices CTAs).
-KernelChoice pick(const PagedGeometry& geo, bool compressed, int group, const DecodeConfig& config) {
+/// The kernel instance for a cache of tiles from `source` and `group` query heads per KV head (split
+/// over head_slices CTAs).
+KernelChoice pick(const PagedGeometry& geo, TileSource source, int group, const DecodeConfig& config) {
   const int heads = head_slices(group, config) > 1 ? 8 : group;  // query heads a CTA serves
   return detail::with_head_shape(geo.head_dim, "decode attention", [&]<int C, int P>() {
     return detail::with_query_heads(heads, "decode attention", [&]<int H>() {
-      return compressed ? pick<C, P, H, TileSource::gaac>(config.work, config.warps, config.stages, geo.unit_bytes)
-                        : pick<C, P, H, TileSource::bf16>(config.work, config.warps, config.stages, geo.unit_bytes);
+      const auto instance = [&]<TileSource Src>() { return pick<C, P, H, Src>(config.work, config.warps, config.stages, geo.unit_bytes); };
+      switch (source) {
+        case TileSource::gaac: return instance.template operator()<TileSource::gaac>();
+        case TileSource::bf16: return instance.template operator()<TileSource::bf16>();
+        case TileSource::gaac_e4m3: return instance.template operator()<TileSource::gaac_e4m3>();
+        case TileSource::gaac_e5m2: return instance.template operator()<TileSource::gaac_e5m2>();
+        case TileSource::e4m3: return instance.template operator()<TileSource::e4m3>();
+        case TileSource::e5m2: return instance.template operator()<TileSource::e5m2>();
+      }
+      throw Error("decode attention: unknown tile source");
     });
   });
 }
@@ -179,10 +199,9 @@ class KernelFacts {
 };
 
 /// Dynamic shared memory of a CTA of `k` taking up to `blocks` blocks.
-size_t shared_bytes(const PagedGeometry& geo, bool compressed, const KernelChoice& k, int blocks) {
-  return detail::shared_memory_layout(geo.tile_channels(), geo.halves(), k.heads,
-                                    compressed ? TileSource::gaac : TileSource::bf16, k.warps, k.stages, k.tile_stride,
-                                    blocks)
+size_t shared_bytes(const PagedGeometry& geo, const KernelChoice& k, int blocks) {
+  return detail::shared_memory_layout(geo.tile_channels(), geo.halves(), k.heads, k.source, k.warps, k.stages,
+                                      k.tile_stride, blocks)
       .total;
 }
 
@@ -198,6 +217,8 @@ void check_config(const CacheMemory& cache, const DecodeConfig& config) {
                 std::to_string(config.heads_per_cta) + ")");
   if (config.work == Work::no_decode && !cache.compressed())
     throw Error("decode attention: the no_decode variant needs a compressed cache");
+  if (is_fp8(cache.element_format()) && config.work != Work::full)
+    throw Error("decode attention: over an FP8 cache only the full work variant exists");
 }
 
 /// Attended blocks of the batch's longest sequence in layers of sliding window `window`, or of a
@@ -215,12 +236,12 @@ int longest_attended(const BatchTable& batch, int window, int plan_tokens) {
 /// The split of `longest` blocks of each of `sequences` sequences: one wave of CTAs over the whole GPU,
 /// shared equally among the (sequence, KV head) pairs, at least one block for each warp (a config's
 /// blocks_per_split, when set, wins).
-DecodeSplit split_for(const PagedGeometry& geo, bool compressed, const KernelChoice& k, const DecodeConfig& config,
-                      int sequences, int longest, int window) {
+DecodeSplit split_for(const PagedGeometry& geo, const KernelChoice& k, const DecodeConfig& config, int sequences,
+                      int longest, int window) {
   const int slices = head_slices(config.q_heads / geo.kv_heads, config);
   KernelFacts& facts = KernelFacts::get();
   const auto occupancy = [&](int blocks) {
-    return facts.ctas_per_sm(k.kernel, k.warps, shared_bytes(geo, compressed, k, blocks));
+    return facts.ctas_per_sm(k.kernel, k.warps, shared_bytes(geo, k, blocks));
   };
   DecodeSplit split;
   split.window = window;
@@ -249,7 +270,7 @@ DecodeSplit split_for(const PagedGeometry& geo, bool compressed, const KernelCho
                           ? std::max(split.max_splits, 1)
                           : static_cast<int>(std::ceil(std::sqrt(static_cast<double>(split.max_splits))));
   split.max_groups = (split.max_splits + split.merge_group - 1) / split.merge_group;
-  split.shared_bytes = shared_bytes(geo, compressed, k, split.blocks_per_split);
+  split.shared_bytes = shared_bytes(geo, k, split.blocks_per_split);
   split.ctas_per_sm = occupancy(split.blocks_per_split);
   split.warps = k.warps;
   split.stages = k.stages;
@@ -258,7 +279,7 @@ DecodeSplit split_for(const PagedGeometry& geo, bool compressed, const KernelCho
 
 bool same_layout(const PagedGeometry& a, const PagedGeometry& b) {
   return a.layers == b.layers && a.kv_heads == b.kv_heads && a.head_dim == b.head_dim && a.unit_bytes == b.unit_bytes &&
-         a.row_capacity == b.row_capacity;
+         a.row_capacity == b.row_capacity && a.element_format == b.element_format;
 }
 
 }  // namespace
@@ -269,6 +290,7 @@ struct DecodePlan::State {
   PagedGeometry geometry;
   std::vector<int32_t> windows;
   bool compressed = false;
+  TileSource source = TileSource::gaac;
   int sequences = 0;
   KernelChoice kernel;
   std::vector<DecodeSplit> splits;  ///< one per distinct window
@@ -292,14 +314,15 @@ void DecodePlan::plan(const CacheMemory& cache, const BatchTable& batch, const D
   s.geometry = geo;
   s.windows = cache.windows();
   s.compressed = cache.compressed();
+  s.source = detail::tile_source(geo.element_format, s.compressed);
   s.sequences = batch.sequences();
-  s.kernel = pick(geo, s.compressed, config.q_heads / geo.kv_heads, config);
+  s.kernel = pick(geo, s.source, config.q_heads / geo.kv_heads, config);
   if (config.stages == 0 && s.kernel.stages > 1 &&
-      shared_bytes(geo, s.compressed, s.kernel, 2 * s.kernel.warps) > KernelFacts::get().max_shared()) {
+      shared_bytes(geo, s.kernel, 2 * s.kernel.warps) > KernelFacts::get().max_shared()) {
     DecodeConfig one = config;  // units too large for two stages of every warp: one, the same arithmetic
     one.stages = 1;
     one.warps = s.kernel.warps;
-    s.kernel = pick(geo, s.compressed, config.q_heads / geo.kv_heads, one);
+    s.kernel = pick(geo, s.source, config.q_heads / geo.kv_heads, one);
   }
   s.splits.clear();
   s.layer_split.assign(static_cast<size_t>(geo.layers), 0);
@@ -307,8 +330,8 @@ void DecodePlan::plan(const CacheMemory& cache, const BatchTable& batch, const D
     const int window = cache.window(l);
     auto it = std::find_if(s.splits.begin(), s.splits.end(), [&](const DecodeSplit& d) { return d.window == window; });
     if (it == s.splits.end()) {
-      s.splits.push_back(split_for(geo, s.compressed, s.kernel, config, s.sequences,
-                                   longest_attended(batch, window, config.plan_tokens), window));
+      s.splits.push_back(split_for(geo, s.kernel, config, s.sequences, longest_attended(batch, window, config.plan_tokens),
+                                   window));
       it = s.splits.end() - 1;
     }
     s.layer_split[static_cast<size_t>(l)] = static_cast<int>(it - s.splits.begin());
@@ -392,7 +415,10 @@ void DecodePlan::run(const CacheMemory& cache, const BatchTable& batch, int laye
   a.group = s.config.q_heads / geo.kv_heads;
   a.head_slices = head_slices(a.group, s.config);
   const float softmax_scale = scale > 0.0f ? scale : 1.0f / std::sqrt(static_cast<float>(geo.head_dim));
-  a.scale_log2 = softmax_scale * 1.4426950408889634f;
+  // An FP8 cache's layer scales: K's joins the softmax scale (one product, as engines descale), V's the
+  // output's 1/S; 1 for a BF16 cache, which leaves its arithmetic as it was.
+  a.scale_log2 = softmax_scale * cache.scale(layer, TensorKind::key) * 1.4426950408889634f;
+  a.out_scale = cache.scale(layer, TensorKind::value);
   a.blocks_per_split = d.blocks_per_split;
   a.max_splits = static_cast<int>(s.split_capacity);  // strides of the workspace; the grid has d.max_splits
   a.merge_group = d.merge_group;

@@ -220,6 +220,7 @@ void launch(const DeviceCacheView& src, const Target& target, long long tiles, i
 }  // namespace
 
 void decompress(const CacheMemory& compressed, const BatchTable& batch, int layer, CacheMemory& bf16, Stream stream) {
+  compressed.require_bf16("decompress");
   const PagedGeometry& src = compressed.geometry();
   const PagedGeometry& dst = bf16.geometry();
   if (!compressed.compressed() || bf16.compressed()) throw Error("decompress: needs a compressed source and a BF16 target");
@@ -237,6 +238,7 @@ void decompress(const CacheMemory& compressed, const BatchTable& batch, int laye
 
 void decompress_dense(const CacheMemory& cache, const BatchTable& batch, int first_layer, int layers,
                       const DenseLayout& out, Stream stream) {
+  cache.require_bf16("decompress_dense");
   const PagedGeometry& geo = cache.geometry();
   if (first_layer < 0 || layers < 0 || first_layer + layers > geo.layers)
     throw Error("decompress_dense: layers " + std::to_string(first_layer) + " + " + std::to_string(layers) +

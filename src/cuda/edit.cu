@@ -275,6 +275,7 @@ void free_rows(CacheMemory& cache, const std::vector<FreeJob>& jobs) {
 }  // namespace
 
 void BatchTable::select(CacheMemory& cache, std::span<const int> sources) {
+  cache.require_bf16("select");
   check_reserved(reserved_blocks_, "select");
   const int n = sequences();
   if (sources.empty()) throw Error("select: a batch keeps at least one sequence");
@@ -355,6 +356,7 @@ void BatchTable::select(CacheMemory& cache, std::span<const int> sources) {
 }
 
 void BatchTable::truncate(CacheMemory& cache, std::span<const int> lengths) {
+  cache.require_bf16("truncate");
   check_reserved(reserved_blocks_, "truncate");
   const int n = sequences();
   if (lengths.size() != static_cast<size_t>(n))

@@ -80,6 +80,7 @@ __global__ void __launch_bounds__(kWarps * 32) finalize_kernel(const FinalizeArg
 }  // namespace
 
 void finalize_blocks(CacheMemory& cache, const uint32_t* rows, int count, int first_layer, int layers, Stream stream) {
+  cache.require_bf16("finalize_blocks");
   const PagedGeometry& geo = cache.geometry();
   if (!cache.compressed()) throw Error("finalize_blocks: a BF16 cache has nothing to finalize");
   if (count < 0 || layers < 0 || first_layer < 0 || first_layer + layers > geo.layers)

@@ -162,6 +162,7 @@ void begin_tokens(CacheMemory& cache, BatchTable& batch, int count, Stream strea
 
 void begin_tokens(CacheMemory& cache, BatchTable& batch, int tokens, std::span<const uint8_t> valid, bool attended,
                   Stream stream) {
+  cache.require_bf16("begin_tokens");
   if (batch.scratch_rows() == nullptr)
     throw Error("begin_tokens: needs a batch made by BatchTable::reserve");
   const bool pads = std::find(valid.begin(), valid.end(), 0) != valid.end();
@@ -187,6 +188,7 @@ void begin_tokens(CacheMemory& cache, BatchTable& batch, int tokens, std::span<c
 }
 
 void write_tokens(CacheMemory& cache, const BatchTable& batch, int layer, const TokenRows& rows, Stream stream) {
+  cache.require_bf16("write_tokens");
   const PagedGeometry& geo = cache.geometry();
   if (layer < 0 || layer >= geo.layers) throw Error("write_tokens: layer " + std::to_string(layer) + " out of range");
   if (batch.last_count() < 1) throw Error("write_tokens: no begin_tokens before it");

@@ -142,17 +142,17 @@ __device__ __forceinline__ void widen(lane::Fp8Quad q, const uint16_t* table, ui
 }
 
 /// decode_slot for a GAAC-FP8 slot: its quads rebuilt (lane_fp8.cuh) and widened (through `table`
-/// when Exact), passed to `use` group by group as decode_slot does. `base2`/`delta` point at the
-/// lane-interleaved b2 and b3 − b2 words of this (kind, half) in shared memory.
+/// when Exact), passed to `use` group by group as decode_slot does. `base2`/`base3` point at the
+/// lane-interleaved b2 and b3 words of this (kind, half) in shared memory.
 template <int C, ElementFormat F, bool Key, bool Exact, class Use>
 __device__ __forceinline__ void decode_fp8_slot(const uint8_t* slot, int lane, uint32_t offset, const uint4* base2,
-                                                const uint4* delta, const uint16_t* table, const Use& use) {
+                                                const uint4* base3, const uint16_t* table, const Use& use) {
   const auto word = [&](const uint4* words, int w) {  // a 16-byte load the quads of a group share
     const uint4 x = words[(w / 4) * 32 + lane];
     return w % 4 == 0 ? x.x : w % 4 == 1 ? x.y : w % 4 == 2 ? x.z : x.w;
   };
   lane::fp8_decode_groups<C, F, Key>(
-      slot, lane, offset, [&](int w) { return word(base2, w); }, [&](int w) { return word(delta, w); },
+      slot, lane, offset, [&](int w) { return word(base2, w); }, [&](int w) { return word(base3, w); },
       [&](auto group, const lane::Fp8Quad (&quads)[2]) {
         uint32_t r0[2], r1[2];
 #pragma unroll
@@ -581,13 +581,14 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
   // (decode_slot's callback); a GAAC-FP8 tile holding a NaN or infinity code through the table.
   const auto rebuild = [&](auto key, const uint8_t* tile, uint32_t offset, int half, uint32_t entry, const auto& use) {
     constexpr bool kKey = decltype(key)::value;
-    const uint4* low = base_words<C>(bases, half, kKey, false);
-    const uint4* delta = base_words<C>(bases, half, kKey, true);
+    // The two sections of base words: BF16 b3 and b4 − b3, FP8 b2 and b3 (lane_bases.hpp).
+    const uint4* first = base_words<C>(bases, half, kKey, false);
+    const uint4* second = base_words<C>(bases, half, kKey, true);
     if constexpr (Src == TileSource::gaac) {
-      decode_slot<C, kKey>(tile, lane, offset, low, delta, use);
+      decode_slot<C, kKey>(tile, lane, offset, first, second, use);
     } else if constexpr (is_compressed(Src)) {
-      if (special_tile(a.cache, entry)) decode_fp8_slot<C, F, kKey, true>(tile, lane, offset, low, delta, table, use);
-      else decode_fp8_slot<C, F, kKey, false>(tile, lane, offset, low, delta, table, use);
+      if (special_tile(a.cache, entry)) decode_fp8_slot<C, F, kKey, true>(tile, lane, offset, first, second, table, use);
+      else decode_fp8_slot<C, F, kKey, false>(tile, lane, offset, first, second, table, use);
     }
   };
 

@@ -8,6 +8,7 @@ namespace {
 template <int C>
 void fill_head(const PagedGeometry& g, const uint8_t* bases, int layer, int head, uint32_t* words) {
   constexpr int kSteps = C / 16, kQuads = C / 8, kPerHalf = 2 * (kSteps + kQuads);
+  const bool fp8 = is_fp8(g.element_format);
   for (int half = 0; half < g.halves(); ++half) {
     for (int w = 0; w < kPerHalf; ++w) {
       const bool key = w < 2 * kSteps;
@@ -20,7 +21,7 @@ void fill_head(const PagedGeometry& g, const uint8_t* bases, int layer, int head
       for (int l = 0; l < 32; ++l) {
         const uint32_t w3 = key ? lane::base_word<C, true>(b3, l, k) : lane::base_word<C, false>(b3, l, k);
         const uint32_t w4 = key ? lane::base_word<C, true>(b4, l, k) : lane::base_word<C, false>(b4, l, k);
-        words[(half * kPerHalf + section) * 32 + ((k / 4) * 32 + l) * 4 + k % 4] = delta ? w4 - w3 : w3;
+        words[(half * kPerHalf + section) * 32 + ((k / 4) * 32 + l) * 4 + k % 4] = !delta ? w3 : fp8 ? w4 : w4 - w3;
       }
     }
   }

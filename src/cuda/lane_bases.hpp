@@ -1,6 +1,7 @@
 // The calibrated bases of a compressed cache rearranged as the decode kernel's lanes read them: for
 // each (layer, KV head), per half-head, four sections of base words (lane_decode.cuh, base_word) —
-// key b3 (C/16 words per lane), key b4 − b3 (C/16), value b3 (C/8), value b4 − b3 (C/8) — with word
+// key b3 (C/16 words per lane), key b4 − b3 (C/16), value b3 (C/8), value b4 − b3 (C/8); in a GAAC-FP8
+// cache key b2, key b3, value b2, value b3 (lane_fp8.cuh selects one with a PRMT) — with word
 // w of lane l at ((w / 4)·32 + l)·4 + w % 4 inside its section, so one 16-byte load gives a lane four
 // consecutive words. Made once on the host when a cache is copied to the device; a CTA copies the
 // block of its (layer, head) to shared memory as it is. Plain data and arithmetic: no device code.

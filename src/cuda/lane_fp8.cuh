@@ -151,11 +151,10 @@ GAAC_LANE_INLINE uint32_t load_stream_chunk(const uint8_t* stream, int chunk, in
   return static_cast<uint32_t>(K * ((lane % (16 / K)) / 2));
 }
 
-/// Spreads the four bits of `nibble` (0..15) to bit B of bytes 0..3 (no partial products overlap).
-template <int B>
-GAAC_LANE_INLINE uint32_t spread_to_bit(uint32_t nibble) {
-  constexpr uint32_t kMultiplier = (1u << B) | (1u << (7 + B)) | (1u << (14 + B)) | (1u << (21 + B));
-  return (nibble * kMultiplier) & (0x01010101u << B);
+/// The multiplier that spreads the four bits of a nibble to bit `bit` of bytes 0..3: (nibble · it) & (1
+/// at bit `bit` of every byte) (no partial products overlap, so none carries).
+GAAC_LANE_INLINE constexpr uint32_t spread_multiplier(uint32_t bit) {
+  return (1u << bit) | (1u << (7 + bit)) | (1u << (14 + bit)) | (1u << (21 + bit));
 }
 
 /// The mantissas (low M bits of each byte) and signs (bit M of each byte) of the quads of chunk `chunk`
@@ -183,28 +182,32 @@ GAAC_LANE_INLINE void load_sign_mantissa(const uint8_t* slot, int chunk, int lan
 }
 
 /// Bits 2 .. X − 1 of the offsets of a group's two quads (high[q]: quad q), placed in their bytes, from
-/// the group's escape bytes at `escapes` (a 3-bit group's one, a raw group's X − 2), each read once.
+/// the group's escape bytes at `escapes` (a 3-bit group's one, a raw group's X − 2). The bytes are read
+/// whatever the mode (the stage holds them) and a mode's planes are kept by multiplying their spread by
+/// 0 or 1: no predicated loads, no selects.
 template <ElementFormat F>
 GAAC_LANE_INLINE void offset_high_bits(const uint8_t* escapes, uint32_t mode, uint32_t (&high)[2]) {
-  const uint32_t plane2 = mode != 0u ? escapes[0] : 0u;
-  const uint32_t plane3 = mode == 2u ? escapes[1] : 0u;
-  high[0] = spread_to_bit<2>(plane2 & 0xFu) | spread_to_bit<3>(plane3 & 0xFu);
-  high[1] = spread_to_bit<2>(plane2 >> 4) | spread_to_bit<3>(plane3 >> 4);
+  const uint32_t plane2 = escapes[0], plane3 = escapes[1];
+  const uint32_t k2 = ((mode + 1u) >> 1) * spread_multiplier(2);  // 3-bit and raw groups
+  const uint32_t k3 = (mode >> 1) * spread_multiplier(3);         // raw groups
+  const auto spread = [](uint32_t nibble, uint32_t k, uint32_t bit) { return (nibble * k) & (0x01010101u << bit); };
+  high[0] = spread(plane2 & 0xFu, k2, 2) | spread(plane3 & 0xFu, k3, 3);
+  high[1] = spread(plane2 >> 4, k2, 2) | spread(plane3 >> 4, k3, 3);
   if constexpr (F == ElementFormat::e5m2) {
-    const uint32_t plane4 = mode == 2u ? escapes[2] : 0u;
-    high[0] |= spread_to_bit<4>(plane4 & 0xFu);
-    high[1] |= spread_to_bit<4>(plane4 >> 4);
+    const uint32_t plane4 = escapes[2], k4 = (mode >> 1) * spread_multiplier(4);
+    high[0] |= spread(plane4 & 0xFu, k4, 4);
+    high[1] |= spread(plane4 >> 4, k4, 4);
   }
 }
 
 /// Rebuilds lane `lane`'s quads of the GAAC-FP8 slot at `slot` group by group — keys interleaving the
 /// token halves (group i, then kGroups/2 + i), values in order, as the kernel multiplies them — given the
 /// lane's escape offset (its exclusive prefix of fp8_escape_bytes_of_lane over the warp), and passes
-/// each group to `use(group, quads)` (quads[q]: quad 2·group + q). `base2`/`delta` return the lane's
-/// base word w (lane_decode.cuh's base_word over the b2 bases) and b3 − b2 of it.
-template <int C, ElementFormat F, bool Key, class BaseAt, class DeltaAt, class Use>
-GAAC_LANE_INLINE void fp8_decode_groups(const uint8_t* slot, int lane, uint32_t offset, const BaseAt& base2,
-                                        const DeltaAt& delta, const Use& use) {
+/// each group to `use(group, quads)` (quads[q]: quad 2·group + q). `base2`/`base3` return the lane's
+/// base word w (lane_decode.cuh's base_word) over the b2 and over the b3 bases.
+template <int C, ElementFormat F, bool Key, class Base2At, class Base3At, class Use>
+GAAC_LANE_INLINE void fp8_decode_groups(const uint8_t* slot, int lane, uint32_t offset, const Base2At& base2,
+                                        const Base3At& base3, const Use& use) {
   using S = Fp8SlotShape<C, F>;
   constexpr int kM = Fp8Element<F>::kM;
   constexpr int kHalf = S::kGroups / 2;
@@ -227,16 +230,20 @@ GAAC_LANE_INLINE void fp8_decode_groups(const uint8_t* slot, int lane, uint32_t 
           const uint32_t mode = (tags >> (2 * G)) & 3u;
           uint32_t& at = cursor[Key && G >= kHalf ? 1 : 0];
           const uint8_t* group_escapes = escapes + at;
-          at += mode == 1u ? 1u : mode == 2u ? S::kRawEscapes : 0u;
+          // Escape bytes of a group of mode 0, 1, 2: 0, 1, X − 2 (E4M3: the mode; E5M2: 0, 1, 3).
+          at += F == ElementFormat::e4m3 ? mode : mode + (mode >> 1);
           uint32_t high[2];
           offset_high_bits<F>(group_escapes, mode, high);
+          // The base of every byte in one PRMT: b2's bytes (selector 0x3210), b3's (0x7654), or, for a raw
+          // group (0xBA98), the sign of b2's bytes replicated: 0, as every base is below 128.
+          const uint32_t select = 0x3210u + mode * 0x4444u;
           Fp8Quad quads[2];
 GAAC_LANE_UNROLL
           for (int q = 0; q < 2; ++q) {
             const int quad = 2 * G + q, w = kWord + q;
             const int bw = base_word_of_quad<C, Key>(quad);
-            const uint32_t base = base2(bw) + (mode & 1u) * delta(bw);  // b2, or b3 for a 3-bit group
-            const uint32_t exponents = ((codes[w] >> code_shift) & 0x03030303u) + high[q] + (mode == 2u ? 0u : base);
+            const uint32_t base = prmt(base2(bw), base3(bw), select);
+            const uint32_t exponents = ((codes[w] >> code_shift) & 0x03030303u) + high[q] + base;
             quads[q] = {(exponents << kM) + mantissas[w], signs[w]};
           }
           use(std::integral_constant<int, G>{}, quads);

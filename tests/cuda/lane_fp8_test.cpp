@@ -34,7 +34,7 @@ std::vector<uint8_t> decode_like_a_warp(Fp8TileShape shape, const std::vector<ui
       return key ? base_word<C, true>(b.data(), lane, w) : base_word<C, false>(b.data(), lane, w);
     };
     const auto base2 = [&](int w) { return word(b2, w); };
-    const auto delta = [&](int w) { return word(b3, w) - word(b2, w); };
+    const auto base3 = [&](int w) { return word(b3, w); };
     std::vector<int> seen;
     const auto use = [&](auto group, const Fp8Quad (&quads)[2]) {
       seen.push_back(decltype(group)::value);
@@ -46,8 +46,8 @@ std::vector<uint8_t> decode_like_a_warp(Fp8TileShape shape, const std::vector<ui
         }
       }
     };
-    if (key) fp8_decode_groups<C, F, true>(slot.data(), lane, offset[lane], base2, delta, use);
-    else fp8_decode_groups<C, F, false>(slot.data(), lane, offset[lane], base2, delta, use);
+    if (key) fp8_decode_groups<C, F, true>(slot.data(), lane, offset[lane], base2, base3, use);
+    else fp8_decode_groups<C, F, false>(slot.data(), lane, offset[lane], base2, base3, use);
     EXPECT_EQ(static_cast<int>(seen.size()), C / 16);
   }
   return out;

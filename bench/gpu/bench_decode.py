@@ -241,13 +241,13 @@ class Paths:
             return {"bit_exact_vs_twin": f"error: {e}"}
 
 
-def shape_variants(g, h, paths, m, names, ours_bytes, twin_bytes, q_heads, kv_heads):
-    """CTAs of 4, 8 and 16 warps beside the plan's own choice, for path 0 and its twin (named `names`[0] and
+def shape_variants(g, h, paths, m, names, ours_bytes, twin_bytes, q_heads, kv_heads, warp_sizes=(4, 8, 16)):
+    """CTAs of `warp_sizes` warps beside the plan's own choice, for path 0 and its twin (named `names`[0] and
     `names`[1] with _warpsN; the twin's best counts as a peer; a size the shape cannot take is recorded as an
     error), and groups of 9-16 query heads per KV head also in CTAs of 8 heads (two CTAs a KV head, the 8-head
     instance; _heads8)."""
     ours, twin = names
-    for warps in (4, 8, 16):
+    for warps in warp_sizes:
         if paths.plan(0)["warps"] != warps:
             m.measure(f"{ours}_warps{warps}", paths.fn(0, warps=warps), ours_bytes,
                       extra=lambda warps=warps: {"plan": paths.plan(0, 0, 0, warps)})
@@ -424,7 +424,9 @@ def run_fp8_case(g, shape_name, context, batch, element, args, flashinfer, bf16_
     m.measure("gaac_fp8", paths.fn(0), gaac_bytes, extra=lambda: {"plan": paths.plan(0)})
     m.measure("fp8_twin", paths.fn(1), twin_bytes, extra=lambda: {"plan": paths.plan(1)})
     case.update(paths.bit_exact())  # the twin with GAAC-FP8's split
-    shape_variants(g, h, paths, m, ("gaac_fp8", "fp8_twin"), gaac_bytes, twin_bytes, Hq, KVH)
+    # FP8 caches have CTAs of the default size only; GAAC-FP8 also one stage.
+    shape_variants(g, h, paths, m, ("gaac_fp8", "fp8_twin"), gaac_bytes, twin_bytes, Hq, KVH, warp_sizes=())
+    m.measure("gaac_fp8_stages1", paths.fn(0, stages=1), gaac_bytes, extra=lambda: {"plan": paths.plan(0, 0, 1)})
     if flashinfer is not None:
         kv_cache = [c.view(dtype) for c in paged_copies(k8, v8, copies)]
         flashinfer_decode(flashinfer, m, kv_cache, (batch, context, Hq, KVH, d), dtype, "flashinfer_fp8",

@@ -143,16 +143,17 @@ __device__ __forceinline__ void widen(lane::Fp8Quad q, const uint16_t* table, ui
 
 /// decode_slot for a GAAC-FP8 slot: its quads rebuilt (lane_fp8.cuh) and widened (through `table`
 /// when Exact), passed to `use` group by group as decode_slot does. `base2`/`base3` point at the
-/// lane-interleaved b2 and b3 words of this (kind, half) in shared memory.
+/// lane-interleaved b2 and b3 words of this (kind, half) in shared memory, `spread` at the spread table.
 template <int C, ElementFormat F, bool Key, bool Exact, class Use>
 __device__ __forceinline__ void decode_fp8_slot(const uint8_t* slot, int lane, uint32_t offset, const uint4* base2,
-                                                const uint4* base3, const uint16_t* table, const Use& use) {
+                                                const uint4* base3, const uint32_t* spread, const uint16_t* table,
+                                                const Use& use) {
   const auto word = [&](const uint4* words, int w) {  // a 16-byte load the quads of a group share
     const uint4 x = words[(w / 4) * 32 + lane];
     return w % 4 == 0 ? x.x : w % 4 == 1 ? x.y : w % 4 == 2 ? x.z : x.w;
   };
   lane::fp8_decode_groups<C, F, Key>(
-      slot, lane, offset, [&](int w) { return word(base2, w); }, [&](int w) { return word(base3, w); },
+      slot, lane, offset, [&](int w) { return word(base2, w); }, [&](int w) { return word(base3, w); }, spread,
       [&](auto group, const lane::Fp8Quad (&quads)[2]) {
         uint32_t r0[2], r1[2];
 #pragma unroll
@@ -571,9 +572,14 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
     for (uint32_t i = static_cast<uint32_t>(tid); i < kVectors; i += NW * 32) dst[i] = src[i];
   }
   const uint16_t* table = reinterpret_cast<const uint16_t*>(smem + layout.widening);
+  const uint32_t* spread = reinterpret_cast<const uint32_t*>(smem + layout.spread);
   if constexpr (is_fp8(Src)) {
     for (int i = tid; i < 128; i += NW * 32)
       reinterpret_cast<uint32_t*>(smem + layout.widening)[i] = reinterpret_cast<const uint32_t*>(a.cache.widening)[i];
+  }
+  if constexpr (is_fp8(Src) && is_compressed(Src)) {
+    for (int i = tid; i < lane::kSpreadEntries; i += NW * 32)
+      reinterpret_cast<uint32_t*>(smem + layout.spread)[i] = lane::spread_entry(static_cast<uint32_t>(i));
   }
   __syncthreads();
 
@@ -587,8 +593,10 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
     if constexpr (Src == TileSource::gaac) {
       decode_slot<C, kKey>(tile, lane, offset, first, second, use);
     } else if constexpr (is_compressed(Src)) {
-      if (special_tile(a.cache, entry)) decode_fp8_slot<C, F, kKey, true>(tile, lane, offset, first, second, table, use);
-      else decode_fp8_slot<C, F, kKey, false>(tile, lane, offset, first, second, table, use);
+      if (special_tile(a.cache, entry))
+        decode_fp8_slot<C, F, kKey, true>(tile, lane, offset, first, second, spread, table, use);
+      else
+        decode_fp8_slot<C, F, kKey, false>(tile, lane, offset, first, second, spread, table, use);
     }
   };
 

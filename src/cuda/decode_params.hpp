@@ -104,6 +104,7 @@ struct SharedLayout {
   uint32_t bases = 0;    ///< per half: key b3, key b4−b3, value b3, value b4−b3 words, lane-interleaved
                          ///< (GAAC-FP8: b2 and b3−b2)
   uint32_t widening = 0; ///< FP8 sources: the BF16 value of each of the 256 codes
+  uint32_t spread = 0;   ///< GAAC-FP8 sources: the spread table of the escape planes (lane_fp8.cuh)
   uint32_t flag = 0;     ///< the last-CTA flag of the final merge
   uint32_t total = 0;
 };
@@ -130,7 +131,8 @@ GAAC_HOST_DEVICE constexpr SharedLayout shared_memory_layout(int channels, int h
                                   ? static_cast<uint32_t>(halves) * 2u * static_cast<uint32_t>(channels / 16 + channels / 8)
                                   : 0u;
   layout.widening = layout.bases + base_words * 32u * 4u;
-  layout.flag = layout.widening + (is_fp8(source) ? 512u : 0u);
+  layout.spread = layout.widening + (is_fp8(source) ? 512u : 0u);
+  layout.flag = layout.spread + (is_fp8(source) && is_compressed(source) ? 1024u : 0u);
   layout.total = layout.flag + 16u;
   return layout;
 }

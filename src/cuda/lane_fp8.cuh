@@ -181,22 +181,30 @@ GAAC_LANE_INLINE void load_sign_mantissa(const uint8_t* slot, int chunk, int lan
   }
 }
 
+/// Entries of the spread table: a byte (low nibble: four bits of plane 2, high nibble: the same four
+/// elements' bits of plane 3) to those bits at bits 2 and 3 of bytes 0..3.
+inline constexpr int kSpreadEntries = 256;
+/// Entry `i` of the spread table.
+GAAC_LANE_INLINE constexpr uint32_t spread_entry(uint32_t i) {
+  return (((i & 0xFu) * spread_multiplier(2)) & 0x04040404u) | (((i >> 4) * spread_multiplier(3)) & 0x08080808u);
+}
+
 /// Bits 2 .. X − 1 of the offsets of a group's two quads (high[q]: quad q), placed in their bytes, from
-/// the group's escape bytes at `escapes` (a 3-bit group's one, a raw group's X − 2). The bytes are read
-/// whatever the mode (the stage holds them) and a mode's planes are kept by multiplying their spread by
-/// 0 or 1: no predicated loads, no selects.
+/// the group's escape bytes at `escapes` (a 3-bit group's one, a raw group's X − 2), through `spread`
+/// (the kSpreadEntries of spread_entry): one lookup a quad for planes 2 and 3, E5M2's plane 4 by a
+/// multiply. The bytes are read whatever the mode (the stage holds them) and a mode's planes are kept by
+/// multiplying them by 0 or 1: no predicated loads, no selects.
 template <ElementFormat F>
-GAAC_LANE_INLINE void offset_high_bits(const uint8_t* escapes, uint32_t mode, uint32_t (&high)[2]) {
-  const uint32_t plane2 = escapes[0], plane3 = escapes[1];
-  const uint32_t k2 = ((mode + 1u) >> 1) * spread_multiplier(2);  // 3-bit and raw groups
-  const uint32_t k3 = (mode >> 1) * spread_multiplier(3);         // raw groups
-  const auto spread = [](uint32_t nibble, uint32_t k, uint32_t bit) { return (nibble * k) & (0x01010101u << bit); };
-  high[0] = spread(plane2 & 0xFu, k2, 2) | spread(plane3 & 0xFu, k3, 3);
-  high[1] = spread(plane2 >> 4, k2, 2) | spread(plane3 >> 4, k3, 3);
+GAAC_LANE_INLINE void offset_high_bits(const uint8_t* escapes, uint32_t mode, const uint32_t* spread,
+                                       uint32_t (&high)[2]) {
+  const uint32_t plane2 = escapes[0] * ((mode + 1u) >> 1);  // 3-bit and raw groups
+  const uint32_t plane3 = escapes[1] * (mode >> 1);         // raw groups
+  high[0] = spread[select_bits<0xF0u>(plane3 << 4, plane2)];
+  high[1] = spread[select_bits<0xF0u>(plane3, plane2 >> 4)];
   if constexpr (F == ElementFormat::e5m2) {
-    const uint32_t plane4 = escapes[2], k4 = (mode >> 1) * spread_multiplier(4);
-    high[0] |= spread(plane4 & 0xFu, k4, 4);
-    high[1] |= spread(plane4 >> 4, k4, 4);
+    const uint32_t k4 = (mode >> 1) * spread_multiplier(4);
+    high[0] |= ((escapes[2] & 0xFu) * k4) & 0x10101010u;
+    high[1] |= ((escapes[2] >> 4) * k4) & 0x10101010u;
   }
 }
 
@@ -204,10 +212,11 @@ GAAC_LANE_INLINE void offset_high_bits(const uint8_t* escapes, uint32_t mode, ui
 /// token halves (group i, then kGroups/2 + i), values in order, as the kernel multiplies them — given the
 /// lane's escape offset (its exclusive prefix of fp8_escape_bytes_of_lane over the warp), and passes
 /// each group to `use(group, quads)` (quads[q]: quad 2·group + q). `base2`/`base3` return the lane's
-/// base word w (lane_decode.cuh's base_word) over the b2 and over the b3 bases.
+/// base word w (lane_decode.cuh's base_word) over the b2 and over the b3 bases; `spread` is the spread
+/// table (spread_entry).
 template <int C, ElementFormat F, bool Key, class Base2At, class Base3At, class Use>
 GAAC_LANE_INLINE void fp8_decode_groups(const uint8_t* slot, int lane, uint32_t offset, const Base2At& base2,
-                                        const Base3At& base3, const Use& use) {
+                                        const Base3At& base3, const uint32_t* spread, const Use& use) {
   using S = Fp8SlotShape<C, F>;
   constexpr int kM = Fp8Element<F>::kM;
   constexpr int kHalf = S::kGroups / 2;
@@ -233,7 +242,7 @@ GAAC_LANE_INLINE void fp8_decode_groups(const uint8_t* slot, int lane, uint32_t 
           // Escape bytes of a group of mode 0, 1, 2: 0, 1, X − 2 (E4M3: the mode; E5M2: 0, 1, 3).
           at += F == ElementFormat::e4m3 ? mode : mode + (mode >> 1);
           uint32_t high[2];
-          offset_high_bits<F>(group_escapes, mode, high);
+          offset_high_bits<F>(group_escapes, mode, spread, high);
           // The base of every byte in one PRMT: b2's bytes (selector 0x3210), b3's (0x7654), or, for a raw
           // group (0xBA98), the sign of b2's bytes replicated: 0, as every base is below 128.
           const uint32_t select = 0x3210u + mode * 0x4444u;

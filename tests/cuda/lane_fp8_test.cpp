@@ -29,6 +29,8 @@ std::vector<uint8_t> decode_like_a_warp(Fp8TileShape shape, const std::vector<ui
   }
   std::vector<uint8_t> out(static_cast<size_t>(shape.elements()), 0);
   std::vector<uint8_t> b2(bases.b2.begin(), bases.b2.end()), b3(bases.b3.begin(), bases.b3.end());
+  std::vector<uint32_t> spread(kSpreadEntries);
+  for (uint32_t i = 0; i < spread.size(); ++i) spread[i] = spread_entry(i);
   for (int lane = 0; lane < kWarpLanes; ++lane) {
     const auto word = [&](const std::vector<uint8_t>& b, int w) {
       return key ? base_word<C, true>(b.data(), lane, w) : base_word<C, false>(b.data(), lane, w);
@@ -46,8 +48,8 @@ std::vector<uint8_t> decode_like_a_warp(Fp8TileShape shape, const std::vector<ui
         }
       }
     };
-    if (key) fp8_decode_groups<C, F, true>(slot.data(), lane, offset[lane], base2, base3, use);
-    else fp8_decode_groups<C, F, false>(slot.data(), lane, offset[lane], base2, base3, use);
+    if (key) fp8_decode_groups<C, F, true>(slot.data(), lane, offset[lane], base2, base3, spread.data(), use);
+    else fp8_decode_groups<C, F, false>(slot.data(), lane, offset[lane], base2, base3, spread.data(), use);
     EXPECT_EQ(static_cast<int>(seen.size()), C / 16);
   }
   return out;

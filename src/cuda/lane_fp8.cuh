@@ -4,6 +4,11 @@
 // for the device and for the host, where tests run the 32 lanes one after another against the
 // reference codec.
 //
+// A lane rebuilds a slot group by group (fp8_decode_groups): its codes and sign+mantissa fields from one
+// 16-byte load per stream and chunk, the group's base picked from the b2 and b3 words by one PRMT, its
+// escape planes read whatever the mode and kept by a 0/1 factor, planes 2 and 3 spread to their bytes by
+// one lookup in a 256-entry table (spread_entry): no predicated loads and no selects.
+//
 // A quad's four codes travel as two words (Fp8Quad): the 7-bit magnitude `e << M | m` of each code in
 // its byte, and its sign at bit M of the byte. Widening places both in a BF16 word with one PRMT and a
 // shift per register (the magnitude's exponent field lands in the low bits of BF16's, its mantissa at

@@ -424,9 +424,8 @@ def run_fp8_case(g, shape_name, context, batch, element, args, flashinfer, bf16_
     m.measure("gaac_fp8", paths.fn(0), gaac_bytes, extra=lambda: {"plan": paths.plan(0)})
     m.measure("fp8_twin", paths.fn(1), twin_bytes, extra=lambda: {"plan": paths.plan(1)})
     case.update(paths.bit_exact())  # the twin with GAAC-FP8's split
-    # FP8 caches have CTAs of the default size only; GAAC-FP8 also one stage.
+    # FP8 caches have the default CTA only (its size and stages).
     shape_variants(g, h, paths, m, ("gaac_fp8", "fp8_twin"), gaac_bytes, twin_bytes, Hq, KVH, warp_sizes=())
-    m.measure("gaac_fp8_stages1", paths.fn(0, stages=1), gaac_bytes, extra=lambda: {"plan": paths.plan(0, 0, 1)})
     if flashinfer is not None:
         kv_cache = [c.view(dtype) for c in paged_copies(k8, v8, copies)]
         flashinfer_decode(flashinfer, m, kv_cache, (batch, context, Hq, KVH, d), dtype, "flashinfer_fp8",

@@ -72,13 +72,11 @@ KernelChoice pick(Work work, int warps, int stages, uint32_t unit_bytes) {
   if (warps == 0) warps = NW;
   if (stages == 0) stages = warps == NW ? kDef : kDef4;  // 4 and 8 warps share theirs
   if constexpr (detail::is_fp8(Src)) {
-    // FP8 caches: the default instance, and one stage where two of the largest units do not fit (three
-    // were measured for GAAC-FP8 and gave nothing: docs/performance.md).
+    // FP8 caches: the default instance only (two stages of the largest FP8 units always fit; one and three
+    // stages were measured for GAAC-FP8 and gave nothing: docs/performance.md).
     if (work == Work::full && warps == NW && stages == kDef) return choice<C, P, H, Src, Work::full, NW, kDef>(unit_bytes);
-    if constexpr (detail::is_compressed(Src))
-      if (work == Work::full && warps == NW && stages == 1) return choice<C, P, H, Src, Work::full, NW, 1>(unit_bytes);
-    throw Error("decode attention over an FP8 cache: only the default warps and stages (or one stage for GAAC-FP8) "
-                "of the full kernel exist (asked " + std::to_string(warps) + " warps, " + std::to_string(stages) + " stages)");
+    throw Error("decode attention over an FP8 cache: only the default warps and stages of the full kernel exist "
+                "(asked " + std::to_string(warps) + " warps, " + std::to_string(stages) + " stages)");
   }
   if (warps == NW && stages == kDef) {
     if (work == Work::full) return choice<C, P, H, Src, Work::full, NW, kDef>(unit_bytes);

@@ -39,9 +39,10 @@ struct Fp8Element {
   static constexpr int kX = exponent_bits(F);
   /// Left shift that moves a magnitude from a BF16 half's low byte to bits 7 − M .. 13 − M.
   static constexpr int kShift = 7 - kM;
-  /// 2^(127 − bias) in BF16, twice: the factor from the placed bits to the code's value.
-  static constexpr uint32_t kScalePair = (127u + 127u - ((1u << (kX - 1)) - 1u)) << 7 |
-                                         ((127u + 127u - ((1u << (kX - 1)) - 1u)) << 7) << 16;
+  /// 2^(127 − bias) in BF16 (exponent field 127 + 127 − bias), twice: the factor from the placed bits to
+  /// the code's value.
+  static constexpr uint32_t kScale = (254u - ((1u << (kX - 1)) - 1u)) << 7;
+  static constexpr uint32_t kScalePair = kScale | kScale << 16;
   /// Per byte: the bits whose all being set marks a NaN (E4M3: the seven below the sign) or a NaN or
   /// infinity (E5M2: the exponent), and the value that carries into bit 7 exactly then.
   static constexpr uint32_t kSpecialMask = F == ElementFormat::e4m3 ? 0x7F7F7F7Fu : 0x7C7C7C7Cu;

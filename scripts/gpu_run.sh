@@ -9,11 +9,12 @@
 # other log).
 #   scripts/gpu_run.sh [--prebuilt DIR] [--data DIR] [--bench-args "..."]... [--skip-tests] [--skip-sanitizer]
 #                      [--skip-bench] [--codecs PEERS_DIR] [--codec-args "..."] [--profile SHAPE:CTX:BS]...
-#                      [--compare NAME=LIB]... [--limit SECONDS]
+#                      [--compare NAME=LIB]... [--compare-args "..."] [--limit SECONDS]
 # Each --bench-args is one run of the benchmark (its own shapes and cases), one after the other; each
 # --profile one case under Nsight Compute.
 # --compare times an earlier build of the benchmark library (another kernel version) on 64K batch 1
-# of `llama` against this one, in the same call, after the main benchmark; --limit is the time the
+# of `llama` (or on --compare-args' shapes and cases) against this one, in the same call, after the
+# main benchmark; --limit is the time the
 # call may take (default 570 s), from which the benchmark's budget is derived.
 # DATA holds kv/ (bench/gpu/cut_layer.py output), flashinfer-site.tar.xz (optional: FlashInfer and
 # apache-tvm-ffi unpacked from their wheels) and xxhash/ (xxhash.h, for building where pkg-config's
@@ -21,7 +22,7 @@
 set -uo pipefail
 cd "$(dirname "$0")/.."
 prebuilt="" data="" bench_args=() skip_tests=0 skip_sanitizer=0 profiles=() skip_bench=0 limit=570 compare=()
-codecs="" codec_args=""
+codecs="" codec_args="" compare_args="--shapes llama --cases 65536:1"
 while [ $# -gt 0 ]; do
   case $1 in
     --prebuilt) prebuilt=$2; shift 2 ;;
@@ -34,6 +35,7 @@ while [ $# -gt 0 ]; do
     --codec-args) codec_args=$2; shift 2 ;;
     --profile) profiles+=("$2"); shift 2 ;;  # SHAPE:CTX:BS: Nsight Compute on one GAAC and one twin launch
     --compare) compare+=("$2"); shift 2 ;;
+    --compare-args) compare_args=$2; shift 2 ;;
     --limit) limit=$2; shift 2 ;;
     *) echo "unknown argument $1" >&2; exit 2 ;;
   esac
@@ -157,8 +159,9 @@ fi
 for c in "${compare[@]}"; do
   name=${c%%=*} lib=${c#*=}
   stage "compare $name ($lib)"
+  # shellcheck disable=SC2086
   PYTHONUNBUFFERED=1 timeout 60 python3 bench/gpu/bench_decode.py --lib "$lib" --out "$out/compare-$name.json" \
-    --shapes llama --cases 65536:1 --quick-variants --no-flashinfer 2>&1 | grep -E "^  (gaac|bf16_twin) "
+    ${kv_dir:+--kv-dir "$kv_dir"} $compare_args --quick-variants --no-flashinfer 2>&1 | grep -E "^(  (gaac|bf16_twin) |[a-z])"
 done
 [ $skip_sanitizer -eq 0 ] && sanitize
 for p in "${profiles[@]}"; do profile_kernels "$p"; done

@@ -15,7 +15,10 @@
 // Work split: CTA (split, KV head, sequence) takes up to blocks_per_split consecutive attended
 // blocks of one sequence; its warps take every NW-th block, each streaming its blocks through its own
 // ring of shared-memory stages filled by the copy engine (cp.async.bulk, completion on an mbarrier).
-// Per block, one warp computes Sᵀ = K·Qᵀ with the key tile as the m16n8k16 A operand (16 tokens) and
+// A warp always works on one K tile and one V tile of a block: heads of 256 channels (two tiles) are
+// served by pairs of warps, one per 128-channel half, which take every (NW/2)-th block together and add
+// their halves of the scores through shared memory (one mbarrier phase a block) before the softmax,
+// which both then run alike. Per block, one warp computes Sᵀ = K·Qᵀ with the key tile as the m16n8k16 A operand (16 tokens) and
 // the KV head's query heads as the columns of B (up to 8: no zero rows), an online softmax, and
 // Oᵀ += Vᵀ·Pᵀ with the value tile as A operand and Pᵀ, transposed in registers (movmatrix), as B. The warps' states meet in shared
 // memory, the splits' in global memory, merged by the last CTA of each (sequence, KV head).
@@ -454,10 +457,19 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
   const int cta_first = first_block + split * a.blocks_per_split;
   const int cta_blocks = max(0, min(cta_first + a.blocks_per_split, end_block) - cta_first);
 
+  // The warp's share of the work: units (single warps, or pairs for two tiles per head) take blocks; a
+  // warp works on half `mine_half` of the head (its K and V tiles, query and output channels).
+  static_assert(P == 1 || NW % 2 == 0, "heads of two tiles take warps in pairs");
+  constexpr bool kPaired = P == 2;
+  constexpr int kUnits = kPaired ? NW / 2 : NW;
+  const int unit = kPaired ? warp / 2 : warp;
+  const int mine_half = kPaired ? warp % 2 : 0;
+
   const SharedLayout layout =
       shared_memory_layout(C, P, H, Src, NW, STAGES, a.tile_stride, a.blocks_per_split);
-  const uint32_t stage_bytes = kTiles * a.tile_stride;
+  const uint32_t stage_bytes = 2 * a.tile_stride;  // the warp's K tile, then its V tile
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + layout.bars);
+  uint64_t* pair_bars = bars + NW * STAGES;  // pairs of warps only
   uint32_t* ents = reinterpret_cast<uint32_t*>(smem + layout.entries);
   const uint8_t* bases = smem + layout.bases;
 
@@ -481,13 +493,15 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
   if (lane == 0) {
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) ptx::mbarrier_init(&bars[warp * STAGES + s], 1);
+    // A pair's two score-exchange barriers (one per block parity): all 64 threads arrive.
+    if (kPaired && mine_half == 0) ptx::mbarrier_init(&pair_bars[2 * unit], 64), ptx::mbarrier_init(&pair_bars[2 * unit + 1], 64);
     ptx::fence_barrier_init();
   }
   __syncthreads();
 
-  // Q fragments (B operand, columns = query heads of this KV head, 8 per column block; heads ≥ group
-  // are zero).
-  uint32_t qf[kBlocks][P][kSteps][2];
+  // Q fragments of the warp's half (B operand, columns = query heads of this KV head, 8 per column
+  // block; heads ≥ group are zero).
+  uint32_t qf[kBlocks][kSteps][2];
 #pragma unroll
   for (int cb = 0; cb < kBlocks; ++cb) {
     const int head = 8 * cb + g;
@@ -495,26 +509,27 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
     const uint32_t* qrow = reinterpret_cast<const uint32_t*>(
         a.q + (static_cast<size_t>(seq) * a.q_heads + kvh * a.group + head0 + (real ? head : 0)) * kD);
 #pragma unroll
-    for (int h = 0; h < P; ++h)
-#pragma unroll
-      for (int s = 0; s < kSteps; ++s) {
-        qf[cb][h][s][0] = real ? qrow[(h * C + 16 * s) / 2 + t] : 0u;
-        qf[cb][h][s][1] = real ? qrow[(h * C + 16 * s + 8) / 2 + t] : 0u;
-      }
+    for (int s = 0; s < kSteps; ++s) {
+      qf[cb][s][0] = real ? qrow[(mine_half * C + 16 * s) / 2 + t] : 0u;
+      qf[cb][s][1] = real ? qrow[(mine_half * C + 16 * s + 8) / 2 + t] : 0u;
+    }
   }
 
-  const int mine = cta_blocks > warp ? (cta_blocks - warp + NW - 1) / NW : 0;
+  const int mine = cta_blocks > unit ? (cta_blocks - unit + kUnits - 1) / kUnits : 0;
   uint8_t* my_stages = smem + layout.stages + static_cast<uint32_t>(warp * STAGES) * stage_bytes;
+  // The warp's two tiles of a block among the block's kTiles entries: its K tile, its V tile.
+  const auto warp_entries = [&](const uint32_t* e, uint32_t (&ent)[2]) { ent[0] = e[mine_half], ent[1] = e[P + mine_half]; };
 
   // Starts the copies of the warp's i-th block into stage i % STAGES.
   const auto issue = [&](int i) {
-    const uint32_t* e = ents + (warp + NW * i) * kTiles;
+    uint32_t e[2];
+    warp_entries(ents + (unit + kUnits * i) * kTiles, e);
     uint8_t* stage = my_stages + static_cast<uint32_t>(i % STAGES) * stage_bytes;
     uint64_t* bar = &bars[warp * STAGES + i % STAGES];
     if constexpr (is_compressed(Src)) {
       // Lane j copies tile j when it is compressed (raw tiles are read from global memory), announcing
       // its bytes first; lane 0 arrives once every lane has.
-      if (lane < kTiles) {
+      if (lane < 2) {
         const uint32_t entry = e[lane];
         if (entry_class(entry) == TileClass::compressed) {
           ptx::mbarrier_expect_tx(bar, a.cache.geometry.unit_bytes);
@@ -530,12 +545,12 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
       if (lane == 0) {
         uint32_t bytes = 0;
 #pragma unroll
-        for (int j = 0; j < kTiles; ++j) bytes += entry_class(e[j]) == TileClass::raw ? 16 * kRowBytes : 0u;
+        for (int j = 0; j < 2; ++j) bytes += entry_class(e[j]) == TileClass::raw ? 16 * kRowBytes : 0u;
         ptx::mbarrier_arrive_expect_tx(bar, bytes);
       }
       __syncwarp();
 #pragma unroll
-      for (int r = lane; r < 16 * kTiles; r += 32) {
+      for (int r = lane; r < 32; r += 32) {
         const uint32_t entry = e[r / 16];
         if (entry_class(entry) == TileClass::raw)
           ptx::bulk_copy_to_shared(stage + (r / 16) * a.tile_stride + (r % 16) * kRowStride,
@@ -549,15 +564,13 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
   // maximum m (raised only when a block's maximum passes it by more than kRescaleSlack, so the
   // accumulators are rarely rescaled) and the lane's part of the sum l (its tokens g and g+8).
   float m_run[kBlocks][2], l_run[kBlocks][2];
-  float o[kBlocks][P][kSteps][4];
+  float o[kBlocks][kSteps][4];  // the warp's half of the output channels
 #pragma unroll
   for (int cb = 0; cb < kBlocks; ++cb) {
     m_run[cb][0] = m_run[cb][1] = -INFINITY;
     l_run[cb][0] = l_run[cb][1] = 0.0f;
 #pragma unroll
-    for (int h = 0; h < P; ++h)
-#pragma unroll
-      for (int p = 0; p < kSteps; ++p) o[cb][h][p][0] = o[cb][h][p][1] = o[cb][h][p][2] = o[cb][h][p][3] = 0.0f;
+    for (int p = 0; p < kSteps; ++p) o[cb][p][0] = o[cb][p][1] = o[cb][p][2] = o[cb][p][3] = 0.0f;
   }
   uint32_t sink = 0;
 
@@ -600,24 +613,27 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
     }
   };
 
+  // Pairs add their halves of a block's scores here: [warp][block parity][lane][column block] (two
+  // parities, so a warp writes block i + 1's half while its partner may still read block i's).
+  float4* exchange = reinterpret_cast<float4*>(smem + layout.exchange);
+
   for (int i = 0; i < mine; ++i) {
     ptx::mbarrier_wait(&bars[warp * STAGES + i % STAGES], static_cast<uint32_t>(i / STAGES) & 1u);
     const uint8_t* stage = my_stages + static_cast<uint32_t>(i % STAGES) * stage_bytes;
-    const uint32_t* e = ents + (warp + NW * i) * kTiles;
-    uint32_t ent[kTiles];
-#pragma unroll
-    for (int j = 0; j < kTiles; ++j) ent[j] = e[j];
-    const int tok0 = (cta_first + warp + NW * i) * kTileTokens;
+    const uint32_t* e = ents + (unit + kUnits * i) * kTiles;
+    uint32_t ent[2];  // the warp's K and V tiles
+    warp_entries(e, ent);
+    const int tok0 = (cta_first + unit + kUnits * i) * kTileTokens;
 
     if constexpr (W == Work::load_only) {
 #pragma unroll
-      for (int j = 0; j < kTiles; ++j) sink ^= *reinterpret_cast<const uint32_t*>(stage + j * a.tile_stride + 4 * lane);
+      for (int j = 0; j < 2; ++j) sink ^= *reinterpret_cast<const uint32_t*>(stage + j * a.tile_stride + 4 * lane);
     } else {
       bool key_absent = false;
 #pragma unroll
-      for (int h = 0; h < P; ++h) key_absent |= entry_class(ent[h]) == TileClass::absent;
-      uint32_t offset[kTiles];
-      if constexpr (is_compressed(Src) && W != Work::no_decode) escape_offsets<C, Src, kTiles>(stage, a.tile_stride, ent, lane, offset);
+      for (int h = 0; h < P; ++h) key_absent |= entry_class(e[h]) == TileClass::absent;
+      uint32_t offset[2];
+      if constexpr (is_compressed(Src) && W != Work::no_decode) escape_offsets<C, Src, 2>(stage, a.tile_stride, ent, lane, offset);
 
       // Sᵀ = K·Qᵀ: the key tile is the A operand (token rows g and g+8, channel step s: quads s and
       // kSteps + s), Q the B operand (heads as columns: no zero rows), two accumulation chains per
@@ -627,65 +643,62 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
       for (int cb = 0; cb < kBlocks; ++cb)
 #pragma unroll
         for (int c = 0; c < 2; ++c) sacc[cb][c][0] = sacc[cb][c][1] = sacc[cb][c][2] = sacc[cb][c][3] = 0.0f;
-#pragma unroll
-      for (int half = 0; half < P; ++half) {
-        const TileClass cls = entry_class(ent[half]);
-        const uint8_t* tile = stage + half * a.tile_stride;
+      {
+        const TileClass cls = entry_class(ent[0]);
+        const uint8_t* tile = stage;
         if (is_compressed(Src) && W != Work::no_decode && cls == TileClass::compressed) {
           uint32_t low0[kSteps], low1[kSteps];  // token half 0 of a channel step, until half 1 arrives
-          rebuild(std::true_type{}, tile, offset[half], half, ent[half],
-                               [&](auto group, const uint32_t (&r0)[2], const uint32_t (&r1)[2]) {
+          rebuild(std::true_type{}, tile, offset[0], mine_half, ent[0],
+                  [&](auto group, const uint32_t (&r0)[2], const uint32_t (&r1)[2]) {
 #pragma unroll
-                                 for (int q = 0; q < 2; ++q) {
-                                   const int quad = 2 * decltype(group)::value + q, h = quad / kSteps, st = quad % kSteps;
-                                   if (h == 0) {
-                                     low0[st] = r0[q], low1[st] = r1[q];
-                                   } else if constexpr (kMath) {
+                    for (int q = 0; q < 2; ++q) {
+                      const int quad = 2 * decltype(group)::value + q, h = quad / kSteps, st = quad % kSteps;
+                      if (h == 0) {
+                        low0[st] = r0[q], low1[st] = r1[q];
+                      } else if constexpr (kMath) {
 #pragma unroll
-                                     for (int cb = 0; cb < kBlocks; ++cb)
-                                       ptx::mma_bf16(sacc[cb][st & 1], low0[st], r0[q], low1[st], r1[q], qf[cb][half][st][0],
-                                                     qf[cb][half][st][1]);
-                                   } else {
-                                     sink ^= low0[st] ^ low1[st] ^ r0[q] ^ r1[q];
-                                   }
-                                 }
-                               });
-          continue;
-        }
-        KeyFragments<C> kf;
-        if (Src == TileSource::gaac && cls == TileClass::compressed) {  // Work::no_decode
-          uint32_t r0[C / 8], r1[C / 8];
-          lane::LaneSlot<C> s;
-          lane::load_lane_slot<C>(tile, lane, s);
+                        for (int cb = 0; cb < kBlocks; ++cb)
+                          ptx::mma_bf16(sacc[cb][st & 1], low0[st], r0[q], low1[st], r1[q], qf[cb][st][0], qf[cb][st][1]);
+                      } else {
+                        sink ^= low0[st] ^ low1[st] ^ r0[q] ^ r1[q];
+                      }
+                    }
+                  });
+        } else {
+          KeyFragments<C> kf;
+          if (Src == TileSource::gaac && cls == TileClass::compressed) {  // Work::no_decode
+            uint32_t r0[C / 8], r1[C / 8];
+            lane::LaneSlot<C> s;
+            lane::load_lane_slot<C>(tile, lane, s);
 #pragma unroll
-          for (int q = 0; q < C / 8; ++q) r0[q] = s.sm[q], r1[q] = s.sm[q] ^ s.words[q % 3];
-          key_from_quads<C>(r0, r1, kf);
-        } else if (cls == TileClass::raw) {
-          if constexpr (Src == TileSource::bf16) {
-            key_from_bf16_tile<C>(tile, lane, kf);
-          } else if constexpr (Src == TileSource::gaac) {
-            key_from_raw<C>(raw_rows(a, ent[half]), lane, kf);
-          } else {  // FP8: the twin's staged rows, or a raw tile's rows in global memory
-            const RawRows rows = kPlainFp8 ? RawRows{tile, tile + 8 * fp8_row_stride(C)} : raw_rows(a, ent[half]);
-            const uint32_t stride = kPlainFp8 ? fp8_row_stride(C) : C;
-            if (special_tile(a.cache, ent[half])) key_from_fp8_rows<C, F, true>(rows.low, rows.high, stride, lane, table, kf);
-            else key_from_fp8_rows<C, F, false>(rows.low, rows.high, stride, lane, table, kf);
+            for (int q = 0; q < C / 8; ++q) r0[q] = s.sm[q], r1[q] = s.sm[q] ^ s.words[q % 3];
+            key_from_quads<C>(r0, r1, kf);
+          } else if (cls == TileClass::raw) {
+            if constexpr (Src == TileSource::bf16) {
+              key_from_bf16_tile<C>(tile, lane, kf);
+            } else if constexpr (Src == TileSource::gaac) {
+              key_from_raw<C>(raw_rows(a, ent[0]), lane, kf);
+            } else {  // FP8: the twin's staged rows, or a raw tile's rows in global memory
+              const RawRows rows = kPlainFp8 ? RawRows{tile, tile + 8 * fp8_row_stride(C)} : raw_rows(a, ent[0]);
+              const uint32_t stride = kPlainFp8 ? fp8_row_stride(C) : C;
+              if (special_tile(a.cache, ent[0])) key_from_fp8_rows<C, F, true>(rows.low, rows.high, stride, lane, table, kf);
+              else key_from_fp8_rows<C, F, false>(rows.low, rows.high, stride, lane, table, kf);
+            }
+          } else {
+#pragma unroll
+            for (int h = 0; h < 2; ++h)
+#pragma unroll
+              for (int s = 0; s < kSteps; ++s) kf[h][s][0] = kf[h][s][1] = 0u;
           }
-        } else {
+          if constexpr (kMath) {
 #pragma unroll
-          for (int h = 0; h < 2; ++h)
+            for (int cb = 0; cb < kBlocks; ++cb)
 #pragma unroll
-            for (int s = 0; s < kSteps; ++s) kf[h][s][0] = kf[h][s][1] = 0u;
-        }
-        if constexpr (kMath) {
-#pragma unroll
-          for (int cb = 0; cb < kBlocks; ++cb)
-#pragma unroll
-            for (int s = 0; s < kSteps; ++s)
-              ptx::mma_bf16(sacc[cb][s & 1], kf[0][s][0], kf[1][s][0], kf[0][s][1], kf[1][s][1], qf[cb][half][s][0],
-                            qf[cb][half][s][1]);
-        } else {
-          sink ^= fold<4 * kSteps>(&kf[0][0][0]);
+              for (int s = 0; s < kSteps; ++s)
+                ptx::mma_bf16(sacc[cb][s & 1], kf[0][s][0], kf[1][s][0], kf[0][s][1], kf[1][s][1], qf[cb][s][0], qf[cb][s][1]);
+          } else {
+            sink ^= fold<4 * kSteps>(&kf[0][0][0]);
+          }
         }
       }
 
@@ -700,6 +713,23 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
         for (int cb = 0; cb < kBlocks; ++cb)
 #pragma unroll
           for (int k = 0; k < 4; ++k) x[cb][k] = sacc[cb][0][k] + sacc[cb][1][k];
+        if constexpr (kPaired) {
+          // The pair's halves of the scores: mine + my partner's in one warp, the partner's + mine in the
+          // other, the same sums (addition commutes), so both run the same softmax.
+          float4* out_half = exchange + ((warp * 2 + (i & 1)) * 32 + lane) * kBlocks;
+          const float4* in_half = exchange + (((warp ^ 1) * 2 + (i & 1)) * 32 + lane) * kBlocks;
+#pragma unroll
+          for (int cb = 0; cb < kBlocks; ++cb) out_half[cb] = make_float4(x[cb][0], x[cb][1], x[cb][2], x[cb][3]);
+          // Block i is the (i / 2)-th use of its parity's barrier; an mbarrier rather than a named
+          // barrier, so that compute-sanitizer's racecheck follows the ordering.
+          ptx::mbarrier_arrive(&pair_bars[2 * unit + (i & 1)]);
+          ptx::mbarrier_wait(&pair_bars[2 * unit + (i & 1)], static_cast<uint32_t>(i >> 1) & 1u);
+#pragma unroll
+          for (int cb = 0; cb < kBlocks; ++cb) {
+            const float4 other = in_half[cb];
+            x[cb][0] += other.x, x[cb][1] += other.y, x[cb][2] += other.z, x[cb][3] += other.w;
+          }
+        }
         if (key_absent || tok0 < first || tok0 + kTileTokens > len) {
 #pragma unroll
           for (int k = 0; k < 4; ++k) {
@@ -739,12 +769,10 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
 #pragma unroll
             for (int j = 0; j < 2; ++j) l_run[cb][j] *= alpha[cb][j];
 #pragma unroll
-            for (int h = 0; h < P; ++h)
-#pragma unroll
-              for (int p = 0; p < kSteps; ++p) {
-                float* acc = o[cb][h][p];
-                acc[0] *= alpha[cb][0], acc[1] *= alpha[cb][1], acc[2] *= alpha[cb][0], acc[3] *= alpha[cb][1];
-              }
+            for (int p = 0; p < kSteps; ++p) {
+              float* acc = o[cb][p];
+              acc[0] *= alpha[cb][0], acc[1] *= alpha[cb][1], acc[2] *= alpha[cb][0], acc[3] *= alpha[cb][1];
+            }
           }
         }
 #pragma unroll
@@ -764,56 +792,53 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
         }
       }
 
-      // Oᵀ += Vᵀ·Pᵀ.
-#pragma unroll
-      for (int half = 0; half < P; ++half) {
-        const TileClass cls = entry_class(ent[P + half]);
-        const uint8_t* tile = stage + (P + half) * a.tile_stride;
+      // Oᵀ += Vᵀ·Pᵀ over the warp's value tile.
+      {
+        const TileClass cls = entry_class(ent[1]);
+        const uint8_t* tile = stage + a.tile_stride;
         if (is_compressed(Src) && W != Work::no_decode && cls == TileClass::compressed) {
-          rebuild(std::false_type{}, tile, offset[P + half], half, ent[P + half],
-                                [&](auto group, const uint32_t (&r0)[2], const uint32_t (&r1)[2]) {
-                                  if constexpr (kMath) {
+          rebuild(std::false_type{}, tile, offset[1], mine_half, ent[1],
+                  [&](auto group, const uint32_t (&r0)[2], const uint32_t (&r1)[2]) {
+                    if constexpr (kMath) {
 #pragma unroll
-                                    for (int cb = 0; cb < kBlocks; ++cb)
-                                      ptx::mma_bf16(o[cb][half][decltype(group)::value], r0[0], r0[1], r1[0], r1[1], pb0[cb],
-                                                    pb1[cb]);
-                                  } else
-                                    sink ^= r0[0] ^ r0[1] ^ r1[0] ^ r1[1];
-                                });
-          continue;
-        }
-        ValueFragments<C> vf;
-        if (Src == TileSource::gaac && cls == TileClass::compressed) {  // Work::no_decode
-          uint32_t r0[C / 8], r1[C / 8];
-          lane::LaneSlot<C> s;
-          lane::load_lane_slot<C>(tile, lane, s);
+                      for (int cb = 0; cb < kBlocks; ++cb)
+                        ptx::mma_bf16(o[cb][decltype(group)::value], r0[0], r0[1], r1[0], r1[1], pb0[cb], pb1[cb]);
+                    } else
+                      sink ^= r0[0] ^ r0[1] ^ r1[0] ^ r1[1];
+                  });
+        } else {
+          ValueFragments<C> vf;
+          if (Src == TileSource::gaac && cls == TileClass::compressed) {  // Work::no_decode
+            uint32_t r0[C / 8], r1[C / 8];
+            lane::LaneSlot<C> s;
+            lane::load_lane_slot<C>(tile, lane, s);
 #pragma unroll
-          for (int q = 0; q < C / 8; ++q) r0[q] = s.sm[q], r1[q] = s.sm[q] ^ s.words[q % 3];
-          value_from_quads<C>(r0, r1, vf);
-        } else if (cls == TileClass::raw) {
-          if constexpr (Src == TileSource::bf16) {
-            value_from_bf16_tile<C>(tile, lane, vf);
-          } else if constexpr (Src == TileSource::gaac) {
-            value_from_raw<C>(raw_rows(a, ent[P + half]), lane, vf);
-          } else if constexpr (kPlainFp8) {
-            if (special_tile(a.cache, ent[P + half])) value_from_fp8_tile<C, F, true>(tile, lane, table, vf);
-            else value_from_fp8_tile<C, F, false>(tile, lane, table, vf);
+            for (int q = 0; q < C / 8; ++q) r0[q] = s.sm[q], r1[q] = s.sm[q] ^ s.words[q % 3];
+            value_from_quads<C>(r0, r1, vf);
+          } else if (cls == TileClass::raw) {
+            if constexpr (Src == TileSource::bf16) {
+              value_from_bf16_tile<C>(tile, lane, vf);
+            } else if constexpr (Src == TileSource::gaac) {
+              value_from_raw<C>(raw_rows(a, ent[1]), lane, vf);
+            } else if constexpr (kPlainFp8) {
+              if (special_tile(a.cache, ent[1])) value_from_fp8_tile<C, F, true>(tile, lane, table, vf);
+              else value_from_fp8_tile<C, F, false>(tile, lane, table, vf);
+            } else {
+              if (special_tile(a.cache, ent[1])) value_from_fp8_raw<C, F, true>(raw_rows(a, ent[1]), lane, table, vf);
+              else value_from_fp8_raw<C, F, false>(raw_rows(a, ent[1]), lane, table, vf);
+            }
           } else {
-            if (special_tile(a.cache, ent[P + half])) value_from_fp8_raw<C, F, true>(raw_rows(a, ent[P + half]), lane, table, vf);
-            else value_from_fp8_raw<C, F, false>(raw_rows(a, ent[P + half]), lane, table, vf);
+#pragma unroll
+            for (int p = 0; p < kSteps; ++p) vf[p][0] = vf[p][1] = vf[p][2] = vf[p][3] = 0u;
           }
-        } else {
+          if constexpr (kMath) {
 #pragma unroll
-          for (int p = 0; p < kSteps; ++p) vf[p][0] = vf[p][1] = vf[p][2] = vf[p][3] = 0u;
-        }
-        if constexpr (kMath) {
+            for (int cb = 0; cb < kBlocks; ++cb)
 #pragma unroll
-          for (int cb = 0; cb < kBlocks; ++cb)
-#pragma unroll
-            for (int p = 0; p < kSteps; ++p)
-              ptx::mma_bf16(o[cb][half][p], vf[p][0], vf[p][1], vf[p][2], vf[p][3], pb0[cb], pb1[cb]);
-        } else {
-          sink ^= fold<4 * kSteps>(&vf[0][0]);
+              for (int p = 0; p < kSteps; ++p) ptx::mma_bf16(o[cb][p], vf[p][0], vf[p][1], vf[p][2], vf[p][3], pb0[cb], pb1[cb]);
+          } else {
+            sink ^= fold<4 * kSteps>(&vf[0][0]);
+          }
         }
       }
     }
@@ -822,7 +847,8 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
   }
   if (sink == a.sink_magic && a.sink_magic != 0u) a.partial_ml[0] = 1.0f;  // keeps the sink alive
 
-  // Warps meet in shared memory (the stages are idle now: every copy issued has been waited for).
+  // Units meet in shared memory (the stages are idle now: every copy issued has been waited for); the
+  // two warps of a pair hold the same m and l and each its half of the channels.
   float l_sum[kBlocks][2];
 #pragma unroll
   for (int cb = 0; cb < kBlocks; ++cb)
@@ -833,30 +859,28 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
       for (int d = 4; d < 32; d <<= 1) l_sum[cb][j] += __shfl_xor_sync(0xFFFFFFFFu, l_sum[cb][j], d);
     }
   __syncthreads();
-  float* wm = reinterpret_cast<float*>(smem + layout.stages);  // [warp][head]
-  float* wl = wm + NW * H;
-  float* wo = wl + NW * H;  // [warp][head][channel]
-  if (g == 0) {
+  float* wm = reinterpret_cast<float*>(smem + layout.stages);  // [unit][head]
+  float* wl = wm + kUnits * H;
+  float* wo = wl + kUnits * H;  // [unit][head][channel]
+  if (g == 0 && mine_half == 0) {
 #pragma unroll
     for (int cb = 0; cb < kBlocks; ++cb)
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        wm[warp * H + 8 * cb + 2 * t + j] = m_run[cb][j];
-        wl[warp * H + 8 * cb + 2 * t + j] = l_sum[cb][j];
+        wm[unit * H + 8 * cb + 2 * t + j] = m_run[cb][j];
+        wl[unit * H + 8 * cb + 2 * t + j] = l_sum[cb][j];
       }
   }
 #pragma unroll
   for (int cb = 0; cb < kBlocks; ++cb)
 #pragma unroll
-    for (int h = 0; h < P; ++h)
+    for (int p = 0; p < kSteps; ++p)
 #pragma unroll
-      for (int p = 0; p < kSteps; ++p)
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const int head = 8 * cb + 2 * t + k % 2;
-          const int channel = h * C + 16 * p + (kPlainFp8 ? 2 * g + k / 2 : g + 8 * (k / 2));
-          wo[(warp * H + head) * kD + channel] = o[cb][h][p][k];
-        }
+      for (int k = 0; k < 4; ++k) {
+        const int head = 8 * cb + 2 * t + k % 2;
+        const int channel = mine_half * C + 16 * p + (kPlainFp8 ? 2 * g + k / 2 : g + 8 * (k / 2));
+        wo[(unit * H + head) * kD + channel] = o[cb][p][k];
+      }
   __syncthreads();
 
   // The workspace holds every head of a (sequence, KV head) pair; this CTA's heads start at head0.
@@ -867,11 +891,11 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
     const int head = idx / kD, channel = idx % kD;
     float mx = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < NW; ++w) mx = fmaxf(mx, wm[w * H + head]);
+    for (int w = 0; w < kUnits; ++w) mx = fmaxf(mx, wm[w * H + head]);
     float l = 0.0f, acc = 0.0f;
     if (mx != -INFINITY) {
 #pragma unroll
-      for (int w = 0; w < NW; ++w) {
+      for (int w = 0; w < kUnits; ++w) {
         const float f = ptx::exp2_approx(wm[w * H + head] - mx);
         l += wl[w * H + head] * f;
         acc += wo[(w * H + head) * kD + channel] * f;

@@ -98,8 +98,9 @@ GAAC_HOST_DEVICE constexpr uint32_t stage_tile_bytes(TileSource source, int chan
 
 /// Byte offsets of the parts of a decode CTA's dynamic shared memory.
 struct SharedLayout {
-  uint32_t stages = 0;   ///< NW × STAGES stages of 2·P tiles each (reused by the merges afterwards)
-  uint32_t bars = 0;     ///< one mbarrier per stage
+  uint32_t stages = 0;   ///< NW × STAGES stages of a warp's two tiles, K and V (reused by the merges afterwards)
+  uint32_t bars = 0;     ///< one mbarrier per stage; for pairs of warps, then two per pair (one per block parity)
+  uint32_t exchange = 0; ///< heads of two tiles: each warp's half of a block's scores, for two blocks
   uint32_t entries = 0;  ///< block-table entries of the CTA's blocks
   uint32_t bases = 0;    ///< per half: key b3, key b4−b3, value b3, value b4−b3 words, lane-interleaved
                          ///< (GAAC-FP8: b2 and b3−b2)
@@ -110,22 +111,29 @@ struct SharedLayout {
 };
 
 /// The shared-memory layout of a CTA of `warps` warps with `stages` stages of tiles of `tile_stride` bytes
-/// and up to `blocks` blocks, tiles of C channels, P halves, room for `heads` query heads per KV head.
+/// and up to `blocks` blocks, tiles of C channels, P halves (two: the warps work in pairs, one half
+/// each), room for `heads` query heads per KV head.
 GAAC_HOST_DEVICE constexpr SharedLayout shared_memory_layout(int channels, int halves, int heads, TileSource source, int warps,
                                                        int stages, uint32_t tile_stride, int blocks) {
   const auto align16 = [](uint32_t x) { return (x + 15u) & ~15u; };
   const uint32_t tiles = 2u * static_cast<uint32_t>(halves);
   const uint32_t head_dim = static_cast<uint32_t>(channels * halves);
   const uint32_t h = static_cast<uint32_t>(heads);
-  const uint32_t stage_bytes = static_cast<uint32_t>(warps * stages) * tiles * tile_stride;
-  const uint32_t warp_merge = static_cast<uint32_t>(warps) * h * (2u + head_dim) * 4u;
+  const uint32_t stage_bytes = static_cast<uint32_t>(warps * stages) * 2u * tile_stride;
+  const uint32_t units = static_cast<uint32_t>(warps / halves);  // warps, or pairs of warps
+  const uint32_t warp_merge = units * h * (2u + head_dim) * 4u;
   const uint32_t split_merge = h * 64u * 4u + h * 2u * 4u;  // weights of up to 64 partials per head, M and L
   SharedLayout layout;
   layout.stages = 0;
   const uint32_t region = align16(stage_bytes > warp_merge ? (stage_bytes > split_merge ? stage_bytes : split_merge)
                                                            : (warp_merge > split_merge ? warp_merge : split_merge));
   layout.bars = region;
-  layout.entries = layout.bars + static_cast<uint32_t>(warps * stages) * 8u;
+  const uint32_t pair_bars = halves == 2 ? static_cast<uint32_t>(warps) : 0u;  // two for each of warps / 2 pairs
+  layout.exchange = layout.bars + (static_cast<uint32_t>(warps * stages) + pair_bars) * 8u;
+  // Per warp: two blocks × 32 lanes × (heads / 8) column blocks × 4 floats.
+  const uint32_t exchange = halves == 2 ? static_cast<uint32_t>(warps) * 2u * 32u * (h / 8u) * 16u : 0u;
+  layout.exchange = align16(layout.exchange);
+  layout.entries = layout.exchange + exchange;
   layout.bases = align16(layout.entries + static_cast<uint32_t>(blocks) * tiles * 4u);
   const uint32_t base_words = is_compressed(source)
                                   ? static_cast<uint32_t>(halves) * 2u * static_cast<uint32_t>(channels / 16 + channels / 8)

@@ -43,25 +43,26 @@ KernelChoice choice(uint32_t unit_bytes) {
   return k;
 }
 
-/// Default warps per CTA (measured, docs/performance.md, kernel v9): one CTA of 16 warps per SM where
-/// 16 warps fit 128 registers each (heads of 64 or 128 channels, up to 8 query heads per KV head) —
-/// fewer, longer CTAs: a quarter of the launches, of the prologues and of the splits to merge, and one
-/// copy of the bases per SM; CTAs of 4 warps elsewhere.
+/// Default warps per CTA (measured, docs/performance.md, kernels v9 and v11): one CTA of 16 warps per SM
+/// where 16 warps fit 128 registers each (up to 8 query heads per KV head; a head of 256 channels is
+/// worked on by pairs of warps, one tile each) — fewer, longer CTAs: a quarter of the launches, of the
+/// prologues and of the splits to merge, and one copy of the bases per SM; CTAs of 4 warps elsewhere.
 template <int C, int P, int H>
-constexpr int kDefaultWarps = P == 1 && H == 8 ? 16 : detail::kDecodeWarps;
+constexpr int kDefaultWarps = H == 8 ? 16 : detail::kDecodeWarps;
 
 /// Default stages per warp (measured, docs/performance.md): the GAAC kernel is bound by instruction
 /// latency, so it takes two stages and more warps per SM; the twin three stages, and in CTAs of 16
 /// warps two for 64-channel tiles, one for 128 (two padded BF16 tiles per warp would not fit shared
-/// memory); a head_dim-256 stage holds four tiles, so two. FP8 sources (not yet tuned) take two: the
-/// plain FP8 twin's tiles are half a BF16 tile's, so two stages of 16 warps fit.
+/// memory). FP8 sources (not yet tuned) take two: the plain FP8 twin's tiles are half a BF16 tile's, so
+/// two stages of 16 warps fit.
 template <int C, int P, TileSource Src, int NW>
-constexpr int kDefaultStages = Src == TileSource::bf16 && NW >= 16                        ? (C == 64 ? 2 : 1)
-                               : P == 2 || detail::is_compressed(Src) || detail::is_fp8(Src) ? 2
-                                                                                            : 3;
+constexpr int kDefaultStages = Src == TileSource::bf16 && NW >= 16                  ? (C == 64 ? 2 : 1)
+                               : detail::is_compressed(Src) || detail::is_fp8(Src) ? 2
+                                                                                  : 3;
 
 /// The instances that exist: for every head width and 8 or 16 query heads per KV head the default
-/// warps and stages (kDefaultWarps, kDefaultStages), with the breakdown variants for head_dim 128; for
+/// warps and stages (kDefaultWarps, kDefaultStages), with the breakdown variants for head_dim 128, and
+/// GAAC in CTAs of 16 warps with one stage (for the largest units); for
 /// heads of 64 and 128 channels also CTAs of 4 warps, and for 128, 4 warps with 2, 3 or 4 stages and 8
 /// warps (the measured alternatives).
 template <int C, int P, int H, TileSource Src>
@@ -87,11 +88,11 @@ KernelChoice pick(Work work, int warps, int stages, uint32_t unit_bytes) {
         if (work == Work::no_decode) return choice<C, P, H, Src, Work::no_decode, NW, kDef>(unit_bytes);
     }
   }
+  // One stage in CTAs of 16 warps: where two stages of the cache's tiles do not fit shared memory (the
+  // largest escape capacities); the same arithmetic as two.
+  if constexpr (H == 8 && Src == TileSource::gaac && kDef > 1)
+    if (work == Work::full && warps == NW && stages == 1) return choice<C, P, H, Src, Work::full, NW, 1>(unit_bytes);
   if constexpr (P == 1 && H == 8) {
-    // One stage in CTAs of 16 warps: where two stages of the cache's tiles do not fit shared memory (the
-    // largest escape capacities); the same arithmetic as two.
-    if constexpr (Src == TileSource::gaac && kDef > 1)
-      if (work == Work::full && warps == NW && stages == 1) return choice<C, P, H, Src, Work::full, NW, 1>(unit_bytes);
     if (work == Work::full && warps == 4 && stages == kDef4) return choice<C, P, H, Src, Work::full, 4, kDef4>(unit_bytes);
     if constexpr (C == 128) {
       if (work == Work::full && warps == 4) {

@@ -229,6 +229,10 @@ TEST_F(GpuDecode, SmallCaseForTheSanitizers) {
   Case c;
   c.kv_heads = 2, c.lengths = {17, 40}, c.blocks_per_split = 1;
   expect_identical(run_case(c));
+  // Heads of 256 channels: pairs of warps exchanging scores over several blocks each.
+  Case pairs;
+  pairs.kv_heads = 1, pairs.head_dim = 256, pairs.lengths = {17, 300};
+  expect_identical(run_case(pairs));
 }
 
 TEST_F(GpuDecode, RealisticMixHeadDim128) {
@@ -256,6 +260,21 @@ TEST_F(GpuDecode, GroupsOfOneToSixteenQueryHeads) {
     c.kv_heads = kv, c.group = group, c.head_dim = hd, c.lengths = {33, 900, 2049};
     SCOPED_TRACE(testing::Message() << "kv " << kv << " group " << group << " head_dim " << hd);
     expect_identical(run_case(c));
+  }
+}
+
+TEST_F(GpuDecode, HeadsOfTwoTilesInPairsOfWarps) {
+  // Heads of 256 channels: a pair of warps per block, one tile each, adding their halves of the scores.
+  // Splits of 1, 3 and 5 blocks leave some pairs of a CTA without work; every mode in every lane makes
+  // the two halves' escapes differ; a sliding window masks the first blocks of the long sequences.
+  for (const int bps : {1, 3, 5, 0}) {
+    for (const int window : {0, 200}) {
+      Case c;
+      c.kv_heads = 2, c.group = 3, c.head_dim = 256, c.lengths = {1, 17, 300, 1111}, c.window = window;
+      c.blocks_per_split = bps, c.data = Case::Data::every_mode;
+      SCOPED_TRACE(testing::Message() << "bps " << bps << " window " << window);
+      expect_identical(run_case(c));
+    }
   }
 }
 

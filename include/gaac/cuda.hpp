@@ -291,8 +291,8 @@ struct DecodeSplit {
 
 /// Decode attention planned once per batch geometry and run per layer (as FlashInfer's plan/run):
 /// plan() chooses the kernel instance and, for each sliding window among the cache's layers, the
-/// split of the context over CTAs (one wave over the GPU, at least one block per warp, every CTA of a
-/// sequence with the same number of blocks), and holds the workspace the launches need (partial
+/// split of the context over CTAs (one wave over the GPU, at least one block per warp or pair of warps,
+/// every CTA of a sequence with the same number of blocks), and holds the workspace the launches need (partial
 /// results and arrival counters), allocating it only when the one it has is too small. run() only
 /// launches: no allocation, no host synchronisation, so it can be captured in a CUDA graph. Launches
 /// with the same blocks_per_split do the same arithmetic in the same order: a GAAC cache and a BF16

@@ -234,8 +234,8 @@ int longest_attended(const BatchTable& batch, int window, int plan_tokens) {
 }
 
 /// The split of `longest` blocks of each of `sequences` sequences: one wave of CTAs over the whole GPU,
-/// shared equally among the (sequence, KV head) pairs, at least one block for each warp (a config's
-/// blocks_per_split, when set, wins).
+/// shared equally among the (sequence, KV head) pairs, at least one block for each warp or pair of warps
+/// (a config's blocks_per_split, when set, wins).
 DecodeSplit split_for(const PagedGeometry& geo, const KernelChoice& k, const DecodeConfig& config, int sequences,
                       int longest, int window) {
   const int slices = head_slices(config.q_heads / geo.kv_heads, config);
@@ -253,7 +253,8 @@ DecodeSplit split_for(const PagedGeometry& geo, const KernelChoice& k, const Dec
     const int pairs = sequences * geo.kv_heads * slices;  // CTAs that each take a split of a sequence
     const auto blocks_for = [&](int per_sm) {
       const int splits = std::max(1, facts.sms() * per_sm / pairs);
-      return std::max((longest + splits - 1) / splits, k.warps);  // at least a block for every warp
+      // At least a block for every unit that takes blocks: a warp, or a pair of warps for heads of two tiles.
+      return std::max((longest + splits - 1) / splits, k.warps / geo.halves());
     };
     split.blocks_per_split = std::min(blocks_for(occupancy(128)), detail::kMaxBlocksPerSplit);
     split.blocks_per_split = std::min(blocks_for(occupancy(split.blocks_per_split)), detail::kMaxBlocksPerSplit);

@@ -15,13 +15,16 @@
 // Work split: CTA (split, KV head, sequence) takes up to blocks_per_split consecutive attended
 // blocks of one sequence; its warps take every NW-th block, each streaming its blocks through its own
 // ring of shared-memory stages filled by the copy engine (cp.async.bulk, completion on an mbarrier).
-// A warp always works on one K tile and one V tile of a block: heads of 256 channels (two tiles) are
+// A warp works on at most one K tile and one V tile of a block. Heads of 256 channels (two tiles) are
 // served by pairs of warps, one per 128-channel half, which take every (NW/2)-th block together and add
 // their halves of the scores through shared memory (one mbarrier phase a block) before the softmax,
-// which both then run alike. Per block, one warp computes Sᵀ = K·Qᵀ with the key tile as the m16n8k16 A operand (16 tokens) and
-// the KV head's query heads as the columns of B (up to 8: no zero rows), an online softmax, and
-// Oᵀ += Vᵀ·Pᵀ with the value tile as A operand and Pᵀ, transposed in registers (movmatrix), as B. The warps' states meet in shared
-// memory, the splits' in global memory, merged by the last CTA of each (sequence, KV head).
+// which both then run alike. 9–16 query heads of one tile are served by pairs that split K and V: the
+// key warp computes the scores and hands them over the same way, the value warp runs the softmax and
+// the products with V, so neither holds both the queries and the outputs of 16 heads. Per block, Sᵀ =
+// K·Qᵀ with the key tile as the m16n8k16 A operand (16 tokens) and the KV head's query heads as the
+// columns of B (8 per column block: no zero rows), an online softmax, and Oᵀ += Vᵀ·Pᵀ with the value
+// tile as A operand and Pᵀ, transposed in registers (movmatrix), as B. The warps' (pairs') states meet
+// in shared memory, the splits' in global memory, merged by the last CTA of each (sequence, KV head).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -411,6 +414,10 @@ __device__ void merge_partials(const float* po, const float* pml, size_t first, 
 /// range of fp32 sums and of the bf16 probabilities P·V multiplies.
 inline constexpr float kRescaleSlack = 8.0f;
 
+/// What a warp does with its blocks: all of the work, or, in a pair that splits K and V, the key part (the
+/// scores, handed over) or the value part (softmax and outputs).
+enum class Part { all, key, value };
+
 /// CTAs per SM the compiler is asked to make room for (registers ≤ 65536 / (CTAs · threads)): for the
 /// GAAC kernel at head_dim 128 with two stages, 16 warps per SM (128 registers a thread) as the shared
 /// memory allows, 8 warps with 16 query heads per KV head (their accumulators need more); else one
@@ -457,17 +464,21 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
   const int cta_first = first_block + split * a.blocks_per_split;
   const int cta_blocks = max(0, min(cta_first + a.blocks_per_split, end_block) - cta_first);
 
-  // The warp's share of the work: units (single warps, or pairs for two tiles per head) take blocks; a
-  // warp works on half `mine_half` of the head (its K and V tiles, query and output channels).
-  static_assert(P == 1 || NW % 2 == 0, "heads of two tiles take warps in pairs");
-  constexpr bool kPaired = P == 2;
+  // The warp's share of the work: units (single warps, or pairs of warps) take blocks. In a pair, heads of
+  // two tiles give each warp one half (`mine_half`: its K and V tiles, query and output channels); 9–16
+  // query heads of one tile give one warp the K tile (role 0: the scores) and the other the V tile (role
+  // 1: softmax and outputs), so that no warp holds both the queries and the outputs of 16 heads.
+  constexpr bool kSplitKV = splits_key_value(P, H);
+  constexpr bool kPaired = P == 2 || kSplitKV;
+  static_assert(!kPaired || NW % 2 == 0, "pairs of warps");
   constexpr int kUnits = kPaired ? NW / 2 : NW;
   const int unit = kPaired ? warp / 2 : warp;
-  const int mine_half = kPaired ? warp % 2 : 0;
+  const int role = kPaired ? warp % 2 : 0;
+  const int mine_half = P == 2 ? role : 0;
 
   const SharedLayout layout =
       shared_memory_layout(C, P, H, Src, NW, STAGES, a.tile_stride, a.blocks_per_split);
-  const uint32_t stage_bytes = 2 * a.tile_stride;  // the warp's K tile, then its V tile
+  const uint32_t stage_bytes = (kSplitKV ? 1u : 2u) * a.tile_stride;  // the warp's K tile, then its V tile
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + layout.bars);
   uint64_t* pair_bars = bars + NW * STAGES;  // pairs of warps only
   uint32_t* ents = reinterpret_cast<uint32_t*>(smem + layout.entries);
@@ -494,7 +505,7 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
 #pragma unroll
     for (int s = 0; s < STAGES; ++s) ptx::mbarrier_init(&bars[warp * STAGES + s], 1);
     // A pair's two score-exchange barriers (one per block parity): all 64 threads arrive.
-    if (kPaired && mine_half == 0) ptx::mbarrier_init(&pair_bars[2 * unit], 64), ptx::mbarrier_init(&pair_bars[2 * unit + 1], 64);
+    if (kPaired && role == 0) ptx::mbarrier_init(&pair_bars[2 * unit], 64), ptx::mbarrier_init(&pair_bars[2 * unit + 1], 64);
     ptx::fence_barrier_init();
   }
   __syncthreads();
@@ -517,8 +528,12 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
 
   const int mine = cta_blocks > unit ? (cta_blocks - unit + kUnits - 1) / kUnits : 0;
   uint8_t* my_stages = smem + layout.stages + static_cast<uint32_t>(warp * STAGES) * stage_bytes;
-  // The warp's two tiles of a block among the block's kTiles entries: its K tile, its V tile.
-  const auto warp_entries = [&](const uint32_t* e, uint32_t (&ent)[2]) { ent[0] = e[mine_half], ent[1] = e[P + mine_half]; };
+  // The warp's tiles of a block among the block's kTiles entries: its K tile, then its V tile; when pairs
+  // split K and V, its one tile, then an absent entry that nothing copies or reads.
+  const auto warp_entries = [&](const uint32_t* e, uint32_t (&ent)[2]) {
+    if constexpr (kSplitKV) ent[0] = e[role], ent[1] = kAbsentEntry;
+    else ent[0] = e[mine_half], ent[1] = e[P + mine_half];
+  };
 
   // Starts the copies of the warp's i-th block into stage i % STAGES.
   const auto issue = [&](int i) {
@@ -613,11 +628,18 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
     }
   };
 
-  // Pairs add their halves of a block's scores here: [warp][block parity][lane][column block] (two
-  // parities, so a warp writes block i + 1's half while its partner may still read block i's).
+  // Pairs exchange a block's scores here: [warp][block parity][lane][column block] (two parities, so a
+  // warp writes block i + 1's while its partner may still read block i's). Halves add theirs; a key
+  // warp hands its scores to its value warp.
   float4* exchange = reinterpret_cast<float4*>(smem + layout.exchange);
+  const auto meet = [&](int i) {  // the pair's meeting of block i, the (i / 2)-th use of its parity's barrier
+    ptx::mbarrier_arrive(&pair_bars[2 * unit + (i & 1)]);
+    ptx::mbarrier_wait(&pair_bars[2 * unit + (i & 1)], static_cast<uint32_t>(i >> 1) & 1u);
+  };
 
-  for (int i = 0; i < mine; ++i) {
+  // The work on the warp's i-th block: all of it, or (pairs splitting K and V) its key or value part.
+  const auto block = [&](int i, auto part) {
+    constexpr Part kPart = decltype(part)::value;
     ptx::mbarrier_wait(&bars[warp * STAGES + i % STAGES], static_cast<uint32_t>(i / STAGES) & 1u);
     const uint8_t* stage = my_stages + static_cast<uint32_t>(i % STAGES) * stage_bytes;
     const uint32_t* e = ents + (unit + kUnits * i) * kTiles;
@@ -627,7 +649,7 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
 
     if constexpr (W == Work::load_only) {
 #pragma unroll
-      for (int j = 0; j < 2; ++j) sink ^= *reinterpret_cast<const uint32_t*>(stage + j * a.tile_stride + 4 * lane);
+      for (int j = 0; j < (kSplitKV ? 1 : 2); ++j) sink ^= *reinterpret_cast<const uint32_t*>(stage + j * a.tile_stride + 4 * lane);
     } else {
       bool key_absent = false;
 #pragma unroll
@@ -643,7 +665,7 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
       for (int cb = 0; cb < kBlocks; ++cb)
 #pragma unroll
         for (int c = 0; c < 2; ++c) sacc[cb][c][0] = sacc[cb][c][1] = sacc[cb][c][2] = sacc[cb][c][3] = 0.0f;
-      {
+      if constexpr (kPart != Part::value) {
         const TileClass cls = entry_class(ent[0]);
         const uint8_t* tile = stage;
         if (is_compressed(Src) && W != Work::no_decode && cls == TileClass::compressed) {
@@ -709,95 +731,111 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
       uint32_t pb0[kBlocks] = {}, pb1[kBlocks] = {};
       if constexpr (kMath) {
         float x[kBlocks][4];
-#pragma unroll
-        for (int cb = 0; cb < kBlocks; ++cb)
-#pragma unroll
-          for (int k = 0; k < 4; ++k) x[cb][k] = sacc[cb][0][k] + sacc[cb][1][k];
-        if constexpr (kPaired) {
-          // The pair's halves of the scores: mine + my partner's in one warp, the partner's + mine in the
-          // other, the same sums (addition commutes), so both run the same softmax.
-          float4* out_half = exchange + ((warp * 2 + (i & 1)) * 32 + lane) * kBlocks;
-          const float4* in_half = exchange + (((warp ^ 1) * 2 + (i & 1)) * 32 + lane) * kBlocks;
-#pragma unroll
-          for (int cb = 0; cb < kBlocks; ++cb) out_half[cb] = make_float4(x[cb][0], x[cb][1], x[cb][2], x[cb][3]);
-          // Block i is the (i / 2)-th use of its parity's barrier; an mbarrier rather than a named
-          // barrier, so that compute-sanitizer's racecheck follows the ordering.
-          ptx::mbarrier_arrive(&pair_bars[2 * unit + (i & 1)]);
-          ptx::mbarrier_wait(&pair_bars[2 * unit + (i & 1)], static_cast<uint32_t>(i >> 1) & 1u);
-#pragma unroll
-          for (int cb = 0; cb < kBlocks; ++cb) {
-            const float4 other = in_half[cb];
-            x[cb][0] += other.x, x[cb][1] += other.y, x[cb][2] += other.z, x[cb][3] += other.w;
-          }
-        }
-        if (key_absent || tok0 < first || tok0 + kTileTokens > len) {
-#pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            const int pos = tok0 + g + 8 * (k / 2);
-            if (key_absent || pos < first || pos >= len)
-#pragma unroll
-              for (int cb = 0; cb < kBlocks; ++cb) x[cb][k] = -INFINITY;
-          }
-        }
-        float mx[kBlocks][2];
-#pragma unroll
-        for (int cb = 0; cb < kBlocks; ++cb)
-#pragma unroll
-          for (int j = 0; j < 2; ++j) mx[cb][j] = fmaxf(x[cb][j], x[cb][2 + j]);
-#pragma unroll
-        for (int d = 4; d < 32; d <<= 1)
+        if constexpr (kPart != Part::value) {
 #pragma unroll
           for (int cb = 0; cb < kBlocks; ++cb)
 #pragma unroll
-            for (int j = 0; j < 2; ++j) mx[cb][j] = fmaxf(mx[cb][j], __shfl_xor_sync(0xFFFFFFFFu, mx[cb][j], d));
-        // A head's first reference needs no rescaling (its accumulators are still zero).
-        bool rescale = false;
-        float alpha[kBlocks][2];
+            for (int k = 0; k < 4; ++k) x[cb][k] = sacc[cb][0][k] + sacc[cb][1][k];
+        }
+        // A pair meets on an mbarrier rather than a named barrier, so that compute-sanitizer's racecheck
+        // follows the ordering.
+        float4* my_scores = exchange + ((warp * 2 + (i & 1)) * 32 + lane) * kBlocks;
+        const float4* partner_scores = exchange + (((warp ^ 1) * 2 + (i & 1)) * 32 + lane) * kBlocks;
+        if constexpr (kPart == Part::key) {
+          // The key warp's scores, for its value warp.
 #pragma unroll
-        for (int cb = 0; cb < kBlocks; ++cb)
-#pragma unroll
-          for (int j = 0; j < 2; ++j) {
-            mx[cb][j] *= a.scale_log2;
-            const bool moves = mx[cb][j] > m_run[cb][j] + kRescaleSlack;
-            alpha[cb][j] = moves ? ptx::exp2_approx(m_run[cb][j] - mx[cb][j]) : 1.0f;
-            rescale |= moves && m_run[cb][j] != -INFINITY;
-            m_run[cb][j] = moves ? mx[cb][j] : m_run[cb][j];
-          }
-        if (__any_sync(0xFFFFFFFFu, rescale)) {
+          for (int cb = 0; cb < kBlocks; ++cb) my_scores[cb] = make_float4(x[cb][0], x[cb][1], x[cb][2], x[cb][3]);
+          meet(i);
+        } else if constexpr (kPart == Part::value) {
+          meet(i);
 #pragma unroll
           for (int cb = 0; cb < kBlocks; ++cb) {
+            const float4 x4 = partner_scores[cb];
+            x[cb][0] = x4.x, x[cb][1] = x4.y, x[cb][2] = x4.z, x[cb][3] = x4.w;
+          }
+        } else if constexpr (kPaired) {
+          // The pair's halves of the scores: mine + my partner's in one warp, the partner's + mine in the
+          // other, the same sums (addition commutes), so both run the same softmax.
 #pragma unroll
-            for (int j = 0; j < 2; ++j) l_run[cb][j] *= alpha[cb][j];
+          for (int cb = 0; cb < kBlocks; ++cb) my_scores[cb] = make_float4(x[cb][0], x[cb][1], x[cb][2], x[cb][3]);
+          meet(i);
 #pragma unroll
-            for (int p = 0; p < kSteps; ++p) {
-              float* acc = o[cb][p];
-              acc[0] *= alpha[cb][0], acc[1] *= alpha[cb][1], acc[2] *= alpha[cb][0], acc[3] *= alpha[cb][1];
-            }
+          for (int cb = 0; cb < kBlocks; ++cb) {
+            const float4 other = partner_scores[cb];
+            x[cb][0] += other.x, x[cb][1] += other.y, x[cb][2] += other.z, x[cb][3] += other.w;
           }
         }
+        if constexpr (kPart != Part::key) {
+          if (key_absent || tok0 < first || tok0 + kTileTokens > len) {
 #pragma unroll
-        for (int cb = 0; cb < kBlocks; ++cb) {
-          float pr[4];
+            for (int k = 0; k < 4; ++k) {
+              const int pos = tok0 + g + 8 * (k / 2);
+              if (key_absent || pos < first || pos >= len)
 #pragma unroll
-          for (int k = 0; k < 4; ++k) {
-            const float base = m_run[cb][k % 2] == -INFINITY ? 0.0f : m_run[cb][k % 2];
-            pr[k] = ptx::exp2_approx(fmaf(x[cb][k], a.scale_log2, -base));
+                for (int cb = 0; cb < kBlocks; ++cb) x[cb][k] = -INFINITY;
+            }
           }
-          l_run[cb][0] += pr[0] + pr[2];
-          l_run[cb][1] += pr[1] + pr[3];
-          // Pᵀ as the B operand of Vᵀ·Pᵀ (tokens 2t, 2t+1 | 2t+8, 2t+9 of head 8cb + g): the transposes of
-          // the lane's (token g | g+8; heads 8cb + 2t, +1) pairs.
-          pb0[cb] = ptx::movmatrix_trans(ptx::pack_bf16(pr[0], pr[1]));
-          pb1[cb] = ptx::movmatrix_trans(ptx::pack_bf16(pr[2], pr[3]));
+          float mx[kBlocks][2];
+#pragma unroll
+          for (int cb = 0; cb < kBlocks; ++cb)
+#pragma unroll
+            for (int j = 0; j < 2; ++j) mx[cb][j] = fmaxf(x[cb][j], x[cb][2 + j]);
+#pragma unroll
+          for (int d = 4; d < 32; d <<= 1)
+#pragma unroll
+            for (int cb = 0; cb < kBlocks; ++cb)
+#pragma unroll
+              for (int j = 0; j < 2; ++j) mx[cb][j] = fmaxf(mx[cb][j], __shfl_xor_sync(0xFFFFFFFFu, mx[cb][j], d));
+          // A head's first reference needs no rescaling (its accumulators are still zero).
+          bool rescale = false;
+          float alpha[kBlocks][2];
+#pragma unroll
+          for (int cb = 0; cb < kBlocks; ++cb)
+#pragma unroll
+            for (int j = 0; j < 2; ++j) {
+              mx[cb][j] *= a.scale_log2;
+              const bool moves = mx[cb][j] > m_run[cb][j] + kRescaleSlack;
+              alpha[cb][j] = moves ? ptx::exp2_approx(m_run[cb][j] - mx[cb][j]) : 1.0f;
+              rescale |= moves && m_run[cb][j] != -INFINITY;
+              m_run[cb][j] = moves ? mx[cb][j] : m_run[cb][j];
+            }
+          if (__any_sync(0xFFFFFFFFu, rescale)) {
+#pragma unroll
+            for (int cb = 0; cb < kBlocks; ++cb) {
+#pragma unroll
+              for (int j = 0; j < 2; ++j) l_run[cb][j] *= alpha[cb][j];
+#pragma unroll
+              for (int p = 0; p < kSteps; ++p) {
+                float* acc = o[cb][p];
+                acc[0] *= alpha[cb][0], acc[1] *= alpha[cb][1], acc[2] *= alpha[cb][0], acc[3] *= alpha[cb][1];
+              }
+            }
+          }
+#pragma unroll
+          for (int cb = 0; cb < kBlocks; ++cb) {
+            float pr[4];
+#pragma unroll
+            for (int k = 0; k < 4; ++k) {
+              const float base = m_run[cb][k % 2] == -INFINITY ? 0.0f : m_run[cb][k % 2];
+              pr[k] = ptx::exp2_approx(fmaf(x[cb][k], a.scale_log2, -base));
+            }
+            l_run[cb][0] += pr[0] + pr[2];
+            l_run[cb][1] += pr[1] + pr[3];
+            // Pᵀ as the B operand of Vᵀ·Pᵀ (tokens 2t, 2t+1 | 2t+8, 2t+9 of head 8cb + g): the transposes of
+            // the lane's (token g | g+8; heads 8cb + 2t, +1) pairs.
+            pb0[cb] = ptx::movmatrix_trans(ptx::pack_bf16(pr[0], pr[1]));
+            pb1[cb] = ptx::movmatrix_trans(ptx::pack_bf16(pr[2], pr[3]));
+          }
         }
       }
 
-      // Oᵀ += Vᵀ·Pᵀ over the warp's value tile.
-      {
-        const TileClass cls = entry_class(ent[1]);
-        const uint8_t* tile = stage + a.tile_stride;
+      // Oᵀ += Vᵀ·Pᵀ over the warp's value tile (the first of its stage when pairs split K and V).
+      if constexpr (kPart != Part::key) {
+        constexpr int v = kSplitKV ? 0 : 1;
+        const TileClass cls = entry_class(ent[v]);
+        const uint8_t* tile = stage + v * a.tile_stride;
         if (is_compressed(Src) && W != Work::no_decode && cls == TileClass::compressed) {
-          rebuild(std::false_type{}, tile, offset[1], mine_half, ent[1],
+          rebuild(std::false_type{}, tile, offset[v], mine_half, ent[v],
                   [&](auto group, const uint32_t (&r0)[2], const uint32_t (&r1)[2]) {
                     if constexpr (kMath) {
 #pragma unroll
@@ -819,13 +857,13 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
             if constexpr (Src == TileSource::bf16) {
               value_from_bf16_tile<C>(tile, lane, vf);
             } else if constexpr (Src == TileSource::gaac) {
-              value_from_raw<C>(raw_rows(a, ent[1]), lane, vf);
+              value_from_raw<C>(raw_rows(a, ent[v]), lane, vf);
             } else if constexpr (kPlainFp8) {
-              if (special_tile(a.cache, ent[1])) value_from_fp8_tile<C, F, true>(tile, lane, table, vf);
+              if (special_tile(a.cache, ent[v])) value_from_fp8_tile<C, F, true>(tile, lane, table, vf);
               else value_from_fp8_tile<C, F, false>(tile, lane, table, vf);
             } else {
-              if (special_tile(a.cache, ent[1])) value_from_fp8_raw<C, F, true>(raw_rows(a, ent[1]), lane, table, vf);
-              else value_from_fp8_raw<C, F, false>(raw_rows(a, ent[1]), lane, table, vf);
+              if (special_tile(a.cache, ent[v])) value_from_fp8_raw<C, F, true>(raw_rows(a, ent[v]), lane, table, vf);
+              else value_from_fp8_raw<C, F, false>(raw_rows(a, ent[v]), lane, table, vf);
             }
           } else {
 #pragma unroll
@@ -844,44 +882,62 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
     }
     __syncwarp();
     if (i + STAGES < mine) issue(i + STAGES);
-  }
-  if (sink == a.sink_magic && a.sink_magic != 0u) a.partial_ml[0] = 1.0f;  // keeps the sink alive
+  };
 
-  // Units meet in shared memory (the stages are idle now: every copy issued has been waited for); the
-  // two warps of a pair hold the same m and l and each its half of the channels.
-  float l_sum[kBlocks][2];
-#pragma unroll
-  for (int cb = 0; cb < kBlocks; ++cb)
-#pragma unroll
-    for (int j = 0; j < 2; ++j) {
-      l_sum[cb][j] = l_run[cb][j];
-#pragma unroll
-      for (int d = 4; d < 32; d <<= 1) l_sum[cb][j] += __shfl_xor_sync(0xFFFFFFFFu, l_sum[cb][j], d);
-    }
-  __syncthreads();
-  float* wm = reinterpret_cast<float*>(smem + layout.stages);  // [unit][head]
+  // Units meet in shared memory: their softmax states and outputs. The two warps of a pair of halves hold
+  // the same m and l and each its half of the channels; of a pair splitting K and V, the value warp holds
+  // them all.
+  float* wm = reinterpret_cast<float*>(smem + layout.warp_merge);  // [unit][head]
   float* wl = wm + kUnits * H;
   float* wo = wl + kUnits * H;  // [unit][head][channel]
-  if (g == 0 && mine_half == 0) {
+  const auto publish = [&]() {
+    float l_sum[kBlocks][2];
 #pragma unroll
     for (int cb = 0; cb < kBlocks; ++cb)
 #pragma unroll
       for (int j = 0; j < 2; ++j) {
-        wm[unit * H + 8 * cb + 2 * t + j] = m_run[cb][j];
-        wl[unit * H + 8 * cb + 2 * t + j] = l_sum[cb][j];
+        l_sum[cb][j] = l_run[cb][j];
+#pragma unroll
+        for (int d = 4; d < 32; d <<= 1) l_sum[cb][j] += __shfl_xor_sync(0xFFFFFFFFu, l_sum[cb][j], d);
       }
+    if (g == 0 && mine_half == 0) {
+#pragma unroll
+      for (int cb = 0; cb < kBlocks; ++cb)
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          wm[unit * H + 8 * cb + 2 * t + j] = m_run[cb][j];
+          wl[unit * H + 8 * cb + 2 * t + j] = l_sum[cb][j];
+        }
+    }
+#pragma unroll
+    for (int cb = 0; cb < kBlocks; ++cb)
+#pragma unroll
+      for (int p = 0; p < kSteps; ++p)
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {
+          const int head = 8 * cb + 2 * t + k % 2;
+          const int channel = mine_half * C + 16 * p + (kPlainFp8 ? 2 * g + k / 2 : g + 8 * (k / 2));
+          wo[(unit * H + head) * kD + channel] = o[cb][p][k];
+        }
+  };
+
+  if constexpr (kSplitKV) {
+    // Two loops, so that a key warp's registers hold no outputs and a value warp's no queries. The value
+    // warps publish into a region of their own while key warps may still read their stages.
+    if (role == 0) {
+      for (int i = 0; i < mine; ++i) block(i, std::integral_constant<Part, Part::key>{});
+    } else {
+      for (int i = 0; i < mine; ++i) block(i, std::integral_constant<Part, Part::value>{});
+      publish();
+    }
+    __syncthreads();
+  } else {
+    for (int i = 0; i < mine; ++i) block(i, std::integral_constant<Part, Part::all>{});
+    __syncthreads();  // the stages are idle now (every copy issued has been waited for): the merge reuses them
+    publish();
+    __syncthreads();
   }
-#pragma unroll
-  for (int cb = 0; cb < kBlocks; ++cb)
-#pragma unroll
-    for (int p = 0; p < kSteps; ++p)
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const int head = 8 * cb + 2 * t + k % 2;
-        const int channel = mine_half * C + 16 * p + (kPlainFp8 ? 2 * g + k / 2 : g + 8 * (k / 2));
-        wo[(unit * H + head) * kD + channel] = o[cb][p][k];
-      }
-  __syncthreads();
+  if (sink == a.sink_magic && a.sink_magic != 0u) a.partial_ml[0] = 1.0f;  // keeps the sink alive
 
   // The workspace holds every head of a (sequence, KV head) pair; this CTA's heads start at head0.
   const int group = a.group;

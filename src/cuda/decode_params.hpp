@@ -96,11 +96,19 @@ GAAC_HOST_DEVICE constexpr uint32_t stage_tile_bytes(TileSource source, int chan
                                : 16u * bf16_row_stride(channels);
 }
 
+/// Whether a kernel of tiles of `halves` halves with room for `heads` query heads per KV head splits each
+/// block's K and V tiles over a pair of warps (9–16 query heads of one tile: a warp holding both the
+/// queries and the outputs of 16 heads would need more than 128 registers).
+GAAC_HOST_DEVICE constexpr bool splits_key_value(int halves, int heads) { return halves == 1 && heads == 16; }
+
 /// Byte offsets of the parts of a decode CTA's dynamic shared memory.
 struct SharedLayout {
-  uint32_t stages = 0;   ///< NW × STAGES stages of a warp's two tiles, K and V (reused by the merges afterwards)
+  uint32_t stages = 0;   ///< NW × STAGES stages of a warp's tiles of a block: K and V, or one of them when
+                         ///< pairs split K and V (reused by the merges afterwards)
   uint32_t bars = 0;     ///< one mbarrier per stage; for pairs of warps, then two per pair (one per block parity)
-  uint32_t exchange = 0; ///< heads of two tiles: each warp's half of a block's scores, for two blocks
+  uint32_t exchange = 0; ///< pairs of warps: each warp's half (or the key warp's whole) of a block's scores, for two blocks
+  uint32_t warp_merge = 0; ///< the units' softmax states and outputs at the end: the stage region, or, when pairs
+                           ///< split K and V, a region of its own (value warps publish while key warps may still read)
   uint32_t entries = 0;  ///< block-table entries of the CTA's blocks
   uint32_t bases = 0;    ///< per half: key b3, key b4−b3, value b3, value b4−b3 words, lane-interleaved
                          ///< (GAAC-FP8: b2 and b3−b2)
@@ -112,26 +120,29 @@ struct SharedLayout {
 
 /// The shared-memory layout of a CTA of `warps` warps with `stages` stages of tiles of `tile_stride` bytes
 /// and up to `blocks` blocks, tiles of C channels, P halves (two: the warps work in pairs, one half
-/// each), room for `heads` query heads per KV head.
+/// each), room for `heads` query heads per KV head (16 of one tile: pairs too, splits_key_value).
 GAAC_HOST_DEVICE constexpr SharedLayout shared_memory_layout(int channels, int halves, int heads, TileSource source, int warps,
                                                        int stages, uint32_t tile_stride, int blocks) {
   const auto align16 = [](uint32_t x) { return (x + 15u) & ~15u; };
   const uint32_t tiles = 2u * static_cast<uint32_t>(halves);
   const uint32_t head_dim = static_cast<uint32_t>(channels * halves);
   const uint32_t h = static_cast<uint32_t>(heads);
-  const uint32_t stage_bytes = static_cast<uint32_t>(warps * stages) * 2u * tile_stride;
-  const uint32_t units = static_cast<uint32_t>(warps / halves);  // warps, or pairs of warps
+  const bool split_kv = splits_key_value(halves, heads);
+  const bool paired = halves == 2 || split_kv;
+  const uint32_t stage_bytes = static_cast<uint32_t>(warps * stages) * (split_kv ? 1u : 2u) * tile_stride;
+  const uint32_t units = static_cast<uint32_t>(paired ? warps / 2 : warps);  // warps, or pairs of warps
   const uint32_t warp_merge = units * h * (2u + head_dim) * 4u;
   const uint32_t split_merge = h * 64u * 4u + h * 2u * 4u;  // weights of up to 64 partials per head, M and L
+  const uint32_t overlaid = split_kv ? 0u : warp_merge;     // what the stage region is reused for, besides split_merge
   SharedLayout layout;
   layout.stages = 0;
-  const uint32_t region = align16(stage_bytes > warp_merge ? (stage_bytes > split_merge ? stage_bytes : split_merge)
-                                                           : (warp_merge > split_merge ? warp_merge : split_merge));
+  const uint32_t region = align16(stage_bytes > overlaid ? (stage_bytes > split_merge ? stage_bytes : split_merge)
+                                                         : (overlaid > split_merge ? overlaid : split_merge));
   layout.bars = region;
-  const uint32_t pair_bars = halves == 2 ? static_cast<uint32_t>(warps) : 0u;  // two for each of warps / 2 pairs
+  const uint32_t pair_bars = paired ? static_cast<uint32_t>(warps) : 0u;  // two for each of warps / 2 pairs
   layout.exchange = layout.bars + (static_cast<uint32_t>(warps * stages) + pair_bars) * 8u;
   // Per warp: two blocks × 32 lanes × (heads / 8) column blocks × 4 floats.
-  const uint32_t exchange = halves == 2 ? static_cast<uint32_t>(warps) * 2u * 32u * (h / 8u) * 16u : 0u;
+  const uint32_t exchange = paired ? static_cast<uint32_t>(warps) * 2u * 32u * (h / 8u) * 16u : 0u;
   layout.exchange = align16(layout.exchange);
   layout.entries = layout.exchange + exchange;
   layout.bases = align16(layout.entries + static_cast<uint32_t>(blocks) * tiles * 4u);
@@ -141,7 +152,8 @@ GAAC_HOST_DEVICE constexpr SharedLayout shared_memory_layout(int channels, int h
   layout.widening = layout.bases + base_words * 32u * 4u;
   layout.spread = layout.widening + (is_fp8(source) ? 512u : 0u);
   layout.flag = layout.spread + (is_fp8(source) && is_compressed(source) ? 1024u : 0u);
-  layout.total = layout.flag + 16u;
+  layout.warp_merge = split_kv ? layout.flag + 16u : layout.stages;
+  layout.total = split_kv ? layout.warp_merge + warp_merge : layout.flag + 16u;
   return layout;
 }
 

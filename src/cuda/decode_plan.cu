@@ -43,12 +43,13 @@ KernelChoice choice(uint32_t unit_bytes) {
   return k;
 }
 
-/// Default warps per CTA (measured, docs/performance.md, kernels v9 and v11): one CTA of 16 warps per SM
-/// where 16 warps fit 128 registers each (up to 8 query heads per KV head; a head of 256 channels is
-/// worked on by pairs of warps, one tile each) — fewer, longer CTAs: a quarter of the launches, of the
-/// prologues and of the splits to merge, and one copy of the bases per SM; CTAs of 4 warps elsewhere.
+/// Default warps per CTA (measured, docs/performance.md, kernels v9, v11 and v12): one CTA of 16 warps per
+/// SM where 16 warps fit 128 registers each (up to 8 query heads per KV head, a head of 256 channels
+/// worked on by pairs of warps, one tile each; 9–16 query heads of one tile by pairs that split K and V)
+/// — fewer, longer CTAs: a quarter of the launches, of the prologues and of the splits to merge, and one
+/// copy of the bases per SM; CTAs of 4 warps elsewhere.
 template <int C, int P, int H>
-constexpr int kDefaultWarps = H == 8 ? 16 : detail::kDecodeWarps;
+constexpr int kDefaultWarps = H == 8 || detail::splits_key_value(P, H) ? 16 : detail::kDecodeWarps;
 
 /// Default stages per warp (measured, docs/performance.md): the GAAC kernel is bound by instruction
 /// latency, so it takes two stages and more warps per SM; the twin three stages, and in CTAs of 16

@@ -233,6 +233,10 @@ TEST_F(GpuDecode, SmallCaseForTheSanitizers) {
   Case pairs;
   pairs.kv_heads = 1, pairs.head_dim = 256, pairs.lengths = {17, 300};
   expect_identical(run_case(pairs));
+  // 16 query heads of one tile: pairs of a key warp handing its scores to a value warp.
+  Case split;
+  split.kv_heads = 1, split.group = 16, split.lengths = {17, 300};
+  expect_identical(run_case(split));
 }
 
 TEST_F(GpuDecode, RealisticMixHeadDim128) {
@@ -274,6 +278,23 @@ TEST_F(GpuDecode, HeadsOfTwoTilesInPairsOfWarps) {
       c.blocks_per_split = bps, c.data = Case::Data::every_mode;
       SCOPED_TRACE(testing::Message() << "bps " << bps << " window " << window);
       expect_identical(run_case(c));
+    }
+  }
+}
+
+TEST_F(GpuDecode, NineToSixteenQueryHeadsInPairsSplittingKeyAndValue) {
+  // 9-16 query heads of one tile: a pair of warps per block, the key warp's scores handed to the value
+  // warp. Splits of 1, 3 and 5 blocks leave some pairs without work; every mode in every lane; a sliding
+  // window masks the first blocks of the long sequences.
+  for (const auto& [group, hd] : {std::pair{16, 128}, std::pair{9, 128}, std::pair{12, 64}}) {
+    for (const int bps : {1, 3, 5, 0}) {
+      for (const int window : {0, 200}) {
+        Case c;
+        c.kv_heads = 2, c.group = group, c.head_dim = hd, c.lengths = {1, 17, 300, 1111}, c.window = window;
+        c.blocks_per_split = bps, c.data = Case::Data::every_mode;
+        SCOPED_TRACE(testing::Message() << "group " << group << " head_dim " << hd << " bps " << bps << " window " << window);
+        expect_identical(run_case(c));
+      }
     }
   }
 }

@@ -643,7 +643,7 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
     ptx::mbarrier_wait(&bars[warp * STAGES + i % STAGES], static_cast<uint32_t>(i / STAGES) & 1u);
     const uint8_t* stage = my_stages + static_cast<uint32_t>(i % STAGES) * stage_bytes;
     const uint32_t* e = ents + (unit + kUnits * i) * kTiles;
-    uint32_t ent[2];  // the warp's K and V tiles
+    uint32_t ent[2];  // the warp's tiles of the block (warp_entries)
     warp_entries(e, ent);
     const int tok0 = (cta_first + unit + kUnits * i) * kTileTokens;
 

@@ -469,7 +469,7 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
   // query heads of one tile give one warp the K tile (role 0: the scores) and the other the V tile (role
   // 1: softmax and outputs), so that no warp holds both the queries and the outputs of 16 heads.
   constexpr bool kSplitKV = splits_key_value(P, H);
-  constexpr bool kPaired = P == 2 || kSplitKV;
+  constexpr bool kPaired = works_in_pairs(P, H);
   static_assert(!kPaired || NW % 2 == 0, "pairs of warps");
   constexpr int kUnits = kPaired ? NW / 2 : NW;
   const int unit = kPaired ? warp / 2 : warp;
@@ -564,14 +564,12 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
         ptx::mbarrier_arrive_expect_tx(bar, bytes);
       }
       __syncwarp();
-#pragma unroll
-      for (int r = lane; r < 32; r += 32) {
-        const uint32_t entry = e[r / 16];
-        if (entry_class(entry) == TileClass::raw)
-          ptx::bulk_copy_to_shared(stage + (r / 16) * a.tile_stride + (r % 16) * kRowStride,
-                                   a.cache.units + a.cache.geometry.unit_offset(entry_unit(entry)) + (r % 16) * kRowBytes, kRowBytes,
-                                   bar);
-      }
+      // Lane r copies row r % 16 of tile r / 16 (32 rows: the warp's two tiles).
+      const uint32_t entry = e[lane / 16];
+      if (entry_class(entry) == TileClass::raw)
+        ptx::bulk_copy_to_shared(stage + (lane / 16) * a.tile_stride + (lane % 16) * kRowStride,
+                                 a.cache.units + a.cache.geometry.unit_offset(entry_unit(entry)) + (lane % 16) * kRowBytes, kRowBytes,
+                                 bar);
     }
   };
 
@@ -626,6 +624,14 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
       else
         decode_fp8_slot<C, F, kKey, false>(tile, lane, offset, first, second, spread, table, use);
     }
+  };
+
+  // Work::no_decode: a compressed tile's quads as loaded, without the rebuild.
+  const auto loaded_quads = [&](const uint8_t* tile, uint32_t (&r0)[C / 8], uint32_t (&r1)[C / 8]) {
+    lane::LaneSlot<C> s;
+    lane::load_lane_slot<C>(tile, lane, s);
+#pragma unroll
+    for (int q = 0; q < C / 8; ++q) r0[q] = s.sm[q], r1[q] = s.sm[q] ^ s.words[q % 3];
   };
 
   // Pairs exchange a block's scores here: [warp][block parity][lane][column block] (two parities, so a
@@ -690,10 +696,7 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
           KeyFragments<C> kf;
           if (Src == TileSource::gaac && cls == TileClass::compressed) {  // Work::no_decode
             uint32_t r0[C / 8], r1[C / 8];
-            lane::LaneSlot<C> s;
-            lane::load_lane_slot<C>(tile, lane, s);
-#pragma unroll
-            for (int q = 0; q < C / 8; ++q) r0[q] = s.sm[q], r1[q] = s.sm[q] ^ s.words[q % 3];
+            loaded_quads(tile, r0, r1);
             key_from_quads<C>(r0, r1, kf);
           } else if (cls == TileClass::raw) {
             if constexpr (Src == TileSource::bf16) {
@@ -741,28 +744,20 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
         // follows the ordering.
         float4* my_scores = exchange + ((warp * 2 + (i & 1)) * 32 + lane) * kBlocks;
         const float4* partner_scores = exchange + (((warp ^ 1) * 2 + (i & 1)) * 32 + lane) * kBlocks;
-        if constexpr (kPart == Part::key) {
-          // The key warp's scores, for its value warp.
+        // A key warp hands its scores to its value warp; halves of a head add theirs: mine + my partner's in
+        // one warp, the partner's + mine in the other, the same sums (addition commutes), so both run the
+        // same softmax.
+        if constexpr (kPaired) {
+          if constexpr (kPart != Part::value) {
 #pragma unroll
-          for (int cb = 0; cb < kBlocks; ++cb) my_scores[cb] = make_float4(x[cb][0], x[cb][1], x[cb][2], x[cb][3]);
-          meet(i);
-        } else if constexpr (kPart == Part::value) {
-          meet(i);
-#pragma unroll
-          for (int cb = 0; cb < kBlocks; ++cb) {
-            const float4 x4 = partner_scores[cb];
-            x[cb][0] = x4.x, x[cb][1] = x4.y, x[cb][2] = x4.z, x[cb][3] = x4.w;
+            for (int cb = 0; cb < kBlocks; ++cb) my_scores[cb] = make_float4(x[cb][0], x[cb][1], x[cb][2], x[cb][3]);
           }
-        } else if constexpr (kPaired) {
-          // The pair's halves of the scores: mine + my partner's in one warp, the partner's + mine in the
-          // other, the same sums (addition commutes), so both run the same softmax.
-#pragma unroll
-          for (int cb = 0; cb < kBlocks; ++cb) my_scores[cb] = make_float4(x[cb][0], x[cb][1], x[cb][2], x[cb][3]);
           meet(i);
 #pragma unroll
           for (int cb = 0; cb < kBlocks; ++cb) {
             const float4 other = partner_scores[cb];
-            x[cb][0] += other.x, x[cb][1] += other.y, x[cb][2] += other.z, x[cb][3] += other.w;
+            if constexpr (kPart == Part::value) x[cb][0] = other.x, x[cb][1] = other.y, x[cb][2] = other.z, x[cb][3] = other.w;
+            if constexpr (kPart == Part::all) x[cb][0] += other.x, x[cb][1] += other.y, x[cb][2] += other.z, x[cb][3] += other.w;
           }
         }
         if constexpr (kPart != Part::key) {
@@ -848,10 +843,7 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
           ValueFragments<C> vf;
           if (Src == TileSource::gaac && cls == TileClass::compressed) {  // Work::no_decode
             uint32_t r0[C / 8], r1[C / 8];
-            lane::LaneSlot<C> s;
-            lane::load_lane_slot<C>(tile, lane, s);
-#pragma unroll
-            for (int q = 0; q < C / 8; ++q) r0[q] = s.sm[q], r1[q] = s.sm[q] ^ s.words[q % 3];
+            loaded_quads(tile, r0, r1);
             value_from_quads<C>(r0, r1, vf);
           } else if (cls == TileClass::raw) {
             if constexpr (Src == TileSource::bf16) {

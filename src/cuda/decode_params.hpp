@@ -101,6 +101,12 @@ GAAC_HOST_DEVICE constexpr uint32_t stage_tile_bytes(TileSource source, int chan
 /// queries and the outputs of 16 heads would need more than 128 registers).
 GAAC_HOST_DEVICE constexpr bool splits_key_value(int halves, int heads) { return halves == 1 && heads == 16; }
 
+/// Whether such a kernel's warps take blocks in pairs: one warp per half of a head of two tiles, or one for
+/// K and one for V (splits_key_value).
+GAAC_HOST_DEVICE constexpr bool works_in_pairs(int halves, int heads) {
+  return halves == 2 || splits_key_value(halves, heads);
+}
+
 /// Byte offsets of the parts of a decode CTA's dynamic shared memory.
 struct SharedLayout {
   uint32_t stages = 0;   ///< NW × STAGES stages of a warp's tiles of a block: K and V, or one of them when
@@ -128,7 +134,7 @@ GAAC_HOST_DEVICE constexpr SharedLayout shared_memory_layout(int channels, int h
   const uint32_t head_dim = static_cast<uint32_t>(channels * halves);
   const uint32_t h = static_cast<uint32_t>(heads);
   const bool split_kv = splits_key_value(halves, heads);
-  const bool paired = halves == 2 || split_kv;
+  const bool paired = works_in_pairs(halves, heads);
   const uint32_t stage_bytes = static_cast<uint32_t>(warps * stages) * (split_kv ? 1u : 2u) * tile_stride;
   const uint32_t units = static_cast<uint32_t>(paired ? warps / 2 : warps);  // warps, or pairs of warps
   const uint32_t warp_merge = units * h * (2u + head_dim) * 4u;

@@ -14,6 +14,8 @@
 # tests (tests/python/test_lmcache.py) and bench/lmcache_serde.py --device cuda on DATA/kv, into lmcache.json,
 # with --serde-args added to its arguments; where DIR also holds nvcomp-site.tar.xz (nvCOMP's Python package
 # unpacked from its wheels, as scripts/prepare_codec_peers.sh stages it), nvCOMP ANS is timed beside them.)
+# (DATA may also hold flashinfer-site.tar.xz and flashinfer-jit.tar.xz, as for scripts/gpu_run.sh: the benchmark
+# then measures FlashInfer's paged decode too; $OUT gets the kernels it compiled as flashinfer-jit.tar.xz.)
 # MODELS holds the two GGUF files; DATA holds xxhash/ (xxhash.h: the build machine may lack it) and the
 # gguf wheel (gguf-*.whl), which transformers needs to read GGUF files. The package is built once per
 # machine (into /tmp/gaac-site), and the models are converted once (save_pretrained, into /tmp/gaac-hf)
@@ -123,10 +125,24 @@ fi
 
 if [ $skip_bench = 0 ]; then
   stage "end-to-end benchmark"
+  # FlashInfer's paged decode as a configuration of its own, where DATA holds its package (and the kernels an
+  # earlier call compiled), as for scripts/gpu_run.sh.
+  fi_site=""
+  if [ -f "$data/flashinfer-site.tar.xz" ]; then
+    fi_site=/tmp/gaac-fi
+    mkdir -p "$fi_site" && tar -xJf "$data/flashinfer-site.tar.xz" -C "$fi_site" || exit 1
+    [ -f "$data/flashinfer-jit.tar.xz" ] && mkdir -p ~/.cache && tar -xJf "$data/flashinfer-jit.tar.xz" -C ~/.cache
+  fi
   # shellcheck disable=SC2086
-  python3 bench/gpu/bench_e2e.py ${models:+--models "$models"} --hf-models "$hf" --out "$out/e2e.json" $bench_args \
+  PYTHONPATH=$site${fi_site:+:$fi_site} \
+    python3 bench/gpu/bench_e2e.py ${models:+--models "$models"} --hf-models "$hf" --out "$out/e2e.json" $bench_args \
     2>&1 | tee "$out/e2e.log" | grep -v Warning
   [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  # FlashInfer's kernels as compiled by now, for a later call's DATA (each compiles on first use).
+  if [ -n "$fi_site" ] && [ -d ~/.cache/flashinfer ]; then
+    tar -cJf "$out/flashinfer-jit.tar.xz" -C ~/.cache flashinfer 2>/dev/null &&
+      [ "$(stat -c %s "$out/flashinfer-jit.tar.xz")" -le $((16 << 20)) ] || rm -f "$out/flashinfer-jit.tar.xz"
+  fi
 fi
 stage "done, status $status"
 exit $status

@@ -6,6 +6,8 @@ timing only) and of any transformers model directory you give, over three caches
   gaac     GaacCache(device="cuda"): compressed tiles on the device, GPU finalize, the fused kernel
   twin     GaacCache(cache_format="bf16"): the same structure and kernel over BF16 tiles
   sdpa     transformers' DynamicCache with its SDPA attention
+  flashinfer  FlashInfer's paged BF16 decode (tensor cores, pages of 16 tokens) in the same model
+           (bench/gpu/flashinfer_cache.py), where the flashinfer package imports
 
 Every decoding step is captured in a CUDA graph (torch.cuda.CUDAGraph around one model forward: static input
 ids and positions; gaac's kernels do no host sync and no allocation) and replayed; the step time is the median
@@ -44,6 +46,13 @@ import torch.nn.functional as F
 
 import gaac
 import gaac.transformers as gt
+
+try:  # the FlashInfer configuration, where its package is installed
+    import flashinfer
+    import flashinfer_cache as fic
+except ImportError as e:
+    flashinfer = fic = None
+    FLASHINFER_MISSING = str(e)
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 GGUF = {"smollm2": "SmolLM2-135M-Instruct.Q4_1.gguf", "gemma3": "gemma-3-270m-q4_k_m.gguf"}
@@ -153,9 +162,23 @@ def dynamic_cache(model, kv, batch, context):
     return cache
 
 
+def softmax_scale(text):
+    scale = getattr(text, "query_pre_attn_scalar", None)
+    return scale ** -0.5 if scale else cache_head_dim(text) ** -0.5
+
+
+def flashinfer_cache(model, kv, batch, context):
+    """`batch` sequences of `context` tokens of `kv` in FlashInfer's paged layout, decoding with its kernel."""
+    text = model.config.get_text_config()
+    return fic.FlashInferCache(flashinfer, gt._geometry(model.config), text.num_attention_heads, kv, batch, context,
+                               softmax_scale(text), GROWTH)
+
+
 def cache_bytes(kind, cache):
     if kind == "sdpa":
         return sum(l.keys.nbytes + l.values.nbytes for l in cache.layers)
+    if kind == "flashinfer":
+        return cache.nbytes
     u = cache.usage()
     return u["resident_bytes"]
 
@@ -215,7 +238,7 @@ def measure(model, name, kind, cache, batch, context, graph=True):
     # A fixed position (the captured step's): RoPE and masks do not change what the step reads.
     position = torch.full((batch, 1), context, dtype=torch.long, device="cuda")
     cache_position = torch.tensor([context], dtype=torch.long, device="cuda")
-    model.set_attn_implementation("sdpa" if kind == "sdpa" else gt.ATTENTION)
+    model.set_attn_implementation("sdpa" if kind == "sdpa" else fic.ATTENTION if kind == "flashinfer" else gt.ATTENTION)
 
     cache_kw = {gt.cache_argument(model): cache}
 
@@ -223,25 +246,30 @@ def measure(model, name, kind, cache, batch, context, graph=True):
         model(input_ids=ids, position_ids=position, cache_position=cache_position, use_cache=True, **cache_kw)
 
     # The capture counted one begin on the host; every replay after the first adds a token on the device.
-    on_replay = None if kind == "sdpa" else (lambda i: cache.note_replayed(1) if i > 0 else None)
+    # (A FlashInferCache rewrites the same position each step: nothing to count.)
+    on_replay = None if kind in ("sdpa", "flashinfer") else (lambda i: cache.note_replayed(1) if i > 0 else None)
     eager = eager_time(step)
     step_ms = graph_time(step, on_replay=on_replay) if graph else eager
     q = torch.randn((batch, q_heads, 1, head_dim), device="cuda").bfloat16()
     out = torch.empty_like(q)
-    scale = getattr(text, "query_pre_attn_scalar", None)
-    scale = scale ** -0.5 if scale else head_dim ** -0.5
+    scale = softmax_scale(text)
     if kind == "sdpa":
         layers = [(l.keys, l.values) for l in cache.layers]
         def attend():
             for k, v in layers:
                 F.scaled_dot_product_attention(q, k, v, scale=scale, enable_gqa=True)
+    elif kind == "flashinfer":
+        q3 = q[:, :, 0].contiguous()
+        def attend():
+            for layer in range(text.num_hidden_layers):
+                cache.attend_layer(layer, q3)
     else:
         def attend():
             s = torch.cuda.current_stream().cuda_stream
             for layer in range(text.num_hidden_layers):
                 cache.kv.attend(layer, q, out, scale=scale, stream=s)
     attention_ms = graph_time(attend)
-    if kind != "sdpa":
+    if kind not in ("sdpa", "flashinfer"):
         cache.kv.check()
     return {"step_ms": step_ms, "attention_ms": attention_ms, "eager_step_ms": eager,
             "attention_share": attention_ms / step_ms, "step_timing": "graph" if graph else "eager"}
@@ -251,13 +279,25 @@ def cache_head_dim(text):
     return getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
 
 
-def run_config(model, name, kv, table, batch, context, kinds=("gaac", "twin", "sdpa")):
+KINDS = ("gaac", "twin", "sdpa", "flashinfer")
+SELECTED = set(KINDS)  # --kinds
+
+
+def bf16_kinds():
+    """The BF16 configurations this run measures beside gaac (those --kinds keeps; flashinfer where it imports)."""
+    return tuple(k for k in KINDS[1:] if k in SELECTED and (k != "flashinfer" or flashinfer is not None))
+
+
+def run_config(model, name, kv, table, batch, context):
+    kinds = ("gaac",) + bf16_kinds()
     row = {"model": name, "batch": batch, "context": context}
     for kind in kinds:
         cache = None
         try:
             if kind == "sdpa":
                 cache = dynamic_cache(model, kv, batch, context)
+            elif kind == "flashinfer":
+                cache = flashinfer_cache(model, kv, batch, context)
             else:
                 cache = gaac_cache(model, kv, table, "gaac" if kind == "gaac" else "bf16", batch, context,
                                    device_budget(model, table, kind, batch, context))
@@ -275,6 +315,8 @@ def run_config(model, name, kv, table, batch, context, kinds=("gaac", "twin", "s
         release()
     row["gaac_vs_twin"] = row["twin"]["step_ms"] / row["gaac"]["step_ms"] if "twin" in row else None
     row["gaac_vs_sdpa"] = row["sdpa"]["step_ms"] / row["gaac"]["step_ms"] if "sdpa" in row else None
+    if "flashinfer" in row:
+        row["gaac_vs_flashinfer"] = row["flashinfer"]["step_ms"] / row["gaac"]["step_ms"]
     log(json.dumps(row))
     return row
 
@@ -341,7 +383,8 @@ def serving(model, name, kv, table, context, budget):
     layers, kv_heads, head_dim, windows = gt._geometry(model.config)
     tokens = context + GROWTH
     per_bf16 = gaac.KvCache.worst_case_budget(layers, kv_heads, head_dim, tokens, 1, None, "bf16", windows)
-    twin_n = most_sequences(model, kv, table, "bf16", context, budget, budget // per_bf16)
+    twin_n = most_sequences(model, kv, table, "bf16", context, budget, budget // per_bf16) \
+        if "twin" in bf16_kinds() else None
     # GAAC: a sequence's resident bytes, measured on one, give the first guess; filling decides.
     one = gaac_cache(model, kv, table, "gaac", 1, context)
     u = one.usage()
@@ -350,19 +393,27 @@ def serving(model, name, kv, table, context, budget):
     del one
     release()
     gaac_n = most_sequences(model, kv, table, "gaac", context, budget, int(budget // per_gaac))
-    probe = dynamic_cache(model, kv, 1, context)  # its sliding layers keep their window only
-    sdpa_n = int(budget // cache_bytes("sdpa", probe))
-    del probe
-    release()
+    sdpa_n = None
+    if "sdpa" in bf16_kinds():
+        probe = dynamic_cache(model, kv, 1, context)  # its sliding layers keep their window only
+        sdpa_n = int(budget // cache_bytes("sdpa", probe))
+        del probe
+        release()
+    counts = {k: n for k, n in (("gaac", gaac_n), ("twin", twin_n), ("sdpa", sdpa_n)) if n is not None}
+    if "flashinfer" in bf16_kinds():  # its pages are plain tensors: counted, not filled
+        counts["flashinfer"] = fic.FlashInferCache.sequences_in(budget, (layers, kv_heads, head_dim, windows),
+                                                                context, GROWTH)
     row = {"model": name, "context": context, "budget_bytes": budget, "raw_tile_share": raw_share,
-           "sequences": {"gaac": gaac_n, "twin": twin_n, "sdpa": sdpa_n}}
-    for kind, n in (("gaac", gaac_n), ("twin", twin_n), ("sdpa", sdpa_n)):
+           "sequences": counts}
+    for kind, n in counts.items():
         if n < 1:
             row[kind] = {"error": "no sequence fits the budget"}
             continue
         try:
             if kind == "sdpa":
                 cache = dynamic_cache(model, kv, n, context)
+            elif kind == "flashinfer":
+                cache = flashinfer_cache(model, kv, n, context)
             else:
                 cache = gaac_cache(model, kv, table, "gaac" if kind == "gaac" else "bf16", n, context, budget)
             # A DynamicCache's step in a graph holds a second copy of the cache (see measure).
@@ -374,9 +425,11 @@ def serving(model, name, kv, table, context, budget):
         cache = None
         release()
         log(f"[{name}] {budget / 1e9:.0f} GB, {context} tokens, {kind}: {n} sequences, {row[kind]}")
-    best_bf16 = max((row[k].get("tokens_per_s", 0.0) for k in ("twin", "sdpa")), default=0.0)
+    best_bf16 = max((row[k].get("tokens_per_s", 0.0) for k in bf16_kinds()), default=0.0)
     row["gaac_vs_best_bf16_tokens_per_s"] = row["gaac"].get("tokens_per_s", math.nan) / best_bf16 if best_bf16 else None
     row["gaac_vs_twin_sequences"] = gaac_n / twin_n if twin_n else None
+    if counts.get("flashinfer"):
+        row["gaac_vs_flashinfer_sequences"] = gaac_n / counts["flashinfer"]
     log(json.dumps(row))
     return row
 
@@ -422,7 +475,14 @@ def main():
     ap.add_argument("--contexts", type=positive_ints, help="serving: contexts in tokens (default: " +
                     ",".join(map(str, SERVING_CONTEXTS)) + "); equal batch: instead of the model's own")
     ap.add_argument("--batches", type=positive_ints, help="equal batch: batch sizes instead of the model's own")
+    ap.add_argument("--kinds", default=",".join(KINDS),
+                    help="the caches to measure, of: " + ", ".join(KINDS) + " (gaac always)")
     args = ap.parse_args()
+    unknown = set(args.kinds.split(",")) - set(KINDS)
+    if unknown:
+        ap.error(f"--kinds: unknown {', '.join(sorted(unknown))}")
+    SELECTED.clear()
+    SELECTED.update(args.kinds.split(","), {"gaac"})
     experiments = set(args.experiments.split(","))
     if experiments - {"equal-batch", "serving"}:
         ap.error(f"--experiments: unknown {', '.join(experiments - {'equal-batch', 'serving'})}")
@@ -434,7 +494,10 @@ def main():
         ap.error("--models DIR is needed for " + ", ".join(m for m in names if m in GGUF))
     torch.backends.cuda.matmul.allow_tf32 = False
     results = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-               "transformers": __import__("transformers").__version__, "equal_batch": [], "serving": []}
+               "transformers": __import__("transformers").__version__,
+               "flashinfer": getattr(flashinfer, "__version__", None), "equal_batch": [], "serving": []}
+    log(f"flashinfer {results['flashinfer']}" if flashinfer is not None else
+        f"flashinfer not measured: {FLASHINFER_MISSING}")
     for name in names + args.model_path:
         model = load_model(name, args.models, args.hf_models)
         if name in args.model_path:
@@ -474,20 +537,20 @@ def print_serving_table(rows):
     """The serving rows as a Markdown table."""
     if not rows:
         return
-    log("\n| model | KV budget | context | sequences gaac / twin / sdpa | step ms gaac / twin / sdpa | "
-        "tokens/s gaac / twin / sdpa | attention share gaac / twin / sdpa | gaac / best BF16 tokens/s | raw tiles |")
+    kinds = ("gaac",) + bf16_kinds()
+    names = " / ".join(kinds)
+    log(f"\n| model | KV budget | context | sequences {names} | step ms {names} | tokens/s {names} | "
+        f"attention share {names} | gaac / best BF16 tokens/s | raw tiles |")
     log("|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        kinds = ("gaac", "twin", "sdpa")
-        num = lambda k, f, fmt: format(r[k][f], fmt) if f in r[k] else "–"
+        num = lambda k, f, fmt: format(r[k][f], fmt) if k in r and f in r[k] else "–"
         log(f"| {r['model']} | {r['budget_bytes'] / 1e9:g} GB | {r['context']} | "
-            + " / ".join(str(r["sequences"][k]) for k in kinds) + " | "
+            + " / ".join(str(r["sequences"].get(k, "–")) for k in kinds) + " | "
             + " / ".join(num(k, "step_ms", ".2f") for k in kinds) + " | "
             + " / ".join(num(k, "tokens_per_s", ".0f") for k in kinds) + " | "
             + " / ".join(num(k, "attention_share", ".0%") for k in kinds) + " | "
             + (f"{r['gaac_vs_best_bf16_tokens_per_s']:.2f}×" if r["gaac_vs_best_bf16_tokens_per_s"] else "–")
             + f" | {r['raw_tile_share']:.2%} |")
-
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -206,6 +206,19 @@ size_t shared_bytes(const PagedGeometry& geo, const KernelChoice& k, int blocks)
       .total;
 }
 
+/// The most blocks (up to `upto`; 0 if not even one fits) a CTA of `k` may take: its blocks' entries are
+/// staged in shared memory, so a CTA of many blocks can need more than an SM holds (long splits of a large
+/// batch of heads of 256 channels, whose CTAs of 16 warps stage two tiles a warp).
+int most_blocks_fitting(const PagedGeometry& geo, const KernelChoice& k, int upto) {
+  const size_t most = KernelFacts::get().max_shared();
+  int fits = 0, over = upto + 1;  // shared_bytes grows with the blocks
+  while (over - fits > 1) {
+    const int mid = fits + (over - fits) / 2;
+    (shared_bytes(geo, k, mid) <= most ? fits : over) = mid;
+  }
+  return fits;
+}
+
 void check_config(const CacheMemory& cache, const DecodeConfig& config) {
   const PagedGeometry& geo = cache.geometry();
   if (config.q_heads <= 0 || config.q_heads % geo.kv_heads != 0 || config.q_heads / geo.kv_heads > 16)
@@ -235,8 +248,9 @@ int longest_attended(const BatchTable& batch, int window, int plan_tokens) {
 }
 
 /// The split of `longest` blocks of each of `sequences` sequences: one wave of CTAs over the whole GPU,
-/// shared equally among the (sequence, KV head) pairs, at least one block for each warp or pair of warps
-/// (a config's blocks_per_split, when set, wins).
+/// shared equally among the (sequence, KV head) pairs, at least one block for each warp or pair of warps,
+/// at most what a CTA's shared memory stages the entries of (a config's blocks_per_split, when set, wins,
+/// or is refused when it does not fit).
 DecodeSplit split_for(const PagedGeometry& geo, const KernelChoice& k, const DecodeConfig& config, int sequences,
                       int longest, int window) {
   const int slices = head_slices(config.q_heads / geo.kv_heads, config);
@@ -261,12 +275,24 @@ DecodeSplit split_for(const PagedGeometry& geo, const KernelChoice& k, const Dec
     split.blocks_per_split = std::min(blocks_for(occupancy(split.blocks_per_split)), detail::kMaxBlocksPerSplit);
   }
   split.blocks_per_split = std::clamp(split.blocks_per_split, 1, detail::kMaxBlocksPerSplit);
+  // A CTA takes no more blocks than the SM's shared memory stages entries for: more splits instead.
+  const int fitting = most_blocks_fitting(geo, k, detail::kMaxBlocksPerSplit);
+  if (fitting < split.blocks_per_split) {
+    if (config.blocks_per_split > 0)
+      throw Error("decode attention: blocks_per_split " + std::to_string(config.blocks_per_split) + " needs " +
+                  std::to_string(shared_bytes(geo, k, config.blocks_per_split)) +
+                  " bytes of shared memory a CTA; at most " + std::to_string(fitting) + " blocks fit on this GPU");
+    split.blocks_per_split = std::max(fitting, 1);  // none fitting: the occupancy query below says why
+  }
   split.max_splits = (longest + split.blocks_per_split - 1) / split.blocks_per_split;
   if (split.max_splits > detail::kMaxSplits) {
     split.blocks_per_split = (longest + detail::kMaxSplits - 1) / detail::kMaxSplits;
     split.max_splits = (longest + split.blocks_per_split - 1) / split.blocks_per_split;
   }
-  if (split.blocks_per_split > detail::kMaxBlocksPerSplit) throw Error("decode attention: context too long");
+  if (split.blocks_per_split > std::max(fitting, 1))
+    throw Error("decode attention: context too long (" + std::to_string(longest) + " blocks need more than " +
+                std::to_string(detail::kMaxSplits) + " splits of at most " + std::to_string(std::max(fitting, 1)) +
+                " blocks)");
   // One merge level up to 48 splits (one CTA reads them all); beyond, groups of about sqrt(splits).
   split.merge_group = split.max_splits <= 48
                           ? std::max(split.max_splits, 1)

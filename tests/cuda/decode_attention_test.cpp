@@ -42,6 +42,7 @@ struct Case {
   int blocks_per_split = 0;  // 0: the planner's
   int warps = 0;             // warps per CTA; 0: the kernel's default
   int heads_per_cta = 0;     // DecodeConfig::heads_per_cta
+  int plan_tokens = 0;       // DecodeConfig::plan_tokens
   enum class Data { synthetic, every_mode } data = Data::synthetic;
   bool zero_bases = false;           // every group raw: every tile falls back to raw
   int escape_capacity = -1;          // -1: the calibration's
@@ -113,6 +114,7 @@ std::vector<double> reference(const KvDump& d, const std::vector<uint16_t>& q, i
 struct Outputs {
   std::vector<uint16_t> gaac, twin, decompress_first;
   test::TileCounts counts;
+  int blocks_per_split = 0;  // the split the three paths ran with
 };
 
 /// Fills both caches, runs the three paths with the same split, checks the decompressed tiles and
@@ -159,6 +161,7 @@ Outputs run_case(const Case& c) {
   config.blocks_per_split = c.blocks_per_split;
   config.warps = c.warps;
   config.heads_per_cta = c.heads_per_cta;
+  config.plan_tokens = c.plan_tokens;
   DecodePlan plan;
   plan.plan(dev_gaac, dev_seqs, config);
   config.blocks_per_split = plan.split(0).blocks_per_split;
@@ -172,6 +175,7 @@ Outputs run_case(const Case& c) {
     return out;
   };
   Outputs o;
+  o.blocks_per_split = config.blocks_per_split;
   o.counts = test::count_tiles(host_gaac, table_gaac, 0);
   o.gaac = run(dev_gaac, dev_seqs);
   o.twin = run(dev_bf16, dev_seqs_bf16);
@@ -388,6 +392,19 @@ TEST_F(GpuDecode, EveryModeInEveryLane) {
     EXPECT_GT(o.counts.compressed, 0u);
     expect_identical(o);
   }
+}
+
+// A large batch planned for long sequences: one split a (sequence, KV head) would be 2,048 blocks, whose
+// entries and a CTA of 16 warps' stages of two 128-channel tiles need more shared memory than an SM has; the
+// plan takes fewer blocks a split instead (it used to refuse the batch).
+TEST_F(GpuDecode, LongSplitsOfALargeBatchFitSharedMemory) {
+  Case c;
+  c.kv_heads = 1, c.group = 4, c.head_dim = 256, c.plan_tokens = 32768;
+  for (int s = 0; s < 200; ++s) c.lengths.push_back(16 + (s * 7) % 41);
+  c.lengths.erase(c.lengths.begin());  // the default's 1000 tokens
+  const Outputs o = run_case(c);
+  EXPECT_LT(o.blocks_per_split, 2048);
+  expect_identical(o);
 }
 
 TEST_F(GpuDecode, SlidingWindow) {

@@ -445,11 +445,11 @@ inline __m256i exponents_of(const uint8_t* slot, const Fp8Bases<F>& bases, const
   const auto picked = [&](const uint8_t* r) {
     return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(r))), pick);
   };
-  // One pick gives the mode: its bit 7 (0xFF, 0x80) selects b3 over b2, and the signed compare, false only
-  // for 0x80 (a raw group), keeps the base.
+  // One pick gives the mode: its bit 7 (0xFF, 0x80) selects b3 over b2, and a raw group (0x80) clears the
+  // base (one compare and an and-not: a signed `mode > 0x80` costs GCC two compares and an and).
   const __m256i mode = picked(planes.mode[row]);
-  const __m256i based = _mm256_cmpgt_epi8(mode, _mm256_set1_epi8(static_cast<char>(0x80)));
-  const __m256i base = _mm256_and_si256(based, _mm256_blendv_epi8(bases.narrow(v), bases.wide(v), mode));
+  const __m256i raw = _mm256_cmpeq_epi8(mode, _mm256_set1_epi8(static_cast<char>(0x80)));
+  const __m256i base = _mm256_andnot_si256(raw, _mm256_blendv_epi8(bases.narrow(v), bases.wide(v), mode));
   __m256i exponent = _mm256_add_epi8(code, base);
   const __m256i bit = load(kFp8ElementBit);
 #if defined(__GFNI__)

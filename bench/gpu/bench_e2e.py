@@ -29,6 +29,7 @@ Every cache is released (and the garbage collected, PyTorch's cache emptied) bef
 
   python3 bench/gpu/bench_e2e.py --out results.json [--models DIR] [--hf-models DIR] [--only smollm2,gemma3,llama8b]
       [--experiments equal-batch,serving] [--quick] [--contexts 8192,...] [--batches 1,8] [--budgets 40G,100G]
+      [--kinds gaac,twin,sdpa,flashinfer]
   # your own model and budget (the serving table for your GPU):
   python3 bench/gpu/bench_e2e.py --out mine.json --model-path /path/to/model --experiments serving --budgets 40G
 """

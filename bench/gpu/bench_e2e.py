@@ -553,5 +553,6 @@ def print_serving_table(rows):
             + (f"{r['gaac_vs_best_bf16_tokens_per_s']:.2f}×" if r["gaac_vs_best_bf16_tokens_per_s"] else "–")
             + f" | {r['raw_tile_share']:.2%} |")
 
+
 if __name__ == "__main__":
     sys.exit(main())

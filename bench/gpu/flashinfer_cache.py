@@ -84,7 +84,7 @@ class FlashInferCache(Cache):
         self.context, self.scale, self.batch = context, scale, batch
         device = kv[0][0].device
         self.windows = windows
-        self.pages, self.slots = [], {}
+        self.pages, pages_per_sequence = [], {}  # the latter per window
         for layer, (k, v) in enumerate(kv):
             window = windows[layer]
             per_sequence = _pages_per_sequence(context, window, growth)
@@ -100,12 +100,12 @@ class FlashInferCache(Cache):
                                vv.reshape(per_sequence, PAGE, kv_heads, head_dim)), dim=1)
             self.pages.append(one.repeat(batch, 1, 1, 1, 1))  # [batch * per_sequence, 2, PAGE, kv_heads, d]
             del one, kk, vv
-            self.slots.setdefault(window, per_sequence)
+            pages_per_sequence.setdefault(window, per_sequence)
         # One plan (wrapper) per window: full layers, and each sliding window.
         self.wrappers, self.write_page = {}, {}
         offset = context % PAGE
-        for window, per_sequence in self.slots.items():
-            first, count = _step_pages(context, window)
+        for window, per_sequence in pages_per_sequence.items():
+            _, count = _step_pages(context, window)
             indptr = torch.arange(batch + 1, dtype=torch.int32) * count
             indices = (torch.arange(batch, dtype=torch.int32)[:, None] * per_sequence +
                        torch.arange(count, dtype=torch.int32)[None, :]).flatten()

@@ -206,12 +206,12 @@ size_t shared_bytes(const PagedGeometry& geo, const KernelChoice& k, int blocks)
       .total;
 }
 
-/// The most blocks (up to `upto`; 0 if not even one fits) a CTA of `k` may take: its blocks' entries are
-/// staged in shared memory, so a CTA of many blocks can need more than an SM holds (long splits of a large
-/// batch of heads of 256 channels, whose CTAs of 16 warps stage two tiles a warp).
-int most_blocks_fitting(const PagedGeometry& geo, const KernelChoice& k, int upto) {
+/// The most blocks (up to kMaxBlocksPerSplit; 0 if not even one fits) a CTA of `k` may take: its blocks'
+/// entries are staged in shared memory, so a CTA of many blocks can need more than an SM holds (long splits
+/// of a large batch of heads of 256 channels, whose CTAs of 16 warps stage two tiles a warp).
+int most_blocks_fitting(const PagedGeometry& geo, const KernelChoice& k) {
   const size_t most = KernelFacts::get().max_shared();
-  int fits = 0, over = upto + 1;  // shared_bytes grows with the blocks
+  int fits = 0, over = detail::kMaxBlocksPerSplit + 1;  // shared_bytes grows with the blocks
   while (over - fits > 1) {
     const int mid = fits + (over - fits) / 2;
     (shared_bytes(geo, k, mid) <= most ? fits : over) = mid;
@@ -276,7 +276,7 @@ DecodeSplit split_for(const PagedGeometry& geo, const KernelChoice& k, const Dec
   }
   split.blocks_per_split = std::clamp(split.blocks_per_split, 1, detail::kMaxBlocksPerSplit);
   // A CTA takes no more blocks than the SM's shared memory stages entries for: more splits instead.
-  const int fitting = most_blocks_fitting(geo, k, detail::kMaxBlocksPerSplit);
+  const int fitting = most_blocks_fitting(geo, k);
   if (fitting < split.blocks_per_split) {
     if (config.blocks_per_split > 0)
       throw Error("decode attention: blocks_per_split " + std::to_string(config.blocks_per_split) + " needs " +

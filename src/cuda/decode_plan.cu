@@ -255,8 +255,11 @@ DecodeSplit split_for(const PagedGeometry& geo, const KernelChoice& k, const Dec
                       int longest, int window) {
   const int slices = head_slices(config.q_heads / geo.kv_heads, config);
   KernelFacts& facts = KernelFacts::get();
+  // A CTA takes no more blocks than the SM's shared memory stages entries for: more splits instead. The
+  // occupancy is asked of splits that fit (the query refuses the others).
+  const int fitting = most_blocks_fitting(geo, k);
   const auto occupancy = [&](int blocks) {
-    return facts.ctas_per_sm(k.kernel, k.warps, shared_bytes(geo, k, blocks));
+    return facts.ctas_per_sm(k.kernel, k.warps, shared_bytes(geo, k, std::clamp(blocks, 1, std::max(fitting, 1))));
   };
   DecodeSplit split;
   split.window = window;
@@ -275,8 +278,6 @@ DecodeSplit split_for(const PagedGeometry& geo, const KernelChoice& k, const Dec
     split.blocks_per_split = std::min(blocks_for(occupancy(split.blocks_per_split)), detail::kMaxBlocksPerSplit);
   }
   split.blocks_per_split = std::clamp(split.blocks_per_split, 1, detail::kMaxBlocksPerSplit);
-  // A CTA takes no more blocks than the SM's shared memory stages entries for: more splits instead.
-  const int fitting = most_blocks_fitting(geo, k);
   if (fitting < split.blocks_per_split) {
     if (config.blocks_per_split > 0)
       throw Error("decode attention: blocks_per_split " + std::to_string(config.blocks_per_split) + " needs " +

@@ -18,11 +18,14 @@ is reported). Times are the best of --repeats passes over all chunks of a set (s
 End to end (--e2e-tokens, default 32,768: 128 chunks of the 8B geometry, 4 GiB of BF16): the chunks are put in
 LMCache's L1 manager and stored through its FSL2Adapter (one store task per 8 chunks, all submitted at once),
 then loaded back into fresh L1 buffers; with gaac the adapter is wrapped by SerdeL2AdapterWrapper (the serde
-built from the JSON a user configures). With --odirect the adapter bypasses the page cache (O_DIRECT); without,
-files are written to and read from the page cache. Every chunk loaded is checked bit for bit.
+built from the JSON a user configures). --e2e-io says how the adapter's files are read and written: "page" through
+the page cache, "odirect" bypassing it (O_DIRECT); a list runs each. --e2e-serde lists gaac's configurations as
+WORKERSxTHREADS (LMCache's serde workers, each coding a chunk with that many threads). "none" runs once per --e2e-io.
+Every chunk loaded is checked bit for bit.
 
   python3 bench/lmcache_serde.py --kv-dir ~/.cache/gaac/kv --out results.json [--device cuda] [--e2e-tokens 32768]
-      [--e2e-dir /path/on/the/disk] [--odirect] [--repeats 3] [--skip-e2e | --skip-serdes] [--profile-serde]
+      [--e2e-dir /path/on/the/disk] [--e2e-io page,odirect] [--e2e-serde 2x4,4x4] [--repeats 3]
+      [--skip-e2e | --skip-serdes] [--profile-serde]
 """
 import argparse
 import json
@@ -216,9 +219,29 @@ def fp8_pair():
     return Fp8QuantizationSerializer(), Fp8QuantizationDeserializer()
 
 
-def time_codec(calibration, chunks, repeats):
+def kernel_times(run, calls):
+    """The GPU's work in `run()` (which makes `calls` codec calls), by kernel and copy: [(name, µs a call)]
+    from PyTorch's profiler (CUPTI sees every kernel of the process, gaac's among them), costliest first."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        run()
+    path = os.path.join(tempfile.mkdtemp(prefix="gaac-trace-"), "trace.json")
+    prof.export_chrome_trace(path)
+    with open(path) as f:
+        events = json.load(f).get("traceEvents", [])
+    totals = {}
+    for e in events:
+        if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
+            name = e["name"].replace("(anonymous namespace)::", "").split("(")[0].split("<")[0].split("::")[-1]
+            totals[name] = totals.get(name, 0.0) + float(e.get("dur", 0.0))
+    return sorted(((n, t / calls) for n, t in totals.items()), key=lambda r: -r[1])
+
+
+def time_codec(calibration, chunks, repeats, profile_kernels=False):
     """gaac.ChunkCodec called directly on CUDA chunks (no LMCache memory objects, no serde wrapper), timed as
-    time_serde times a serde: what the binding and the codec take, apart from the wrapper's Python."""
+    time_serde times a serde: what the binding and the codec take, apart from the wrapper's Python. With
+    `profile_kernels`, also the GPU time of each of its kernels a call (encode_kernels_us, decode_kernels_us)."""
     codec = gaac.ChunkCodec(calibration)
     chunks = [c.cuda() for c in chunks]
     outs = [torch.zeros(codec.object_bytes(c.shape[2]), dtype=torch.uint8, device="cuda") for c in chunks]
@@ -245,9 +268,31 @@ def time_codec(calibration, chunks, repeats):
         t2 = time.perf_counter()
         best_s, best_d = min(best_s, t1 - t0), min(best_d, t2 - t1)
     bf16 = sum(c.numel() * 2 for c in chunks)
-    return {"serde": "gaac-codec", "device": "cuda", "ratio": bf16 / sum(written), "stored_bytes": sum(written),
-            "bf16_bytes": bf16, "chunk_shape": list(chunks[0].shape), "serialize_gbps": bf16 / best_s / 1e9, "deserialize_gbps": bf16 / best_d / 1e9,
-            "max_abs_error": 0.0}
+    result = {"serde": "gaac-codec", "device": "cuda", "ratio": bf16 / sum(written), "stored_bytes": sum(written),
+              "bf16_bytes": bf16, "chunk_shape": list(chunks[0].shape), "serialize_gbps": bf16 / best_s / 1e9,
+              "deserialize_gbps": bf16 / best_d / 1e9, "max_abs_error": 0.0}
+    if profile_kernels:
+        passes = 5
+        calls = passes * len(chunks)
+
+        def encodes():
+            for _ in range(passes):
+                for c, o, k in zip(chunks, outs, keys):
+                    codec.encode(c, o, k, stream)
+            torch.cuda.synchronize()
+
+        def decodes():
+            for _ in range(passes):
+                for o, b, k in zip(outs, backs, keys):
+                    codec.decode(o, b, k, stream)
+            torch.cuda.synchronize()
+
+        for label, run in (("encode", encodes), ("decode", decodes)):
+            times = kernel_times(run, calls)
+            result[f"{label}_kernels_us"] = dict(times)
+            log(f"gaac-codec {label}: {sum(t for _, t in times):.1f} µs of GPU work a call: "
+                + ", ".join(f"{n} {t:.1f}" for n, t in times))
+    return result
 
 
 def time_nvcomp(chunks, repeats):
@@ -285,9 +330,9 @@ def time_nvcomp(chunks, repeats):
 
 # ---- end to end --------------------------------------------------------------------------------------
 
-def e2e(source, tokens, directory, use_gaac, threads, odirect, batch=8):
-    """Seconds to store `tokens` tokens of 8B chunks through the fs adapter (wrapped with gaac's serde or not)
-    and to load them back; every chunk checked."""
+def e2e(source, tokens, directory, serde, odirect, batch=8):
+    """Seconds to store `tokens` tokens of 8B chunks through the fs adapter (wrapped with gaac's serde when `serde`,
+    (workers, threads), is given) and to load them back; every chunk checked."""
     import argparse as ap
 
     from lmcache.v1.distributed.api import MemoryLayoutDesc
@@ -304,10 +349,11 @@ def e2e(source, tokens, directory, use_gaac, threads, odirect, batch=8):
     shape = torch.Size([2, source.LAYERS, CHUNK, source.HEADS * source.WIDTH])
     chunk_bytes = shape.numel() * 2
     spec = {"type": "fs", "base_path": directory, "use_odirect": bool(odirect)}
+    use_gaac = serde is not None
     if use_gaac:
         path = os.path.join(directory, "8b-calibration.safetensors")
         source.calibration.save(path)
-        spec["serde"] = {"type": "gaac", "calibration": path, "threads": threads, "max_workers": 2}
+        spec["serde"] = {"type": "gaac", "calibration": path, "max_workers": serde[0], "threads": serde[1]}
     parser = ap.ArgumentParser()
     add_l2_adapters_args(parser)
     config = parse_args_to_l2_adapters_config(parser.parse_args(["--l2-adapter", json.dumps(spec)])).adapters[0]
@@ -362,7 +408,7 @@ def e2e(source, tokens, directory, use_gaac, threads, odirect, batch=8):
                 raise RuntimeError(f"chunk {i} did not come back bit for bit")
         return {"serde": "gaac" if use_gaac else "none", "tokens": tokens, "chunks": n, "bf16_bytes": n * chunk_bytes,
                 "bytes_on_disk": on_disk, "store_s": store_s, "load_s": load_s, "odirect": bool(odirect),
-                "threads": threads}
+                "workers": serde[0] if use_gaac else None, "threads": serde[1] if use_gaac else None}
     finally:
         adapter.close()
         l1.close()
@@ -378,17 +424,27 @@ def main():
     ap.add_argument("--threads", default="1,4", help="CPU thread counts")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--e2e-tokens", type=int, default=32768)
-    ap.add_argument("--e2e-threads", type=int, default=4)
+    ap.add_argument("--e2e-serde", default="2x4", help="gaac's configurations, WORKERSxTHREADS, comma-separated")
     ap.add_argument("--e2e-dir", default=None, help="directory for the fs adapter's files (default: a temporary one)")
-    ap.add_argument("--odirect", action="store_true", help="the fs adapter bypasses the page cache")
+    ap.add_argument("--e2e-io", default="page", help="page (through the page cache), odirect (O_DIRECT), or both")
     ap.add_argument("--skip-e2e", action="store_true")
     ap.add_argument("--skip-serdes", action="store_true", help="the end-to-end figure alone")
     ap.add_argument("--profile-serde", action="store_true",
-                    help="with --device cuda: where gaac's serde spends a call's host time (cProfile, the 12 costliest)")
+                    help="with --device cuda: where gaac's serde spends a call's host time (cProfile, the 12 costliest) "
+                         "and gaac.ChunkCodec its GPU time (each kernel's µs a call)")
     args = ap.parse_args()
     if args.repeats < 1 or args.e2e_tokens < CHUNK or args.e2e_tokens % CHUNK:
         ap.error("--repeats ≥ 1 and --e2e-tokens a positive multiple of 256")
     threads = [int(t) for t in args.threads.split(",")]
+    try:
+        serde_configs = [tuple(int(n) for n in c.split("x")) for c in args.e2e_serde.split(",")]
+    except ValueError:
+        serde_configs = []
+    if not serde_configs or any(len(c) != 2 or min(c) < 1 for c in serde_configs):
+        ap.error("--e2e-serde: WORKERSxTHREADS[,...], e.g. 2x4")
+    io_modes = args.e2e_io.split(",")
+    if not io_modes or any(m not in ("page", "odirect") for m in io_modes):
+        ap.error("--e2e-io: page, odirect, or both")
     if args.device == "cuda" and not torch.cuda.is_available():
         ap.error("--device cuda: no CUDA device")
 
@@ -425,7 +481,7 @@ def main():
                     f"deserialize {r['deserialize_gbps']:.1f} GB/s")
             if args.profile_serde:
                 profile_serde(name, *gaac_pair(calibration, 1, 0), chunks)
-            r = time_codec(calibration, chunks, args.repeats)
+            r = time_codec(calibration, chunks, args.repeats, args.profile_serde)
             r.update(chunks=name)
             results["serdes"].append(r)
             log(f"{name:8s} gaac-codec       cuda: ratio {r['ratio']:.4f}  serialize {r['serialize_gbps']:.1f} GB/s  "
@@ -440,12 +496,14 @@ def main():
                     f"deserialize {r['deserialize_gbps']:.1f} GB/s")
 
     if not args.skip_e2e:
-        for use_gaac in (False, True):
-            with tempfile.TemporaryDirectory(prefix="gaac-e2e-", dir=args.e2e_dir) as directory:
-                r = e2e(eight_b, args.e2e_tokens, directory, use_gaac, args.e2e_threads, args.odirect)
-            results["e2e"].append(r)
-            log(f"e2e {r['serde']:5s} {r['tokens']} tokens: store {r['store_s']:.2f} s, load {r['load_s']:.2f} s, "
-                f"{r['bytes_on_disk'] / 2**30:.2f} GiB on disk")
+        for io in io_modes:
+            for serde in [None, *serde_configs]:
+                with tempfile.TemporaryDirectory(prefix="gaac-e2e-", dir=args.e2e_dir) as directory:
+                    r = e2e(eight_b, args.e2e_tokens, directory, serde, io == "odirect")
+                results["e2e"].append(r)
+                config = f"{serde[0]}x{serde[1]}" if serde else ""
+                log(f"e2e {io:7s} {r['serde']:5s}{config:>5s} {r['tokens']} tokens: store {r['store_s']:.2f} s, "
+                    f"load {r['load_s']:.2f} s, {r['bytes_on_disk'] / 2**30:.2f} GiB on disk")
     with open(args.out, "w") as f:
         json.dump(results, f, indent=1)
 

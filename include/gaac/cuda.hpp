@@ -440,8 +440,10 @@ GAAC_API std::vector<uint8_t> snapshot_image(const KvDump& dump, const Calibrati
 /// the host (the host reads back only a few bytes: an object's size, a status). Every tile is one
 /// warp's; the escape stream is placed by a scan; the checksums are computed on the device, four
 /// threads per 4 KiB piece. Thread-safe: calls from many threads (on their own streams) run at once.
-/// Each call works in device memory the codec keeps for later calls (one workspace per call running
-/// at once, as large as the largest chunk's needs; freed with the codec).
+/// Each chunk in flight works in device memory the codec keeps for later calls (one workspace per chunk
+/// being coded, as large as the largest chunk's needs; freed with the codec). The batch calls enqueue
+/// the work of up to kChunksInFlight chunks before they wait, so the GPU runs them back to back and a
+/// batch pays the host's wait once per kChunksInFlight chunks, not once a chunk.
 class GAAC_API ChunkCodec {
  public:
   /// A codec for `calibration`'s chunks on the current device (its bases copied there);
@@ -451,17 +453,32 @@ class GAAC_API ChunkCodec {
   ChunkCodec(const ChunkCodec&) = delete;
   ChunkCodec& operator=(const ChunkCodec&) = delete;
 
+  /// Chunks a batch call has in flight at most (each holds a workspace until the call waits).
+  static constexpr size_t kChunksInFlight = 8;
+
   /// As gaac::ChunkCodec::object_bytes.
   size_t object_bytes(int tokens) const;
   /// Writes the object of `chunk` (device memory; rows 16-byte aligned, strides multiples of 8
   /// elements) stored under `key` to `out` (device memory, `out_bytes` ≥ object_bytes()) and returns
   /// its size, as gaac::ChunkCodec::encode. Synchronises `stream`.
   size_t encode(const ChunkView& chunk, std::string_view key, uint8_t* out, size_t out_bytes, Stream stream = nullptr) const;
+  /// encode() of each chunk i under keys[i] into outs[i] (out_bytes[i] long); returns the objects'
+  /// sizes. The spans are of one length. A chunk refused is reported (thrown) once the chunks enqueued
+  /// with it have run. Synchronises `stream` once per kChunksInFlight chunks.
+  std::vector<size_t> encode_batch(std::span<const ChunkView> chunks, std::span<const std::string_view> keys,
+                                   std::span<uint8_t* const> outs, std::span<const size_t> out_bytes,
+                                   Stream stream = nullptr) const;
   /// Reads the object at the start of `object` (device memory, `object_bytes` long at most) into
   /// `chunk` (device memory, as for encode), after checking everything gaac::ChunkCodec::decode
   /// checks; throws gaac::Error saying what is wrong. Synchronises `stream`.
   void decode(const uint8_t* object, size_t object_bytes, std::string_view key, const MutableChunkView& chunk,
               Stream stream = nullptr) const;
+  /// decode() of each object i (object_bytes[i] long at most, stored under keys[i]) into chunks[i]; the
+  /// first object found wrong is reported (thrown) once the objects enqueued with it have run, and
+  /// says which it is. Synchronises `stream` once per kChunksInFlight chunks.
+  void decode_batch(std::span<const uint8_t* const> objects, std::span<const size_t> object_bytes,
+                    std::span<const std::string_view> keys, std::span<const MutableChunkView> chunks,
+                    Stream stream = nullptr) const;
 
  private:
   struct State;

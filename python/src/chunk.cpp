@@ -4,12 +4,15 @@
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/vector.h>
 
 #include <cstdint>
 #include <cstdio>
 #include <memory>
 #include <mutex>
 #include <string>
+#include <string_view>
+#include <vector>
 
 #include "arrays.hpp"
 #include "cache.hpp"
@@ -91,6 +94,31 @@ std::span<uint8_t> bytes_of(const Array& a, bool cuda, const std::string& what) 
   return {static_cast<uint8_t*>(const_cast<void*>(static_cast<const void*>(a.data()))), a.size()};
 }
 
+#if GAAC_PYTHON_CUDA
+/// The views of a batch's CUDA chunks, and its buffers' addresses and sizes (each list as long as given).
+template <class Element, class ChunkArray, class BytesArray>
+struct BatchViews {
+  std::vector<BasicChunkView<Element>> chunks;
+  std::vector<uint8_t*> buffers;
+  std::vector<size_t> sizes;
+  std::vector<std::string_view> keys;
+
+  BatchViews(const std::vector<ChunkArray>& chunk_arrays, const std::vector<BytesArray>& buffer_arrays,
+             const std::vector<std::string>& key_strings, int head_dim, const std::string& what)
+      : keys(key_strings.begin(), key_strings.end()) {
+    for (size_t i = 0; i < chunk_arrays.size(); ++i) {
+      if (!is_cuda(chunk_arrays[i].device_type())) throw Error(what + ": CUDA chunks only (a CPU chunk is coded one at a time)");
+      chunks.push_back(chunk_view_of<Element>(chunk_arrays[i], head_dim, what + ": chunk " + std::to_string(i)));
+    }
+    for (size_t i = 0; i < buffer_arrays.size(); ++i) {
+      const std::span<uint8_t> bytes = bytes_of(buffer_arrays[i], true, what + ": buffer " + std::to_string(i));
+      buffers.push_back(bytes.data());
+      sizes.push_back(bytes.size());
+    }
+  }
+};
+#endif
+
 }  // namespace
 
 void bind_chunk(nb::module_& m) {
@@ -164,7 +192,45 @@ void bind_chunk(nb::module_& m) {
           "object"_a, "chunk"_a, "key"_a, "stream"_a = 0,
           "Reads the object at the start of `object` (uint8; bytes past its end are not looked at) into `chunk`, "
           "after checking all of it: container, checksums, calibration, key, geometry, every tile. Raises GaacError "
-          "saying what is wrong.");
+          "saying what is wrong.")
+      .def(
+          "encode_batch",
+          [](Codecs& c, const std::vector<ReadArray>& chunks, const std::vector<nb::ndarray<>>& outs,
+             const std::vector<std::string>& keys, uintptr_t stream) {
+#if GAAC_PYTHON_CUDA
+            const BatchViews<const uint16_t, ReadArray, nb::ndarray<>> views(chunks, outs, keys, c.host.calibration().head_dim(),
+                                                                             "encode_batch");
+            const cuda::ChunkCodec& device = c.on_device();
+            nb::gil_scoped_release release;
+            return device.encode_batch(views.chunks, views.keys, views.buffers, views.sizes, stream_of(stream));
+#else
+            (void)c, (void)chunks, (void)outs, (void)keys, (void)stream;
+            throw Error("encode_batch: CUDA chunks need a gaac built with CUDA (nvcc found at install)");
+            return std::vector<size_t>{};
+#endif
+          },
+          "chunks"_a, "outs"_a, "keys"_a, "stream"_a = 0,
+          "encode() of CUDA chunks[i] under keys[i] into outs[i], the GPU's work of several chunks enqueued before the "
+          "host waits for them (once per 8 chunks, not once a chunk); returns the objects' sizes.")
+      .def(
+          "decode_batch",
+          [](Codecs& c, const std::vector<ReadArray>& objects, const std::vector<nb::ndarray<>>& chunks,
+             const std::vector<std::string>& keys, uintptr_t stream) {
+#if GAAC_PYTHON_CUDA
+            const BatchViews<uint16_t, nb::ndarray<>, ReadArray> views(chunks, objects, keys, c.host.calibration().head_dim(),
+                                                                       "decode_batch");
+            const std::vector<const uint8_t*> buffers(views.buffers.begin(), views.buffers.end());
+            const cuda::ChunkCodec& device = c.on_device();
+            nb::gil_scoped_release release;
+            device.decode_batch(buffers, views.sizes, views.keys, views.chunks, stream_of(stream));
+#else
+            (void)c, (void)objects, (void)chunks, (void)keys, (void)stream;
+            throw Error("decode_batch: CUDA chunks need a gaac built with CUDA (nvcc found at install)");
+#endif
+          },
+          "objects"_a, "chunks"_a, "keys"_a, "stream"_a = 0,
+          "decode() of each CUDA object into chunks[i], enqueued as encode_batch() enqueues; the first object found "
+          "wrong raises GaacError naming it (object i of n).");
 
   m.def(
       "chunk_object_bytes",

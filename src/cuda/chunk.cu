@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <cstring>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -771,13 +772,15 @@ class WorkspaceLease {
   WorkspaceLease(const WorkspaceLease&) = delete;
   WorkspaceLease& operator=(const WorkspaceLease&) = delete;
 
-  /// The result words of the call's kernels, once its stream has run them (synchronises it).
-  const uint64_t* result(const Args& a, const char* what) {
-    uint64_t* words = workspace_->result.words();
-    check(cudaMemcpyAsync(words, a.result, PinnedResult::kResultWords * 8, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
-    check(cudaStreamSynchronize(stream_), what);
+  /// Enqueues the copy of the kernels' result words to the pinned words result() reads.
+  void copy_result(const Args& a) {
+    check(cudaMemcpyAsync(workspace_->result.words(), a.result, PinnedResult::kResultWords * 8, cudaMemcpyDeviceToHost, stream_),
+          "cudaMemcpyAsync");
+  }
+  /// The result words, once the caller has synchronised the stream after copy_result().
+  const uint64_t* result() {
     finished_ = true;
-    return words;
+    return workspace_->result.words();
   }
 
  private:
@@ -805,78 +808,131 @@ unsigned tile_and_section_blocks(const Args& a) {
 }  // namespace
 
 size_t ChunkCodec::encode(const ChunkView& chunk, std::string_view key, uint8_t* out, size_t out_bytes, Stream stream) const {
+  return encode_batch({&chunk, 1}, {&key, 1}, {&out, 1}, {&out_bytes, 1}, stream)[0];
+}
+
+std::vector<size_t> ChunkCodec::encode_batch(std::span<const ChunkView> chunks, std::span<const std::string_view> keys,
+                                             std::span<uint8_t* const> outs, std::span<const size_t> out_bytes,
+                                             Stream stream) const {
   State& s = *state_;
   const char* what = "cuda::ChunkCodec::encode";
-  if (chunk.geometry != s.host.geometry(chunk.geometry.tokens)) {
-    throw Error(std::string(what) + ": chunk of " + chunk.geometry.describe() + " does not match the calibration's geometry (" +
-                s.host.geometry(chunk.geometry.tokens).describe() + ")");
+  if (keys.size() != chunks.size() || outs.size() != chunks.size() || out_bytes.size() != chunks.size()) {
+    throw Error(std::string(what) + ": as many keys and outputs as chunks are needed");
   }
-  const ChunkLayout layout = chunk_layout(chunk.geometry);
-  const size_t object_bytes = s.host.object_bytes(chunk.geometry.tokens);
-  if (out_bytes < object_bytes) {
-    throw Error(std::string(what) + ": output of " + std::to_string(out_bytes) + " bytes is smaller than the " +
-                std::to_string(object_bytes) + " a chunk object of " + layout.geometry.describe() + " may take");
+  std::vector<size_t> sizes(chunks.size());
+  std::vector<std::unique_ptr<WorkspaceLease>> leases;
+  for (size_t first = 0; first < chunks.size(); first += kChunksInFlight) {
+    const size_t count = std::min(kChunksInFlight, chunks.size() - first);
+    leases.clear();
+    for (size_t i = first; i < first + count; ++i) {
+      const ChunkView& chunk = chunks[i];
+      if (chunk.geometry != s.host.geometry(chunk.geometry.tokens)) {
+        throw Error(std::string(what) + ": chunk of " + chunk.geometry.describe() + " does not match the calibration's geometry (" +
+                    s.host.geometry(chunk.geometry.tokens).describe() + ")");
+      }
+      const ChunkLayout layout = chunk_layout(chunk.geometry);
+      const size_t object_bytes = s.host.object_bytes(chunk.geometry.tokens);
+      if (out_bytes[i] < object_bytes) {
+        throw Error(std::string(what) + ": output of " + std::to_string(out_bytes[i]) + " bytes is smaller than the " +
+                    std::to_string(object_bytes) + " a chunk object of " + layout.geometry.describe() + " may take");
+      }
+      Args a = make_args(chunk, layout, s.geometry, outs[i], object_bytes, what);
+      a.fixed_end = s.host.options().object_ratio != 0 ? object_bytes : 0;
+      a.lane_bases = s.current_lane_bases();
+      const Metadata meta = metadata_of(chunk_metadata(layout.geometry, s.host.calibration_id(), chunk_key_id(keys[i])));
+      leases.push_back(std::make_unique<WorkspaceLease>(s.workspaces, a, true, stream));
+      detail::with_head_shape(layout.geometry.head_dim, what, [&]<int C, int P>() {
+        encode_tiles_kernel<C, P><<<tile_and_section_blocks(a), kWarps * 32, 0, stream>>>(a, meta);
+      });
+      place_streams_kernel<<<1, kScanThreads, 0, stream>>>(a);
+      place_escapes_kernel<<<blocks_for(a.tiles, kWarps), kWarps * 32, 0, stream>>>(a);
+      hash_pieces_kernel<<<blocks_for(a.max_pieces, kHashThreads / 4), kHashThreads, 0, stream>>>(a);
+      write_header_kernel<<<1, kHeaderThreads, 0, stream>>>(a);
+      check(cudaGetLastError(), std::string(what) + " launch");
+      leases.back()->copy_result(a);
+    }
+    check(cudaStreamSynchronize(stream), what);
+    for (size_t i = first; i < first + count; ++i) {
+      const uint64_t* result = leases[i - first]->result();
+      if (result[1] & kTooLarge) {
+        const ChunkLayout layout = chunk_layout(chunks[i].geometry);
+        throw Error(ErrorCode::out_of_space, "chunk of " + layout.geometry.describe() + " needs " +
+                                                 std::to_string(layout.escape_offset + result[0]) +
+                                                 " bytes, more than the fixed object size of " +
+                                                 std::to_string(s.host.object_bytes(chunks[i].geometry.tokens)) +
+                                                 " (object_ratio " + std::to_string(s.host.options().object_ratio) + ")");
+      }
+      sizes[i] = result[2];
+    }
   }
-  Args a = make_args(chunk, layout, s.geometry, out, object_bytes, what);
-  a.fixed_end = s.host.options().object_ratio != 0 ? object_bytes : 0;
-  a.lane_bases = s.current_lane_bases();
-  const Metadata meta = metadata_of(chunk_metadata(layout.geometry, s.host.calibration_id(), chunk_key_id(key)));
-  WorkspaceLease work(s.workspaces, a, true, stream);
-  detail::with_head_shape(layout.geometry.head_dim, what, [&]<int C, int P>() {
-    encode_tiles_kernel<C, P><<<tile_and_section_blocks(a), kWarps * 32, 0, stream>>>(a, meta);
-  });
-  place_streams_kernel<<<1, kScanThreads, 0, stream>>>(a);
-  place_escapes_kernel<<<blocks_for(a.tiles, kWarps), kWarps * 32, 0, stream>>>(a);
-  hash_pieces_kernel<<<blocks_for(a.max_pieces, kHashThreads / 4), kHashThreads, 0, stream>>>(a);
-  write_header_kernel<<<1, kHeaderThreads, 0, stream>>>(a);
-  check(cudaGetLastError(), std::string(what) + " launch");
-  const uint64_t* result = work.result(a, what);
-  if (result[1] & kTooLarge) {
-    throw Error(ErrorCode::out_of_space, "chunk of " + layout.geometry.describe() + " needs " +
-                                             std::to_string(layout.escape_offset + result[0]) +
-                                             " bytes, more than the fixed object size of " + std::to_string(object_bytes) +
-                                             " (object_ratio " + std::to_string(s.host.options().object_ratio) + ")");
-  }
-  return result[2];
+  return sizes;
 }
 
 void ChunkCodec::decode(const uint8_t* object, size_t object_bytes, std::string_view key, const MutableChunkView& chunk,
                         Stream stream) const {
+  decode_batch({&object, 1}, {&object_bytes, 1}, {&key, 1}, {&chunk, 1}, stream);
+}
+
+void ChunkCodec::decode_batch(std::span<const uint8_t* const> objects, std::span<const size_t> object_bytes,
+                              std::span<const std::string_view> keys, std::span<const MutableChunkView> chunks,
+                              Stream stream) const {
   State& s = *state_;
   const char* what = "cuda::ChunkCodec::decode";
-  if (chunk.geometry != s.host.geometry(chunk.geometry.tokens)) {
-    throw Error(std::string(what) + ": destination of " + chunk.geometry.describe() + " does not match the calibration's geometry (" +
-                s.host.geometry(chunk.geometry.tokens).describe() + ")");
+  if (object_bytes.size() != objects.size() || keys.size() != objects.size() || chunks.size() != objects.size()) {
+    throw Error(std::string(what) + ": as many sizes, keys and chunks as objects are needed");
   }
-  const ChunkLayout layout = chunk_layout(chunk.geometry);
-  const auto host_verdict = [&](const std::string& device_finding) {
+  const auto host_verdict = [&](size_t i, const std::string& device_finding) {
     // The object, read by the CPU decoder into a scratch chunk: its message says what is wrong.
-    std::vector<uint8_t> bytes(object_bytes);
-    check(cudaMemcpyAsync(bytes.data(), object, object_bytes, cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
+    const ChunkLayout layout = chunk_layout(chunks[i].geometry);
+    std::vector<uint8_t> bytes(object_bytes[i]);
+    check(cudaMemcpyAsync(bytes.data(), objects[i], object_bytes[i], cudaMemcpyDeviceToHost, stream), "cudaMemcpyAsync");
     check(cudaStreamSynchronize(stream), what);
     std::vector<uint16_t> values(layout.geometry.elements());
-    s.host.decode(bytes, key, dense_chunk_view(values.data(), layout.geometry));
-    throw Error(std::string(what) + ": " + device_finding + ", which the CPU reader does not find: a device fault");
+    try {
+      s.host.decode(bytes, keys[i], dense_chunk_view(values.data(), layout.geometry));
+      throw Error(std::string(what) + ": " + device_finding + ", which the CPU reader does not find: a device fault");
+    } catch (const Error& e) {
+      if (objects.size() == 1) throw;
+      throw e.with_context("object " + std::to_string(i) + " of " + std::to_string(objects.size()));
+    }
   };
-  if (object_bytes < layout.escape_offset) host_verdict("an object shorter than its fixed parts");
-  Args a = make_args(chunk, layout, s.geometry, const_cast<uint8_t*>(object), object_bytes, what);
-  a.lane_bases = s.current_lane_bases();
-  const Metadata meta = metadata_of(chunk_metadata(layout.geometry, s.host.calibration_id(), chunk_key_id(key)));
-  WorkspaceLease work(s.workspaces, a, false, stream);
-  check_header_kernel<<<1, 256, 0, stream>>>(a, meta);
-  hash_pieces_kernel<<<blocks_for(a.max_pieces, kHashThreads / 4), kHashThreads, 0, stream>>>(a);
-  check_checksums_kernel<<<1, kHeaderThreads, 0, stream>>>(a);
-  detail::with_head_shape(layout.geometry.head_dim, what, [&]<int C, int P>() {
-    if (a.tiles > 0) count_streams_kernel<C, P><<<blocks_for(a.tiles, 128), 128, 0, stream>>>(a);
-  });
-  check_streams_kernel<<<1, kScanThreads, 0, stream>>>(a);
-  check_escapes_kernel<<<std::min(blocks_for(object_bytes - layout.escape_offset, 256 * 8), kMaxZeroCheckBlocks), 256, 0, stream>>>(a);
-  detail::with_head_shape(layout.geometry.head_dim, what, [&]<int C, int P>() {
-    decode_tiles_kernel<C, P><<<tile_and_section_blocks(a), kWarps * 32, 0, stream>>>(a);
-  });
-  check(cudaGetLastError(), std::string(what) + " launch");
-  const uint64_t status = work.result(a, what)[1];
-  if (status != 0) host_verdict("status " + std::to_string(status));
+  std::vector<std::unique_ptr<WorkspaceLease>> leases;
+  for (size_t first = 0; first < objects.size(); first += kChunksInFlight) {
+    const size_t count = std::min(kChunksInFlight, objects.size() - first);
+    leases.clear();
+    for (size_t i = first; i < first + count; ++i) {
+      const MutableChunkView& chunk = chunks[i];
+      if (chunk.geometry != s.host.geometry(chunk.geometry.tokens)) {
+        throw Error(std::string(what) + ": destination of " + chunk.geometry.describe() +
+                    " does not match the calibration's geometry (" + s.host.geometry(chunk.geometry.tokens).describe() + ")");
+      }
+      const ChunkLayout layout = chunk_layout(chunk.geometry);
+      if (object_bytes[i] < layout.escape_offset) host_verdict(i, "an object shorter than its fixed parts");
+      Args a = make_args(chunk, layout, s.geometry, const_cast<uint8_t*>(objects[i]), object_bytes[i], what);
+      a.lane_bases = s.current_lane_bases();
+      const Metadata meta = metadata_of(chunk_metadata(layout.geometry, s.host.calibration_id(), chunk_key_id(keys[i])));
+      leases.push_back(std::make_unique<WorkspaceLease>(s.workspaces, a, false, stream));
+      check_header_kernel<<<1, 256, 0, stream>>>(a, meta);
+      hash_pieces_kernel<<<blocks_for(a.max_pieces, kHashThreads / 4), kHashThreads, 0, stream>>>(a);
+      check_checksums_kernel<<<1, kHeaderThreads, 0, stream>>>(a);
+      detail::with_head_shape(layout.geometry.head_dim, what, [&]<int C, int P>() {
+        if (a.tiles > 0) count_streams_kernel<C, P><<<blocks_for(a.tiles, 128), 128, 0, stream>>>(a);
+      });
+      check_streams_kernel<<<1, kScanThreads, 0, stream>>>(a);
+      check_escapes_kernel<<<std::min(blocks_for(object_bytes[i] - layout.escape_offset, 256 * 8), kMaxZeroCheckBlocks), 256, 0,
+                             stream>>>(a);
+      detail::with_head_shape(layout.geometry.head_dim, what, [&]<int C, int P>() {
+        decode_tiles_kernel<C, P><<<tile_and_section_blocks(a), kWarps * 32, 0, stream>>>(a);
+      });
+      check(cudaGetLastError(), std::string(what) + " launch");
+      leases.back()->copy_result(a);
+    }
+    check(cudaStreamSynchronize(stream), what);
+    for (size_t i = first; i < first + count; ++i) {
+      const uint64_t status = leases[i - first]->result()[1];
+      if (status != 0) host_verdict(i, "status " + std::to_string(status));
+    }
+  }
 }
 
 }  // namespace gaac::cuda

@@ -3,10 +3,12 @@
 // decoding back bit for bit, strided chunks included; a chunk too large for the fixed size refused;
 // every corruption the CPU reader refuses refused with its message; and more tiles than one round of
 // the device's scan, with one codec's workspaces reused across chunk sizes and by threads on their own
-// streams. GPU tests skip without a device.
+// streams; batches of chunks enqueued together giving the one-by-one objects, a wrong one named. GPU tests
+// skip without a device.
 #include <cuda_runtime_api.h>
 #include <gtest/gtest.h>
 
+#include <array>
 #include <map>
 #include <random>
 #include <string>
@@ -232,6 +234,68 @@ TEST_F(GpuChunk, ManyTilesAndWorkspacesReusedAcrossSizesAndThreads) {
   }
   for (std::thread& thread : threads) thread.join();
   for (const std::string& failure : failures) EXPECT_EQ(failure, "");
+}
+
+TEST_F(GpuChunk, BatchesEnqueuedTogetherAreTheOneByOneObjects) {
+  // 19 chunks: more than two rounds of kChunksInFlight, chunks of three sizes (one with no tile) in turn,
+  // each under its own key; objects of a fixed size, so the escapes' zero fill is in every one.
+  const ChunkGeometry full{3, 4, 128, 256};
+  const CalibrationTable table = calibration_for(full);
+  const ChunkCodec cpu(table, {.threads = 2, .object_ratio = 1.05});
+  const cuda::ChunkCodec gpu(table, {.object_ratio = 1.05});
+  constexpr size_t kChunks = 2 * cuda::ChunkCodec::kChunksInFlight + 3;
+  std::vector<std::vector<uint16_t>> values;
+  std::vector<std::vector<uint8_t>> expected;
+  std::vector<std::string> key_text;
+  std::vector<cuda::DeviceBuffer> chunks, objects, backs;
+  std::vector<ChunkView> views;
+  std::vector<MutableChunkView> back_views;
+  std::vector<uint8_t*> outs;
+  std::vector<size_t> out_bytes;
+  for (size_t i = 0; i < kChunks; ++i) {
+    const int tokens = std::array{256, 40, 15}[i % 3];
+    const ChunkGeometry g{full.layers, full.kv_heads, full.head_dim, tokens};
+    values.push_back(make_chunk(g, 100 + i, 2 + static_cast<int>(i % 4)));
+    key_text.push_back("key " + std::to_string(i));
+    expected.emplace_back(cpu.object_bytes(tokens));
+    expected.back().resize(
+        cpu.encode(dense_chunk_view(static_cast<const uint16_t*>(values.back().data()), g), key_text.back(), expected.back()));
+    chunks.emplace_back(values.back().size() * 2);
+    chunks.back().upload(values.back().data(), values.back().size() * 2);
+    objects.emplace_back(gpu.object_bytes(tokens));
+    backs.emplace_back(values.back().size() * 2);
+  }
+  for (size_t i = 0; i < kChunks; ++i) {
+    const ChunkGeometry g{full.layers, full.kv_heads, full.head_dim, std::array{256, 40, 15}[i % 3]};
+    views.push_back(dense_chunk_view(static_cast<const uint16_t*>(chunks[i].data()), g));
+    back_views.push_back(dense_chunk_view(static_cast<uint16_t*>(backs[i].data()), g));
+    outs.push_back(static_cast<uint8_t*>(objects[i].data()));
+    out_bytes.push_back(objects[i].bytes());
+  }
+  const std::vector<std::string_view> keys(key_text.begin(), key_text.end());
+  const std::vector<size_t> sizes = gpu.encode_batch(views, keys, outs, out_bytes);
+  ASSERT_EQ(sizes.size(), kChunks);
+  for (size_t i = 0; i < kChunks; ++i) {
+    ASSERT_EQ(sizes[i], expected[i].size()) << "chunk " << i;
+    ASSERT_EQ(download<uint8_t>(objects[i], sizes[i]), expected[i]) << "chunk " << i;
+  }
+  const std::vector<const uint8_t*> reads(outs.begin(), outs.end());
+  gpu.decode_batch(reads, sizes, keys, back_views);
+  for (size_t i = 0; i < kChunks; ++i) ASSERT_EQ(download<uint16_t>(backs[i], values[i].size()), values[i]) << "chunk " << i;
+
+  // One object of the batch read under another's key: refused, and named.
+  std::vector<std::string_view> swapped = keys;
+  std::swap(swapped[kChunks - 2], swapped[kChunks - 1]);
+  try {
+    gpu.decode_batch(reads, sizes, swapped, back_views);
+    FAIL() << "a batch with objects under the wrong keys was decoded";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("object " + std::to_string(kChunks - 2) + " of " + std::to_string(kChunks)), std::string::npos)
+        << e.what();
+  }
+  // Spans of different lengths are refused before anything runs.
+  EXPECT_THROW(gpu.encode_batch(views, std::span(keys).first(kChunks - 1), outs, out_bytes), Error);
+  EXPECT_THROW(gpu.decode_batch(reads, sizes, keys, std::span(back_views).first(1)), Error);
 }
 
 }  // namespace

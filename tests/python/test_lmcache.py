@@ -2,8 +2,9 @@
 wrapped by its SerdeL2AdapterWrapper (built from the --l2-adapter JSON a user writes), with a real L1 manager,
 stores and loads real-model KV chunks (both models, captured by the CLI; chunks of 256 tokens and a last one of
 40) bit for bit; the files on disk take BF16 bytes / object_ratio; corrupted, truncated and foreign objects are
-refused; many stores and loads run at once on LMCache's own serde worker threads. Also the serde alone: objects
-of their own size as small as `gaac stats` says, learning a calibration once, clear errors.
+refused; many stores and loads run at once on LMCache's own serde worker threads; a task of GPU chunks is coded as
+one batch. Also the serde alone: objects of their own size as small as `gaac stats` says, learning a calibration
+once, clear errors.
 
 Needs lmcache (tests/python/requirements.txt; skipped without it unless GAAC_REQUIRE_LMCACHE=1), the CLI (GAAC_CLI)
 and the models (scripts/fetch_models.py; GAAC_REQUIRE_MODELS=1 makes a missing one a failure), or, in their place,
@@ -361,3 +362,53 @@ def test_chunks_on_a_gpu_are_coded_there(tmp_path):
             bad[n // 2 + int(payload[0])] ^= 4
             with pytest.raises(gaac.GaacError, match="checksum mismatch"):
                 codec.decode(bad, back, "k", stream)
+
+
+def test_a_task_of_gpu_chunks_is_coded_as_one_batch(tmp_path):
+    """A task of chunks in GPU memory, as LMCache's wrapper hands the serde processor a store or a load: coded as one
+    batch (more chunks than the codec keeps in flight), each object the CPU's byte for byte, every chunk back bit for
+    bit; a load task with one object stored under another key fails (LMCache then recomputes), its error logged."""
+    m = lmcache_modules()
+    if not (gaac.cuda_available() and torch.cuda.is_available()):
+        pytest.skip("no CUDA device (or gaac built without CUDA)")
+    from lmcache.v1.memory_management import MemoryObjMetadata, TensorMemoryObj
+
+    def memory_obj(tensor):
+        raw = tensor.reshape(-1).view(torch.uint8)
+        meta = MemoryObjMetadata(shape=tensor.shape, dtype=tensor.dtype, address=0, phy_size=raw.numel(), ref_count=1,
+                                 shapes=[tensor.shape], dtypes=[tensor.dtype])
+        return TensorMemoryObj(raw, meta, None)
+
+    def finish(query, task):
+        deadline = time.monotonic() + 60
+        while (result := query(task)) is None:
+            assert time.monotonic() < deadline, f"task {task} did not finish"
+            time.sleep(0.001)
+        return result
+
+    for model in ("smollm2", "gemma3"):
+        full, _ = real_chunks(model)
+        chunks = [full[i % 2] for i in range(11)]  # 256 and 40 tokens in turn
+        path = calibration_file(tmp_path, model)
+        processor = m.serde.create_serde({"calibration": str(path), "object_ratio": 0})
+        assert isinstance(processor, m.serde.GaacSerdeProcessor)
+        try:
+            keys = [key_of(m, model, i) for i in range(len(chunks))]
+            srcs = [memory_obj(c.cuda()) for c in chunks]
+            dsts = [memory_obj(torch.zeros(processor.serde.codec().object_bytes(c.shape[2]), dtype=torch.uint8, device="cuda"))
+                    for c in chunks]
+            assert finish(processor.query_serialize_result, processor.submit_serialize(srcs, dsts, keys)) is True
+            codec = processor.serde.codec()
+            for chunk, dst, key in zip(chunks, dsts, keys):
+                expected = torch.empty(codec.object_bytes(chunk.shape[2]), dtype=torch.uint8)
+                n = codec.encode(chunk, expected, m.serde.object_key(key))
+                assert dst.get_size() == n
+                assert torch.equal(dst.tensor.cpu(), expected[:n]), "the batch's object differs from the CPU's"
+            backs = [torch.empty_like(c, device="cuda") for c in chunks]
+            outs = [memory_obj(b) for b in backs]
+            assert finish(processor.query_deserialize_result, processor.submit_deserialize(dsts, outs, keys)) is True
+            assert all(same(b.cpu(), c) for b, c in zip(backs, chunks))
+            swapped = keys[:-2] + [keys[-1], keys[-2]]
+            assert finish(processor.query_deserialize_result, processor.submit_deserialize(dsts, outs, swapped)) is False
+        finally:
+            processor.close()

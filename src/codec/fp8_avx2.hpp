@@ -264,11 +264,56 @@ inline __m256i read_codes_at(const uint8_t* stream) {
   return _mm256_and_si256(at, _mm256_set1_epi8(static_cast<char>(3 << M)));
 }
 
+#if defined(__GFNI__)
+/// vgf2p8affineqb's matrix operand (its qword four times) that moves bit From + k of every byte to bit To + k
+/// for k < Count and clears the others (result bit j is parity(qword byte 7 − j AND x)); with Sign, bit
+/// SignFrom also goes to bit 7.
+template <int From, int To, int Count, int SignFrom = -1>
+constexpr ByteControl kBitMove = [] {
+  uint64_t m = 0;
+  for (int k = 0; k < Count; ++k) m |= uint64_t{1} << (8 * (7 - (To + k)) + From + k);
+  if (SignFrom >= 0) m |= uint64_t{1} << SignFrom;  // byte 0 of the qword: result bit 7
+  ByteControl c{};
+  for (int d = 0; d < 32; ++d) c.bytes[static_cast<size_t>(d)] = static_cast<uint8_t>(m >> (8 * (d % 8)));
+  return c;
+}();
+
+/// kBitMove's product: one instruction in place of a shift and a mask (or, for E4M3, a shift, a mask and
+/// a table).
+template <int From, int To, int Count, int SignFrom = -1>
+inline __m256i move_bits(__m256i x) {
+  return _mm256_gf2p8affine_epi64_epi8(x, load(kBitMove<From, To, Count, SignFrom>), 0);
+}
+#endif
+
+/// The 2-bit codes of fragment register V at bits M, M + 1 of each byte, the other bits 0.
+template <int M, int V, bool Gfni>
+inline __m256i codes_of(const uint8_t* stream) {
+#if defined(__GFNI__)
+  if constexpr (Gfni) return move_bits<2 * (V % 4), M, 2>(load(stream + 32 * (V / 4)));
+#endif
+  return read_codes_at<M, V>(stream);
+}
+
 /// FP8 bytes from the exponents (already at bits M.., every one inside the format's range) and the
 /// stored fields of register V.
-template <class F, int V>
+template <class F, int V, bool Gfni>
 inline __m256i compose_fp8(const uint8_t* slot, __m256i exponent) {
   constexpr Fp8TileShape shape = F::kFp8Shape;
+#if defined(__GFNI__)
+  if constexpr (Gfni) {
+    if constexpr (F::kFormat == ElementFormat::e4m3) {
+      // The nibble [s m2 m1 m0] at bit 4·(V mod 2): m to bits 0..2, s to bit 7.
+      constexpr int kAt = 4 * (V % 2);
+      const __m256i nibbles = load(slot + shape.sign_mantissa_offset() + 32 * (V / 2));
+      return _mm256_or_si256(move_bits<kAt, 0, 3, kAt + 3>(nibbles), exponent);
+    } else {
+      const __m256i sign = move_bits<0, 0, 0, V % 8>(load(slot + shape.sign_mantissa_offset() + 32 * (V / 8)));
+      const __m256i mantissa = move_bits<2 * (V % 4), 0, 2>(load(slot + shape.mantissa_offset() + 32 * (V / 4)));
+      return _mm256_or_si256(_mm256_or_si256(sign, mantissa), exponent);
+    }
+  }
+#endif
   if constexpr (F::kFormat == ElementFormat::e4m3) {
     // sign+mantissa nibble [s m2 m1 m0] to s << 7 | m, by table.
     const __m256i table = _mm256_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, -128, -127, -126, -125, -124, -123, -122, -121,  //
@@ -438,7 +483,7 @@ void find_escape_planes(const uint8_t* tags, const uint8_t* escapes, const TagRo
 template <class F, bool Gfni, int V>
 inline __m256i exponents_of(const uint8_t* slot, const Fp8Bases<F>& bases, const EscapePlanes<F, Gfni>& planes) {
   constexpr int v = V, kM = mantissa_bits(F::kFormat);
-  const __m256i code = read_codes_at<kM, V>(slot + F::kFp8Shape.code_offset());
+  const __m256i code = codes_of<kM, V, Gfni>(slot + F::kFp8Shape.code_offset());
   constexpr unsigned p = V % 16, c = V / 16;
   constexpr unsigned row = 2 * p * F::kGroupsPerLane / 16;
   const __m256i pick = load(kFp8GroupPick<F>[2 * c + p % 2]);
@@ -471,7 +516,7 @@ inline __m256i exponents_of(const uint8_t* slot, const Fp8Bases<F>& bases, const
 
 template <class F, int V, bool Gfni>
 inline __m256i decode_register(const uint8_t* slot, const Fp8Bases<F>& bases, const EscapePlanes<F, Gfni>& rows) {
-  return compose_fp8<F, V>(slot, exponents_of<F, Gfni, V>(slot, bases, rows));
+  return compose_fp8<F, V, Gfni>(slot, exponents_of<F, Gfni, V>(slot, bases, rows));
 }
 
 template <class F, bool Gfni>

@@ -21,7 +21,9 @@
 // and GFNI). With GFNI (make_fp8_kernels<true>) the escape planes are stored as one 8×8 bit matrix
 // per group (its qword: plane k in the byte whose row is the exponent bit 2 + k), written per fragment
 // register, and one vgf2p8affineqb against byte i = 1 << i turns a register's four matrices into the
-// weighted plane bits of its 32 elements: 2 instructions a register instead of 6 per plane.
+// weighted plane bits of its 32 elements: 2 instructions a register instead of 6 per plane; and each
+// stream field (codes, signs, mantissas) is moved to its place by one affine against a constant matrix
+// (move_bits) instead of a shift and a mask.
 //
 // Encoding reads rows, permutes them to fragment order with the inverse networks, classifies each group
 // with vector compares and writes the streams; tags and escapes are written per group, as BF16's are.

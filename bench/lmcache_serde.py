@@ -11,9 +11,11 @@ Chunks of 256 tokens, [2, layers, 256, kv_heads * head_dim] bfloat16, as LMCache
                     (bench/gpu/bench_codecs.py's pairing); its calibration is SmolLM2's table rearranged the same way
 For each serde and chunk set: ratio (BF16 bytes / bytes stored), serialize and deserialize GB/s (of BF16), on
 the CPU with 1 and 4 threads (gaac's per-chunk threads, PyTorch's intra-op threads for fp8), and with --device cuda
-on the GPU, where gaac.ChunkCodec is also timed called directly ("gaac-codec": no LMCache objects, no wrapper). gaac's ratio is given for objects of their own size and for the fixed size LMCache's adapters need
-(object_ratio 1.38). Every lossless result is checked bit for bit before it is timed; fp8 is lossy (its error
-is reported). Times are the best of --repeats passes over all chunks of a set (serialize, then deserialize).
+on the GPU, where gaac.ChunkCodec is also timed called directly (no LMCache objects, no wrapper: "gaac-codec" one
+call a chunk, "gaac-batch" one encode_batch / decode_batch call of all the chunks), and where LMCache's wrapper hands
+gaac's processor one task of all the chunks ("gaac-task"). gaac's ratio is given for objects of their own size and
+for the fixed size LMCache's adapters need (object_ratio 1.38). Every lossless result is checked bit for bit before
+it is timed; fp8 is lossy (its error is reported). Times are the best of --repeats passes over all chunks of a set (serialize, then deserialize).
 
 End to end (--e2e-tokens, default 32,768: 128 chunks of the 8B geometry, 4 GiB of BF16): the chunks are put in
 LMCache's L1 manager and stored through its FSL2Adapter (one store task per 8 chunks, all submitted at once),
@@ -291,37 +293,50 @@ def kernel_times(run, calls):
     return sorted(((n, t / calls) for n, t in totals.items()), key=lambda r: -r[1])
 
 
-def time_codec(calibration, chunks, repeats, profile_kernels=False):
+def time_codec(calibration, chunks, repeats, profile_kernels=False, batch=False):
     """gaac.ChunkCodec called directly on CUDA chunks (no LMCache memory objects, no serde wrapper), timed as
-    time_serde times a serde: what the binding and the codec take, apart from the wrapper's Python. With
-    `profile_kernels`, also the GPU time of each of its kernels a call (encode_kernels_us, decode_kernels_us)."""
+    time_serde times a serde: what the binding and the codec take, apart from the wrapper's Python. One call a
+    chunk ("gaac-codec"), or with `batch` all the chunks in one encode_batch / decode_batch call each way
+    ("gaac-batch"). With `profile_kernels`, also the GPU time of each of its kernels a chunk (encode_kernels_us,
+    decode_kernels_us)."""
     codec = gaac.ChunkCodec(calibration)
     chunks = [c.cuda() for c in chunks]
     outs = [torch.zeros(codec.object_bytes(c.shape[2]), dtype=torch.uint8, device="cuda") for c in chunks]
     backs = [torch.zeros_like(c) for c in chunks]
     keys = [f"bench@{i}" for i in range(len(chunks))]
     stream = torch.cuda.current_stream().cuda_stream
-    written = [codec.encode(c, o, k, stream) for c, o, k in zip(chunks, outs, keys)]
-    for o, b, k in zip(outs, backs, keys):
-        codec.decode(o, b, k, stream)
+    label = "gaac-batch" if batch else "gaac-codec"
+
+    def encode_all():
+        if batch:
+            return codec.encode_batch(chunks, outs, keys, stream)
+        return [codec.encode(c, o, k, stream) for c, o, k in zip(chunks, outs, keys)]
+
+    def decode_all():
+        if batch:
+            codec.decode_batch(outs, backs, keys, stream)
+        else:
+            for o, b, k in zip(outs, backs, keys):
+                codec.decode(o, b, k, stream)
+
+    written = encode_all()
+    decode_all()
     torch.cuda.synchronize()
     if any(not torch.equal(b.view(torch.int16), c.view(torch.int16)) for b, c in zip(backs, chunks)):
-        raise RuntimeError("gaac codec: a chunk did not come back bit for bit")
+        raise RuntimeError(f"{label}: a chunk did not come back bit for bit")
     best_s = best_d = float("inf")
     for _ in range(repeats):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
-        for c, o, k in zip(chunks, outs, keys):
-            codec.encode(c, o, k, stream)
+        encode_all()
         torch.cuda.synchronize()
         t1 = time.perf_counter()
-        for o, b, k in zip(outs, backs, keys):
-            codec.decode(o, b, k, stream)
+        decode_all()
         torch.cuda.synchronize()
         t2 = time.perf_counter()
         best_s, best_d = min(best_s, t1 - t0), min(best_d, t2 - t1)
     bf16 = sum(c.numel() * 2 for c in chunks)
-    result = {"serde": "gaac-codec", "device": "cuda", "ratio": bf16 / sum(written), "stored_bytes": sum(written),
+    result = {"serde": label, "device": "cuda", "ratio": bf16 / sum(written), "stored_bytes": sum(written),
               "bf16_bytes": bf16, "chunk_shape": list(chunks[0].shape), "serialize_gbps": bf16 / best_s / 1e9,
               "deserialize_gbps": bf16 / best_d / 1e9, "max_abs_error": 0.0}
     if profile_kernels:
@@ -330,20 +345,18 @@ def time_codec(calibration, chunks, repeats, profile_kernels=False):
 
         def encodes():
             for _ in range(passes):
-                for c, o, k in zip(chunks, outs, keys):
-                    codec.encode(c, o, k, stream)
+                encode_all()
             torch.cuda.synchronize()
 
         def decodes():
             for _ in range(passes):
-                for o, b, k in zip(outs, backs, keys):
-                    codec.decode(o, b, k, stream)
+                decode_all()
             torch.cuda.synchronize()
 
-        for label, run in (("encode", encodes), ("decode", decodes)):
+        for what, run in (("encode", encodes), ("decode", decodes)):
             times = kernel_times(run, calls)
-            result[f"{label}_kernels_us"] = dict(times)
-            log(f"gaac-codec {label}: {sum(t for _, t in times):.1f} µs of GPU work a call: "
+            result[f"{what}_kernels_us"] = dict(times)
+            log(f"{label} {what}: {sum(t for _, t in times):.1f} µs of GPU work a chunk: "
                 + ", ".join(f"{n} {t:.1f}" for n, t in times))
     return result
 
@@ -548,11 +561,13 @@ def main():
                 f"deserialize {r['deserialize_gbps']:.1f} GB/s  ({len(chunks)} chunks a task, as LMCache's wrapper hands them)")
             if args.profile_serde:
                 profile_serde(name, *gaac_pair(calibration, 1, 0), chunks)
-            r = time_codec(calibration, chunks, args.repeats, args.profile_serde)
-            r.update(chunks=name)
-            results["serdes"].append(r)
-            log(f"{name:8s} gaac-codec       cuda: ratio {r['ratio']:.4f}  serialize {r['serialize_gbps']:.1f} GB/s  "
-                f"deserialize {r['deserialize_gbps']:.1f} GB/s  (gaac.ChunkCodec called directly)")
+            for batch in (False, True):
+                r = time_codec(calibration, chunks, args.repeats, args.profile_serde, batch)
+                r.update(chunks=name)
+                results["serdes"].append(r)
+                how = f"one encode_batch / decode_batch of {len(chunks)} chunks" if batch else "one call a chunk"
+                log(f"{name:8s} {r['serde']:16s} cuda: ratio {r['ratio']:.4f}  serialize {r['serialize_gbps']:.1f} GB/s  "
+                    f"deserialize {r['deserialize_gbps']:.1f} GB/s  (gaac.ChunkCodec called directly, {how})")
             r = time_nvcomp(chunks, args.repeats)
             if r is None:
                 log("nvCOMP: the nvidia.nvcomp package is not installed; skipped")

@@ -441,9 +441,9 @@ GAAC_API std::vector<uint8_t> snapshot_image(const KvDump& dump, const Calibrati
 /// warp's; the escape stream is placed by a scan; the checksums are computed on the device, four
 /// threads per 4 KiB piece. Thread-safe: calls from many threads (on their own streams) run at once.
 /// Each chunk in flight works in device memory the codec keeps for later calls (one workspace per chunk
-/// being coded, as large as the largest chunk's needs; freed with the codec). The batch calls enqueue
-/// the work of up to kChunksInFlight chunks before they wait, so the GPU runs them back to back and a
-/// batch pays the host's wait once per kChunksInFlight chunks, not once a chunk.
+/// being coded, as large as the largest chunk's needs; freed with the codec). The batch calls code up
+/// to kChunksInFlight chunks in the same launches (a chunk a row of each grid) and wait once for them:
+/// a batch pays the launches and the host's wait once per kChunksInFlight chunks, not once a chunk.
 class GAAC_API ChunkCodec {
  public:
   /// A codec for `calibration`'s chunks on the current device (its bases copied there);

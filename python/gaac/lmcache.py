@@ -225,8 +225,8 @@ class GaacDeserializer(Deserializer):
 
 class GaacSerdeProcessor(AsyncSerdeProcessor):
     """LMCache's AsyncSerdeProcessor around GaacSerializer / GaacDeserializer, except that a task whose chunks and
-    buffers are all in one GPU's memory is coded as one batch there (GaacSerde.serialize_batch): the GPU runs the
-    chunks back to back and the host waits once per 8 chunks, not once a chunk. Other tasks are LMCache's."""
+    buffers are all in one GPU's memory is coded as one batch there (GaacSerde.serialize_batch): up to 8 chunks
+    share each of the codec's launches and the host waits once for them, not once a chunk. Other tasks are LMCache's."""
 
     def __init__(self, serde: GaacSerde, max_workers: int = 1):
         super().__init__(GaacSerializer(serde), GaacDeserializer(serde), max_workers=max_workers)

@@ -210,8 +210,8 @@ void bind_chunk(nb::module_& m) {
 #endif
           },
           "chunks"_a, "outs"_a, "keys"_a, "stream"_a = 0,
-          "encode() of CUDA chunks[i] under keys[i] into outs[i], the GPU's work of several chunks enqueued before the "
-          "host waits for them (once per 8 chunks, not once a chunk); returns the objects' sizes.")
+          "encode() of CUDA chunks[i] under keys[i] into outs[i], up to 8 chunks coded by the same launches and "
+          "waited for once (not once a chunk); returns the objects' sizes.")
       .def(
           "decode_batch",
           [](Codecs& c, const std::vector<ReadArray>& objects, const std::vector<nb::ndarray<>>& chunks,

@@ -6,8 +6,8 @@
 //
 // Encode, on one stream: every tile encoded by one warp, its fixed part in place, its escapes (or a raw
 // tile's bytes past the fixed part) into a scratch place of its own, its stream size counted; in the
-// same launch, a block per section writes the maps' padding, the tails and the metadata; one block scans the sizes (every tile's place in the
-// escape section), writes the index and the object's size; every tile's escapes are copied to their
+// same launch, a block per section writes the maps' padding, the tails and the metadata; one block
+// scans the sizes (every tile's place in the escape section), writes the index and the object's size; every tile's escapes are copied to their
 // place and the rest of the section zeroed; four threads (a quad) hash each 4 KiB checksum piece; one
 // block combines them per section and writes the table and the header. Five launches and one copy.
 //
@@ -19,6 +19,10 @@
 // padding byte. Seven launches and one copy. Any problem sets a status bit;
 // then the object is copied to the host and read by the CPU decoder, whose message (the same as on the
 // CPU) is what is thrown.
+//
+// Up to kChunksInFlight chunks share those launches (Batch: a chunk a row of the grid, blockIdx.y), and
+// the host waits once for them all: a batch's one-block kernels (the scans, the headers) run side by
+// side instead of one after another, and the small chunks' launches are paid once, not once a chunk.
 #include <cuda_runtime.h>
 
 #include <algorithm>
@@ -90,6 +94,14 @@ struct Args {
   uint64_t* hashes = nullptr;
   uint64_t* section_sums = nullptr;
   uint64_t* result = nullptr;  ///< [0] escape bytes, [1] status, [2] object bytes
+};
+
+/// The chunks one launch codes: up to kChunksInFlight, chunk blockIdx.y's arguments and metadata. A kernel
+/// parameter (__grid_constant__: read where it lies, never copied per thread); a launch's x extent is the
+/// largest any of its chunks needs, and the blocks past a chunk's own return.
+struct Batch {
+  Args args[ChunkCodec::kChunksInFlight];
+  Metadata meta[ChunkCodec::kChunksInFlight];
 };
 
 __device__ __forceinline__ uint64_t pieces_of(uint64_t bytes) { return (bytes + kPieceBytes - 1) / kPieceBytes; }
@@ -211,10 +223,12 @@ __device__ __forceinline__ uint64_t tile_blocks(const Args& a) { return (a.tiles
 
 /// A warp per tile (tile_blocks() blocks), then a block per fill_section (2L + 1 blocks).
 template <int C, int P>
-__global__ void __launch_bounds__(kWarps * 32) encode_tiles_kernel(const Args a, const Metadata meta) {
+__global__ void __launch_bounds__(kWarps * 32) encode_tiles_kernel(const __grid_constant__ Batch b) {
+  const Args& a = b.args[blockIdx.y];
   __shared__ __align__(16) uint16_t staged[kWarps][kTileTokens * lane::kStagedRow<C>];
   if (blockIdx.x >= tile_blocks(a)) {
-    fill_section(a, meta, static_cast<uint32_t>(blockIdx.x - tile_blocks(a)));
+    const uint64_t s = blockIdx.x - tile_blocks(a);
+    if (s <= static_cast<uint64_t>(2 * a.layers)) fill_section(a, b.meta[blockIdx.y], static_cast<uint32_t>(s));
     return;
   }
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
@@ -290,7 +304,8 @@ __device__ void scan_sizes(const Args& a) {
 
 /// One block: the tiles' places in the escape stream, the index (where each tensor section's escapes
 /// start: its first tile's offset), the object's end and the result words.
-__global__ void __launch_bounds__(kScanThreads) place_streams_kernel(const Args a) {
+__global__ void __launch_bounds__(kScanThreads) place_streams_kernel(const __grid_constant__ Batch b) {
+  const Args& a = b.args[blockIdx.y];
   scan_sizes(a);
   const uint64_t total = stream_total(a);
   const uint64_t end = a.fixed_end != 0 ? a.fixed_end : a.escape_offset + (total + 63) / 64 * 64;
@@ -306,7 +321,8 @@ __global__ void __launch_bounds__(kScanThreads) place_streams_kernel(const Args 
 
 /// Copies each tile's stream bytes (a warp per tile) to its place in the escape section and zeroes the
 /// section after the streams (every thread of the grid); nothing for an object too large (refused).
-__global__ void __launch_bounds__(kWarps * 32) place_escapes_kernel(const Args a) {
+__global__ void __launch_bounds__(kWarps * 32) place_escapes_kernel(const __grid_constant__ Batch b) {
+  const Args& a = b.args[blockIdx.y];
   if (a.result[1] != 0) return;
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const uint64_t g = static_cast<uint64_t>(blockIdx.x) * kWarps + warp;
@@ -351,8 +367,9 @@ __device__ void piece_bytes(const Args& a, uint64_t p, uint64_t end, uint64_t& f
 }
 
 /// A quad of lanes per piece of every section (the object's end from result[2]).
-__global__ void __launch_bounds__(kHashThreads) hash_pieces_kernel(const Args a) {
-  if (a.result[1] != 0) return;
+__global__ void __launch_bounds__(kHashThreads) hash_pieces_kernel(const __grid_constant__ Batch b) {
+  const Args& a = b.args[blockIdx.y];
+  if (a.result[1] != 0 || static_cast<uint64_t>(blockIdx.x) * (blockDim.x / 4) >= a.max_pieces) return;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const uint64_t p = (static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 4;
   uint64_t from = 0, length = 0;
@@ -382,7 +399,8 @@ __device__ uint64_t table_checksum(const Args& a) {
 }
 
 /// One block: section checksums, the table and the header.
-__global__ void write_header_kernel(const Args a) {
+__global__ void write_header_kernel(const __grid_constant__ Batch b) {
+  const Args& a = b.args[blockIdx.y];
   if (a.result[1] != 0) return;
   const uint64_t end = a.result[2];
   combine_sections(a, end);
@@ -416,7 +434,9 @@ __global__ void write_header_kernel(const Args a) {
 
 /// One block: the header, the table against the layout, the metadata byte for byte. Sets result[2]
 /// (the object's size) and kBadHeader.
-__global__ void check_header_kernel(const Args a, const Metadata meta) {
+__global__ void check_header_kernel(const __grid_constant__ Batch b) {
+  const Args& a = b.args[blockIdx.y];
+  const Metadata& meta = b.meta[blockIdx.y];
   __shared__ int bad;
   __shared__ uint64_t end;
   const uint64_t table_sum = threadIdx.x < 32 ? table_checksum(a) : 0;
@@ -452,7 +472,8 @@ __global__ void check_header_kernel(const Args a, const Metadata meta) {
 }
 
 /// One block: the section checksums against the table.
-__global__ void check_checksums_kernel(const Args a) {
+__global__ void check_checksums_kernel(const __grid_constant__ Batch b) {
+  const Args& a = b.args[blockIdx.y];
   if (a.result[1] != 0) return;
   combine_sections(a, a.result[2]);
   __syncthreads();
@@ -464,7 +485,8 @@ __global__ void check_checksums_kernel(const Args a) {
 /// Thread per tile: its stream bytes from the map and its tags; refuses unknown map bytes, tag 3 and
 /// more escapes than a tile may have.
 template <int C, int P>
-__global__ void count_streams_kernel(const Args a) {
+__global__ void count_streams_kernel(const __grid_constant__ Batch b) {
+  const Args& a = b.args[blockIdx.y];
   const uint64_t g = static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
   if (g >= a.tiles) return;
   const TileAt t = tile_at<P>(a, g);
@@ -488,7 +510,8 @@ __global__ void count_streams_kernel(const Args a) {
 
 /// One block: the tiles' places in the escape stream; the streams fit the section and the index is
 /// where they start.
-__global__ void __launch_bounds__(kScanThreads) check_streams_kernel(const Args a) {
+__global__ void __launch_bounds__(kScanThreads) check_streams_kernel(const __grid_constant__ Batch b) {
+  const Args& a = b.args[blockIdx.y];
   if (a.result[1] != 0) return;
   scan_sizes(a);
   bool bad = a.escape_offset + stream_total(a) > a.result[2];
@@ -504,7 +527,8 @@ __global__ void __launch_bounds__(kScanThreads) check_streams_kernel(const Args 
 constexpr unsigned kMaxZeroCheckBlocks = 264;
 
 /// The escape section's bytes after the streams are zero.
-__global__ void check_escapes_kernel(const Args a) {
+__global__ void check_escapes_kernel(const __grid_constant__ Batch b) {
+  const Args& a = b.args[blockIdx.y];
   if (a.result[1] != 0) return;
   bool nonzero = false;
   for (uint64_t i = a.escape_offset + stream_total(a) + static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x; i < a.result[2];
@@ -541,13 +565,15 @@ __device__ void finish_section(const Args& a, uint32_t s) {
 
 /// A warp per tile (tile_blocks() blocks), then a block per finish_section (2L + 1 blocks).
 template <int C, int P>
-__global__ void __launch_bounds__(kWarps * 32) decode_tiles_kernel(const Args a) {
+__global__ void __launch_bounds__(kWarps * 32) decode_tiles_kernel(const __grid_constant__ Batch b) {
+  const Args& a = b.args[blockIdx.y];
   constexpr int kEscapeRoom = 1216 + 32;  // the most a tile has, and the decoder's read-ahead
   __shared__ __align__(16) uint16_t tiles[kWarps][kTileTokens * kRow<C>];
   __shared__ __align__(16) uint8_t escapes[kWarps][kEscapeRoom];
   if (a.result[1] != 0) return;
   if (blockIdx.x >= tile_blocks(a)) {
-    finish_section(a, static_cast<uint32_t>(blockIdx.x - tile_blocks(a)));
+    const uint64_t s = blockIdx.x - tile_blocks(a);
+    if (s <= static_cast<uint64_t>(2 * a.layers)) finish_section(a, static_cast<uint32_t>(s));
     return;
   }
   const int warp = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
@@ -805,6 +831,51 @@ unsigned tile_and_section_blocks(const Args& a) {
   return static_cast<unsigned>((a.tiles + kWarps - 1) / kWarps + 2 * static_cast<uint64_t>(a.layers) + 1);
 }
 
+/// The grid of a launch over the batch's first `count` chunks: the most blocks `blocks(args)` gives any
+/// of them across, a chunk a row.
+template <class Blocks>
+dim3 batch_grid(const Batch& b, size_t count, Blocks blocks) {
+  unsigned x = 1;
+  for (size_t k = 0; k < count; ++k) x = std::max(x, static_cast<unsigned>(blocks(b.args[k])));
+  return {x, static_cast<unsigned>(count)};
+}
+
+/// The encode's five launches for the batch's first `count` chunks (head dimension `head_dim`).
+void launch_encode(const Batch& b, size_t count, int head_dim, cudaStream_t stream, const char* what) {
+  const auto one = [](const Args&) { return 1u; };
+  detail::with_head_shape(head_dim, what, [&]<int C, int P>() {
+    encode_tiles_kernel<C, P><<<batch_grid(b, count, tile_and_section_blocks), kWarps * 32, 0, stream>>>(b);
+  });
+  place_streams_kernel<<<batch_grid(b, count, one), kScanThreads, 0, stream>>>(b);
+  place_escapes_kernel<<<batch_grid(b, count, [](const Args& a) { return blocks_for(a.tiles, kWarps); }), kWarps * 32, 0, stream>>>(b);
+  hash_pieces_kernel<<<batch_grid(b, count, [](const Args& a) { return blocks_for(a.max_pieces, kHashThreads / 4); }), kHashThreads, 0,
+                       stream>>>(b);
+  write_header_kernel<<<batch_grid(b, count, one), kHeaderThreads, 0, stream>>>(b);
+  check(cudaGetLastError(), std::string(what) + " launch");
+}
+
+/// The decode's seven launches for the batch's first `count` chunks.
+void launch_decode(const Batch& b, size_t count, int head_dim, cudaStream_t stream, const char* what) {
+  const auto one = [](const Args&) { return 1u; };
+  check_header_kernel<<<batch_grid(b, count, one), 256, 0, stream>>>(b);
+  hash_pieces_kernel<<<batch_grid(b, count, [](const Args& a) { return blocks_for(a.max_pieces, kHashThreads / 4); }), kHashThreads, 0,
+                       stream>>>(b);
+  check_checksums_kernel<<<batch_grid(b, count, one), kHeaderThreads, 0, stream>>>(b);
+  detail::with_head_shape(head_dim, what, [&]<int C, int P>() {
+    count_streams_kernel<C, P><<<batch_grid(b, count, [](const Args& a) { return blocks_for(a.tiles, 128); }), 128, 0, stream>>>(b);
+  });
+  check_streams_kernel<<<batch_grid(b, count, one), kScanThreads, 0, stream>>>(b);
+  check_escapes_kernel<<<batch_grid(b, count,
+                                    [](const Args& a) {
+                                      return std::min(blocks_for(a.buffer_bytes - a.escape_offset, 256 * 8), kMaxZeroCheckBlocks);
+                                    }),
+                         256, 0, stream>>>(b);
+  detail::with_head_shape(head_dim, what, [&]<int C, int P>() {
+    decode_tiles_kernel<C, P><<<batch_grid(b, count, tile_and_section_blocks), kWarps * 32, 0, stream>>>(b);
+  });
+  check(cudaGetLastError(), std::string(what) + " launch");
+}
+
 }  // namespace
 
 size_t ChunkCodec::encode(const ChunkView& chunk, std::string_view key, uint8_t* out, size_t out_bytes, Stream stream) const {
@@ -821,10 +892,12 @@ std::vector<size_t> ChunkCodec::encode_batch(std::span<const ChunkView> chunks, 
   }
   std::vector<size_t> sizes(chunks.size());
   std::vector<std::unique_ptr<WorkspaceLease>> leases;
+  const auto batch = std::make_unique<Batch>();  // several KiB: not on the stack
   for (size_t first = 0; first < chunks.size(); first += kChunksInFlight) {
     const size_t count = std::min(kChunksInFlight, chunks.size() - first);
     leases.clear();
-    for (size_t i = first; i < first + count; ++i) {
+    for (size_t k = 0; k < count; ++k) {
+      const size_t i = first + k;
       const ChunkView& chunk = chunks[i];
       if (chunk.geometry != s.host.geometry(chunk.geometry.tokens)) {
         throw Error(std::string(what) + ": chunk of " + chunk.geometry.describe() + " does not match the calibration's geometry (" +
@@ -836,21 +909,15 @@ std::vector<size_t> ChunkCodec::encode_batch(std::span<const ChunkView> chunks, 
         throw Error(std::string(what) + ": output of " + std::to_string(out_bytes[i]) + " bytes is smaller than the " +
                     std::to_string(object_bytes) + " a chunk object of " + layout.geometry.describe() + " may take");
       }
-      Args a = make_args(chunk, layout, s.geometry, outs[i], object_bytes, what);
+      Args& a = batch->args[k];
+      a = make_args(chunk, layout, s.geometry, outs[i], object_bytes, what);
       a.fixed_end = s.host.options().object_ratio != 0 ? object_bytes : 0;
       a.lane_bases = s.current_lane_bases();
-      const Metadata meta = metadata_of(chunk_metadata(layout.geometry, s.host.calibration_id(), chunk_key_id(keys[i])));
+      batch->meta[k] = metadata_of(chunk_metadata(layout.geometry, s.host.calibration_id(), chunk_key_id(keys[i])));
       leases.push_back(std::make_unique<WorkspaceLease>(s.workspaces, a, true, stream));
-      detail::with_head_shape(layout.geometry.head_dim, what, [&]<int C, int P>() {
-        encode_tiles_kernel<C, P><<<tile_and_section_blocks(a), kWarps * 32, 0, stream>>>(a, meta);
-      });
-      place_streams_kernel<<<1, kScanThreads, 0, stream>>>(a);
-      place_escapes_kernel<<<blocks_for(a.tiles, kWarps), kWarps * 32, 0, stream>>>(a);
-      hash_pieces_kernel<<<blocks_for(a.max_pieces, kHashThreads / 4), kHashThreads, 0, stream>>>(a);
-      write_header_kernel<<<1, kHeaderThreads, 0, stream>>>(a);
-      check(cudaGetLastError(), std::string(what) + " launch");
-      leases.back()->copy_result(a);
     }
+    launch_encode(*batch, count, s.geometry.head_dim, stream, what);
+    for (size_t k = 0; k < count; ++k) leases[k]->copy_result(batch->args[k]);
     check(cudaStreamSynchronize(stream), what);
     for (size_t i = first; i < first + count; ++i) {
       const uint64_t* result = leases[i - first]->result();
@@ -897,10 +964,12 @@ void ChunkCodec::decode_batch(std::span<const uint8_t* const> objects, std::span
     }
   };
   std::vector<std::unique_ptr<WorkspaceLease>> leases;
+  const auto batch = std::make_unique<Batch>();
   for (size_t first = 0; first < objects.size(); first += kChunksInFlight) {
     const size_t count = std::min(kChunksInFlight, objects.size() - first);
     leases.clear();
-    for (size_t i = first; i < first + count; ++i) {
+    for (size_t k = 0; k < count; ++k) {
+      const size_t i = first + k;
       const MutableChunkView& chunk = chunks[i];
       if (chunk.geometry != s.host.geometry(chunk.geometry.tokens)) {
         throw Error(std::string(what) + ": destination of " + chunk.geometry.describe() +
@@ -908,25 +977,14 @@ void ChunkCodec::decode_batch(std::span<const uint8_t* const> objects, std::span
       }
       const ChunkLayout layout = chunk_layout(chunk.geometry);
       if (object_bytes[i] < layout.escape_offset) host_verdict(i, "an object shorter than its fixed parts");
-      Args a = make_args(chunk, layout, s.geometry, const_cast<uint8_t*>(objects[i]), object_bytes[i], what);
+      Args& a = batch->args[k];
+      a = make_args(chunk, layout, s.geometry, const_cast<uint8_t*>(objects[i]), object_bytes[i], what);
       a.lane_bases = s.current_lane_bases();
-      const Metadata meta = metadata_of(chunk_metadata(layout.geometry, s.host.calibration_id(), chunk_key_id(keys[i])));
+      batch->meta[k] = metadata_of(chunk_metadata(layout.geometry, s.host.calibration_id(), chunk_key_id(keys[i])));
       leases.push_back(std::make_unique<WorkspaceLease>(s.workspaces, a, false, stream));
-      check_header_kernel<<<1, 256, 0, stream>>>(a, meta);
-      hash_pieces_kernel<<<blocks_for(a.max_pieces, kHashThreads / 4), kHashThreads, 0, stream>>>(a);
-      check_checksums_kernel<<<1, kHeaderThreads, 0, stream>>>(a);
-      detail::with_head_shape(layout.geometry.head_dim, what, [&]<int C, int P>() {
-        if (a.tiles > 0) count_streams_kernel<C, P><<<blocks_for(a.tiles, 128), 128, 0, stream>>>(a);
-      });
-      check_streams_kernel<<<1, kScanThreads, 0, stream>>>(a);
-      check_escapes_kernel<<<std::min(blocks_for(object_bytes[i] - layout.escape_offset, 256 * 8), kMaxZeroCheckBlocks), 256, 0,
-                             stream>>>(a);
-      detail::with_head_shape(layout.geometry.head_dim, what, [&]<int C, int P>() {
-        decode_tiles_kernel<C, P><<<tile_and_section_blocks(a), kWarps * 32, 0, stream>>>(a);
-      });
-      check(cudaGetLastError(), std::string(what) + " launch");
-      leases.back()->copy_result(a);
     }
+    launch_decode(*batch, count, s.geometry.head_dim, stream, what);
+    for (size_t k = 0; k < count; ++k) leases[k]->copy_result(batch->args[k]);
     check(cudaStreamSynchronize(stream), what);
     for (size_t i = first; i < first + count; ++i) {
       const uint64_t status = leases[i - first]->result()[1];

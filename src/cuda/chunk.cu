@@ -207,13 +207,16 @@ __device__ __forceinline__ void load_base_words(const Args& a, const TileAt& t, 
   }
 }
 
-/// Encodes the staged tile t (Key: its kind) to its fixed place and its escapes to `escapes`, as
-/// lane::encode_staged_tile_with; returns its escape bytes.
-template <int C, bool Key>
-__device__ __forceinline__ uint32_t encode_tile(const Args& a, const TileAt& t, const uint16_t* staged, uint8_t* fixed,
-                                                uint8_t* escapes, int lane) {
+/// Stages tile t (Key: its kind) and encodes it to its fixed place and its escapes to `escapes`, as
+/// lane::encode_staged_tile_with; returns its escape bytes. The lane's base words are loaded before
+/// the rows are staged, so that both loads are in flight at once.
+template <int C, int P, bool Key>
+__device__ __forceinline__ uint32_t stage_and_encode_tile(const Args& a, const TileAt& t, uint16_t* staged, uint8_t* fixed,
+                                                          uint8_t* escapes, int lane) {
   uint32_t b3[lane::kBaseWords<C, Key>], b4[lane::kBaseWords<C, Key>];
   load_base_words<C, Key>(a, t, lane, b3, b4);
+  lane::stage_rows<C>(tile_origin<C, P>(a, t), a.token_stride, 0, kTileTokens, staged, lane);
+  __syncwarp();
   return lane::encode_staged_tile_with<C, Key>(
       staged, [&](int w) { return b3[w]; }, [&](int w) { return b4[w]; }, a.max_escapes, fixed, escapes, false, lane);
 }
@@ -235,12 +238,10 @@ __global__ void __launch_bounds__(kWarps * 32) encode_tiles_kernel(const __grid_
   const uint64_t g = static_cast<uint64_t>(blockIdx.x) * kWarps + warp;
   if (g >= a.tiles) return;
   const TileAt t = tile_at<P>(a, g);
-  lane::stage_rows<C>(tile_origin<C, P>(a, t), a.token_stride, 0, kTileTokens, staged[warp], lane);
-  __syncwarp();
   uint8_t* fixed = t.section + a.map_bytes + t.tile * a.fixed_bytes;
   uint8_t* escapes = a.scratch + g * a.scratch_stride;
-  const uint32_t total = t.key ? encode_tile<C, true>(a, t, staged[warp], fixed, escapes, lane)
-                               : encode_tile<C, false>(a, t, staged[warp], fixed, escapes, lane);
+  const uint32_t total = t.key ? stage_and_encode_tile<C, P, true>(a, t, staged[warp], fixed, escapes, lane)
+                               : stage_and_encode_tile<C, P, false>(a, t, staged[warp], fixed, escapes, lane);
   const bool raw = total > a.max_escapes;
   if (raw) {  // the raw rows: the first fixed_bytes in place, the rest to the stream
     constexpr int kPieces = C * 2 / 16;

@@ -22,16 +22,24 @@ namespace gaac::cuda::lane {
 template <int C>
 inline constexpr int kStagedRow = C + 8;
 
-/// Copies rows `first .. first + count - 1` of a tile (row-major, `C` BF16 each, 16-byte aligned,
-/// consecutive rows `src_stride` elements apart) into the staged tile, all lanes of the warp.
+/// Copies rows `first .. first + count - 1` (first + count ≤ 16) of a tile (row-major, `C` BF16 each,
+/// 16-byte aligned, consecutive rows `src_stride` elements apart) into the staged tile, all lanes of
+/// the warp. A lane issues all its loads before its first store: one memory round trip a tile.
 template <int C>
 __device__ __forceinline__ void stage_rows(const uint16_t* src, size_t src_stride, int first, int count, uint16_t* staged,
                                            int lane) {
-  constexpr int kPieces = C * 2 / 16;  // 16-byte pieces per row
-  for (int i = lane; i < count * kPieces; i += 32) {
-    const int row = i / kPieces, piece = i % kPieces;
-    *reinterpret_cast<uint4*>(staged + (first + row) * kStagedRow<C> + piece * 8) =
-        *reinterpret_cast<const uint4*>(src + static_cast<size_t>(row) * src_stride + piece * 8);
+  constexpr int kPieces = C * 2 / 16;                   // 16-byte pieces per row
+  constexpr int kPerLane = kTileTokens * kPieces / 32;  // a whole tile's pieces per lane
+  uint4 pieces[kPerLane];
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) {
+    const int i = lane + 32 * k, row = i / kPieces, piece = i % kPieces;
+    if (i < count * kPieces) pieces[k] = *reinterpret_cast<const uint4*>(src + static_cast<size_t>(row) * src_stride + piece * 8);
+  }
+#pragma unroll
+  for (int k = 0; k < kPerLane; ++k) {
+    const int i = lane + 32 * k, row = i / kPieces, piece = i % kPieces;
+    if (i < count * kPieces) *reinterpret_cast<uint4*>(staged + (first + row) * kStagedRow<C> + piece * 8) = pieces[k];
   }
 }
 

@@ -145,8 +145,7 @@ def serde_objects(serializer, chunks, device):
     chunks = [c.to(device) for c in chunks]
     size = serializer.estimate_serialized_size(MemoryLayoutDesc(shapes=[chunks[0].shape], dtypes=[chunks[0].dtype]))
     srcs = [memory_obj(c) for c in chunks]
-    buffers = [torch.zeros(size, dtype=torch.uint8, device=device) for _ in chunks]
-    dsts = []
+    dsts = [memory_obj(torch.zeros(size, dtype=torch.uint8, device=device)) for _ in chunks]
     backs = [torch.zeros_like(c) for c in chunks]
     return chunks, srcs, dsts, backs, [memory_obj(b) for b in backs], [key_of(i) for i in range(len(chunks))]
 

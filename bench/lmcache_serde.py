@@ -183,9 +183,10 @@ def time_serde(name, serializer, deserializer, chunks, device, repeats, lossless
             "max_abs_error": error}
 
 
-def time_tasks(name, processor, chunks, device, repeats):
+def time_tasks(name, processor, chunks, device, repeats, profile_kernels=False):
     """Ratio, serialize and deserialize GB/s of a SerdeProcessor given all the chunks as one task each way, as
-    LMCache's serde wrapper hands it a store or load task (submit, then wait for the result)."""
+    LMCache's serde wrapper hands it a store or load task (submit, then wait for the result). With
+    `profile_kernels` (CUDA), also where a task's time goes (serialize_call_us, deserialize_call_us: call_phases)."""
     from lmcache.v1.distributed.api import MemoryLayoutDesc
 
     size = processor.estimate_serialized_size(MemoryLayoutDesc(shapes=[chunks[0].shape], dtypes=[chunks[0].dtype]))
@@ -230,9 +231,20 @@ def time_tasks(name, processor, chunks, device, repeats):
         t2 = time.perf_counter()
         best_s, best_d = min(best_s, t1 - t0), min(best_d, t2 - t1)
     bf16 = sum(c.numel() * 2 for c in chunks)
-    return {"serde": name, "device": device, "ratio": bf16 / stored, "stored_bytes": stored, "bf16_bytes": bf16,
-            "chunk_shape": list(chunks[0].shape), "serialize_gbps": bf16 / best_s / 1e9,
-            "deserialize_gbps": bf16 / best_d / 1e9, "max_abs_error": 0.0}
+    result = {"serde": name, "device": device, "ratio": bf16 / stored, "stored_bytes": stored, "bf16_bytes": bf16,
+              "chunk_shape": list(chunks[0].shape), "serialize_gbps": bf16 / best_s / 1e9,
+              "deserialize_gbps": bf16 / best_d / 1e9, "max_abs_error": 0.0}
+    if profile_kernels:
+        passes = 5
+        for what, task in (("serialize", serialize), ("deserialize", deserialize)):
+            def tasks():
+                for _ in range(passes):
+                    task()
+                sync(device)
+            _, phases = kernel_times(tasks, passes * len(chunks))
+            result[f"{what}_call_us"] = phases
+            log(f"{name} {what}: a task, µs: " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()))
+    return result
 
 
 def profile_serde(name, serializer, deserializer, chunks, passes=20):
@@ -275,10 +287,11 @@ def fp8_pair():
 
 def kernel_times(run, calls):
     """The GPU's work in `run()` (which makes `calls` codec calls), by kernel and copy: [(name, µs a call)]
-    from PyTorch's profiler (CUPTI sees every kernel of the process, gaac's among them), costliest first."""
+    from PyTorch's profiler (CUPTI sees every kernel of the process, gaac's among them), costliest first;
+    and where each call's wall time goes (call_phases)."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         run()
     path = os.path.join(tempfile.mkdtemp(prefix="gaac-trace-"), "trace.json")
     prof.export_chrome_trace(path)
@@ -289,7 +302,31 @@ def kernel_times(run, calls):
         if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset"):
             name = e["name"].replace("(anonymous namespace)::", "").split("(")[0].split("<")[0].split("::")[-1]
             totals[name] = totals.get(name, 0.0) + float(e.get("dur", 0.0))
-    return sorted(((n, t / calls) for n, t in totals.items()), key=lambda r: -r[1])
+    return sorted(((n, t / calls) for n, t in totals.items()), key=lambda r: -r[1]), call_phases(events)
+
+
+def call_phases(events):
+    """Where a codec call's wall time goes, from a profiler trace of back-to-back calls that each end in a
+    cudaStreamSynchronize: µs a call (mean over all but the first) of host work before its first launch (the
+    bindings, the arguments, the workspaces), of enqueueing (first launch to the start of the wait), of the
+    GPU idle while the call runs (from its first launch to the wait's end, minus the GPU's busy time), of the
+    GPU's busy time, and the whole call (one wait's end to the next's)."""
+    runtime = sorted((e for e in events if e.get("cat") in ("cuda_runtime", "cuda_driver")), key=lambda e: e["ts"])
+    gpu = sorted((e for e in events if e.get("cat") in ("kernel", "gpu_memcpy", "gpu_memset")), key=lambda e: e["ts"])
+    waits = [e for e in runtime if e["name"] == "cudaStreamSynchronize"]
+    phases = []
+    for before, wait in zip(waits, waits[1:]):
+        start, end = before["ts"] + before["dur"], wait["ts"] + wait["dur"]
+        launches = [e for e in runtime if start <= e["ts"] < wait["ts"] and e["name"] != "cudaStreamSynchronize"]
+        first = next((e["ts"] for e in launches if "Launch" in e["name"]), None)
+        if first is None:
+            continue
+        busy = sum(min(e["ts"] + e["dur"], end) - max(e["ts"], first) for e in gpu if e["ts"] < end and e["ts"] + e["dur"] > first)
+        phases.append({"host_before_launch": first - start, "enqueue": wait["ts"] - first,
+                       "gpu_idle": (end - first) - busy, "gpu_busy": busy, "call": end - start})
+    if not phases:
+        return {}
+    return {k: sum(p[k] for p in phases) / len(phases) for k in phases[0]}
 
 
 def time_codec(calibration, chunks, repeats, profile_kernels=False, batch=False):
@@ -353,10 +390,12 @@ def time_codec(calibration, chunks, repeats, profile_kernels=False, batch=False)
             torch.cuda.synchronize()
 
         for what, run in (("encode", encodes), ("decode", decodes)):
-            times = kernel_times(run, calls)
+            times, phases = kernel_times(run, calls)
             result[f"{what}_kernels_us"] = dict(times)
+            result[f"{what}_call_us"] = phases
             log(f"{label} {what}: {sum(t for _, t in times):.1f} µs of GPU work a chunk: "
                 + ", ".join(f"{n} {t:.1f}" for n, t in times))
+            log(f"{label} {what}: a call, µs: " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()))
     return result
 
 
@@ -551,7 +590,7 @@ def main():
 
             processor = create_serde({"calibration": path, "object_ratio": 0})
             try:
-                r = time_tasks("gaac-task", processor, chunks, "cuda", args.repeats)
+                r = time_tasks("gaac-task", processor, chunks, "cuda", args.repeats, args.profile_serde)
             finally:
                 processor.close()
             r.update(chunks=name)

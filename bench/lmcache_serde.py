@@ -329,11 +329,13 @@ def call_phases(events):
     return {k: sum(p[k] for p in phases) / len(phases) for k in phases[0]}
 
 
-def time_codec(calibration, chunks, repeats, profile_kernels=False, batch=False):
+def time_codec(calibration, chunks, repeats, profile_kernels=False, batch=False, capsules=False):
     """gaac.ChunkCodec called directly on CUDA chunks (no LMCache memory objects, no serde wrapper), timed as
     time_serde times a serde: what the binding and the codec take, apart from the wrapper's Python. One call a
     chunk ("gaac-codec"), or with `batch` all the chunks in one encode_batch / decode_batch call each way
-    ("gaac-batch"). With `profile_kernels`, also the GPU time of each of its kernels a chunk (encode_kernels_us,
+    ("gaac-batch"); with `capsules`, the batch's arrays handed over as DLPack capsules made by
+    torch.utils.dlpack.to_dlpack ("gaac-batch-capsules") rather than as tensors (whose __dlpack__ the binding
+    calls). With `profile_kernels`, also the GPU time of each of its kernels a chunk (encode_kernels_us,
     decode_kernels_us)."""
     codec = gaac.ChunkCodec(calibration)
     chunks = [c.cuda() for c in chunks]
@@ -341,16 +343,17 @@ def time_codec(calibration, chunks, repeats, profile_kernels=False, batch=False)
     backs = [torch.zeros_like(c) for c in chunks]
     keys = [f"bench@{i}" for i in range(len(chunks))]
     stream = torch.cuda.current_stream().cuda_stream
-    label = "gaac-batch" if batch else "gaac-codec"
+    label = ("gaac-batch-capsules" if capsules else "gaac-batch") if batch else "gaac-codec"
+    arrays = (lambda ts: [torch.utils.dlpack.to_dlpack(t) for t in ts]) if capsules else (lambda ts: ts)
 
     def encode_all():
         if batch:
-            return codec.encode_batch(chunks, outs, keys, stream)
+            return codec.encode_batch(arrays(chunks), arrays(outs), keys, stream)
         return [codec.encode(c, o, k, stream) for c, o, k in zip(chunks, outs, keys)]
 
     def decode_all():
         if batch:
-            codec.decode_batch(outs, backs, keys, stream)
+            codec.decode_batch(arrays(outs), arrays(backs), keys, stream)
         else:
             for o, b, k in zip(outs, backs, keys):
                 codec.decode(o, b, k, stream)
@@ -389,6 +392,12 @@ def time_codec(calibration, chunks, repeats, profile_kernels=False, batch=False)
                 decode_all()
             torch.cuda.synchronize()
 
+        n = 1000
+        t0 = time.perf_counter()
+        for _ in range(n):
+            chunks[0].__dlpack__()
+        result["dlpack_us"] = (time.perf_counter() - t0) / n * 1e6
+        log(f"{label}: a CUDA tensor's __dlpack__() (what the binding calls for each array) takes {result['dlpack_us']:.1f} µs")
         for what, run in (("encode", encodes), ("decode", decodes)):
             times, phases = kernel_times(run, calls)
             result[f"{what}_kernels_us"] = dict(times)
@@ -599,11 +608,12 @@ def main():
                 f"deserialize {r['deserialize_gbps']:.1f} GB/s  ({len(chunks)} chunks a task, as LMCache's wrapper hands them)")
             if args.profile_serde:
                 profile_serde(name, *gaac_pair(calibration, 1, 0), chunks)
-            for batch in (False, True):
-                r = time_codec(calibration, chunks, args.repeats, args.profile_serde, batch)
+            for batch, capsules in ((False, False), (True, False), (True, True)):
+                r = time_codec(calibration, chunks, args.repeats, args.profile_serde, batch, capsules)
                 r.update(chunks=name)
                 results["serdes"].append(r)
                 how = f"one encode_batch / decode_batch of {len(chunks)} chunks" if batch else "one call a chunk"
+                how += ", arrays as DLPack capsules" if capsules else ""
                 log(f"{name:8s} {r['serde']:16s} cuda: ratio {r['ratio']:.4f}  serialize {r['serialize_gbps']:.1f} GB/s  "
                     f"deserialize {r['deserialize_gbps']:.1f} GB/s  (gaac.ChunkCodec called directly, {how})")
             r = time_nvcomp(chunks, args.repeats)

@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdio>
+#include <nlohmann/json.hpp>
 #include <random>
 #include <string>
 #include <vector>
@@ -223,6 +225,27 @@ TEST(Chunk, AnotherCalibrationKeyOrGeometryIsAClearError) {
   EXPECT_THROW(codec.decode(object, "model@0@0@01", wide.mutable_view()), Error);  // not this codec's geometry
   std::vector<uint8_t> not_chunk(256, 0);
   EXPECT_NE(error_of(codec, not_chunk, "k", back).find("bad magic"), std::string::npos);
+}
+
+TEST(Chunk, MetadataIsTheCanonicalJsonOfItsFields) {
+  // Objects written when the metadata was a JSON object's dump() must read the same: the text is that
+  // dump, keys sorted and no spaces, for any field values.
+  for (const ChunkGeometry g : {ChunkGeometry{32, 8, 128, 256}, ChunkGeometry{1, 4096, 64, 0}, ChunkGeometry{100000, 1, 256, 40}}) {
+    for (const uint64_t id : {uint64_t{0}, uint64_t{0x0123456789abcdefull}, ~uint64_t{0}}) {
+      nlohmann::json expected;
+      expected["format"] = "gaac-chunk";
+      expected["layers"] = g.layers;
+      expected["kv_heads"] = g.kv_heads;
+      expected["head_dim"] = g.head_dim;
+      expected["tokens"] = g.tokens;
+      char hex[2][17];
+      std::snprintf(hex[0], sizeof hex[0], "%016llx", static_cast<unsigned long long>(id));
+      std::snprintf(hex[1], sizeof hex[1], "%016llx", static_cast<unsigned long long>(~id));
+      expected["calibration"] = hex[0];
+      expected["key"] = hex[1];
+      EXPECT_EQ(chunk_metadata(g, id, ~id), expected.dump()) << g.describe();
+    }
+  }
 }
 
 TEST(Chunk, SnapshotsAndChunkObjectsAreToldApartByTheirContainerVersion) {

@@ -73,6 +73,13 @@ def object_key(key) -> str:
     return f"{key.model_name}@{key.kv_rank:#x}@{key.object_group_id:x}@{key.chunk_hash.hex()}@{key.cache_salt}"
 
 
+def _capsules(tensors):
+    """DLPack capsules of the tensors, for the codec's batch calls: a CUDA tensor's own __dlpack__ (what the
+    binding calls for a tensor) costs several times more than torch.utils.dlpack.to_dlpack, and a batch hands
+    over two arrays a chunk."""
+    return [torch.utils.dlpack.to_dlpack(t) for t in tensors]
+
+
 def chunk_shape(shapes, dtypes, head_dim):
     """(layers, tokens, kv_heads) of an LMCache layout: one bfloat16 tensor [2, layers, tokens, kv_heads *
     head_dim]. Raises ValueError for any other layout (MLA, several kernel groups, another dtype)."""
@@ -168,29 +175,29 @@ class GaacSerde:
         codec = self.codec()
         self._run(chunk, lambda stream: codec.decode(data.view(-1), chunk, object_key(key), stream))
 
-    def serialize_batch(self, srcs, dsts, keys) -> list[int]:
-        """serialize() of chunks all in the memory of one GPU, as one batch (ChunkCodec.encode_batch)."""
-        chunks, outs = [s.tensor for s in srcs], [d.tensor for d in dsts]
+    def serialize_batch(self, chunks, outs, keys) -> list[int]:
+        """serialize() of chunk tensors into byte tensors, all in the memory of one GPU, as one batch
+        (ChunkCodec.encode_batch); returns the objects' sizes."""
         for chunk in chunks:
             chunk_shape([chunk.shape], [chunk.dtype], self.head_dim or chunk.shape[3])
         codec = self.codec(chunks[0])
         return self._run(chunks[0], lambda stream: codec.encode_batch(
-            chunks, [o.view(-1) for o in outs], [object_key(k) for k in keys], stream))
+            _capsules(chunks), _capsules([o.view(-1) for o in outs]), [object_key(k) for k in keys], stream))
 
-    def deserialize_batch(self, srcs, dsts, keys) -> None:
-        """deserialize() of objects and chunks all in the memory of one GPU, as one batch (ChunkCodec.decode_batch)."""
-        chunks = [d.tensor for d in dsts]
+    def deserialize_batch(self, objects, chunks, keys) -> None:
+        """deserialize() of byte tensors into chunk tensors, all in the memory of one GPU, as one batch
+        (ChunkCodec.decode_batch)."""
         codec = self.codec()
         self._run(chunks[0], lambda stream: codec.decode_batch(
-            [s.tensor.view(-1) for s in srcs], chunks, [object_key(k) for k in keys], stream))
+            _capsules([o.view(-1) for o in objects]), _capsules(chunks), [object_key(k) for k in keys], stream))
 
     @staticmethod
-    def on_one_gpu(*objs) -> bool:
-        """Whether every memory object is a tensor in the memory of one and the same GPU."""
-        tensors = [o.tensor for o in objs]
-        if not tensors or any(t is None or t.device.type != "cuda" for t in tensors):
+    def on_one_gpu(tensors) -> bool:
+        """Whether every tensor is in the memory of one and the same GPU (None: a memory object without one)."""
+        if not tensors or any(t is None or not t.is_cuda for t in tensors):
             return False
-        return len({t.device for t in tensors}) == 1
+        device = tensors[0].device
+        return all(t.device == device for t in tensors)
 
     @staticmethod
     def _run(chunk, work):
@@ -233,17 +240,19 @@ class GaacSerdeProcessor(AsyncSerdeProcessor):
         self.serde = serde
 
     def _run_task(self, task_id, task_type, src_objs, dst_objs, keys):
-        if not self.serde.on_one_gpu(*src_objs, *dst_objs):
+        # Each memory object's tensor is taken once: LMCache builds a new view at every .tensor.
+        srcs, dsts = [o.tensor for o in src_objs], [o.tensor for o in dst_objs]
+        if not self.serde.on_one_gpu(srcs + dsts):
             return super()._run_task(task_id, task_type, src_objs, dst_objs, keys)
         serialize = task_type.name == "SERIALIZE"
         try:
             if serialize:
                 # The destination's logical size narrowed to the object's, as LMCache's own task does.
-                for dst, n in zip(dst_objs, self.serde.serialize_batch(src_objs, dst_objs, keys), strict=True):
+                for dst, n in zip(dst_objs, self.serde.serialize_batch(srcs, dsts, keys), strict=True):
                     if hasattr(dst, "set_used_size"):
                         dst.set_used_size(n)
             else:
-                self.serde.deserialize_batch(src_objs, dst_objs, keys)
+                self.serde.deserialize_batch(srcs, dsts, keys)
             success = True
         except Exception:
             logger.exception("gaac serde: %s task %d of %d chunks failed", task_type.name.lower(), task_id, len(src_objs))

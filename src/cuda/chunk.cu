@@ -8,8 +8,9 @@
 // tile's bytes past the fixed part) into a scratch place of its own, its stream size counted; in the
 // same launch, a block per section writes the maps' padding, the tails and the metadata; one block
 // scans the sizes (every tile's place in the escape section), writes the index and the object's size; every tile's escapes are copied to their
-// place and the rest of the section zeroed; four threads (a quad) hash each 4 KiB checksum piece; one
-// block combines them per section and writes the table and the header. Five launches and one copy.
+// place and the rest of the section zeroed; four threads (a quad) hash each 4 KiB checksum piece, a
+// warp's eight pieces read together (quad_xxh64_staged); one block combines them per section and writes
+// the table and the header. Five launches and one copy.
 //
 // Decode: one block checks the header, the table against the layout and the metadata byte for byte;
 // the pieces are hashed and the checksums compared; every tile's stream size is counted from its tags
@@ -367,15 +368,17 @@ __device__ void piece_bytes(const Args& a, uint64_t p, uint64_t end, uint64_t& f
   length = piece < pieces_of(bytes) ? (bytes - piece * kPieceBytes < kPieceBytes ? bytes - piece * kPieceBytes : kPieceBytes) : 0;
 }
 
-/// A quad of lanes per piece of every section (the object's end from result[2]).
+/// A quad of lanes per piece of every section (the object's end from result[2]), each warp's eight pieces
+/// read together (quad_xxh64_staged).
 __global__ void __launch_bounds__(kHashThreads) hash_pieces_kernel(const __grid_constant__ Batch b) {
   const Args& a = b.args[blockIdx.y];
+  __shared__ __align__(16) uint8_t staging[kHashThreads / 32][xxh::kStagedWarpBytes];
   if (a.result[1] != 0 || static_cast<uint64_t>(blockIdx.x) * (blockDim.x / 4) >= a.max_pieces) return;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const uint64_t p = (static_cast<uint64_t>(blockIdx.x) * blockDim.x + threadIdx.x) / 4;
   uint64_t from = 0, length = 0;
   if (p < a.max_pieces) piece_bytes(a, p, a.result[2], from, length);
-  const uint64_t h = xxh::quad_xxh64<true>(a.object + from, length, 0, lane);
+  const uint64_t h = xxh::quad_xxh64_staged(a.object + from, length, 0, lane, staging[threadIdx.x / 32]);
   if (length > 0 && lane % 4 == 0) a.hashes[p] = h;
 }
 
@@ -678,7 +681,16 @@ class WorkspacePool {
 
 }  // namespace
 
-/// The lane bases on each device a codec has run on, and the workspaces of its calls.
+namespace {
+/// A chunk size's layout and object size.
+struct SizedLayout {
+  ChunkLayout layout;
+  size_t object_bytes = 0;
+};
+}  // namespace
+
+/// The lane bases on each device a codec has run on, the workspaces of its calls, and the layouts of
+/// the chunk sizes it has coded.
 struct ChunkCodec::State {
   explicit State(const CalibrationTable& table, ChunkOptions options) : host(table, options) {}
   gaac::ChunkCodec host;
@@ -686,7 +698,19 @@ struct ChunkCodec::State {
   std::vector<uint32_t> lane_bases;
   std::mutex mutex;
   std::map<int, DeviceBuffer> on_device;  ///< device → lane bases
+  std::map<int, SizedLayout> layouts;     ///< tokens → layout (a few sizes: LMCache's 256 and a last shorter one)
   WorkspacePool workspaces;
+
+  /// The layout and object size of a chunk of `tokens`, computed once per size: they cost microseconds
+  /// a chunk, a batch codes many. Kept for kMaxLayouts sizes at most.
+  SizedLayout layout_for(int tokens) {
+    static constexpr size_t kMaxLayouts = 64;
+    const std::lock_guard lock(mutex);
+    auto it = layouts.find(tokens);
+    if (it != layouts.end()) return it->second;
+    if (layouts.size() >= kMaxLayouts) layouts.clear();
+    return layouts.emplace(tokens, SizedLayout{chunk_layout(host.geometry(tokens)), host.object_bytes(tokens)}).first->second;
+  }
 
   /// The lane bases on the current device, copied there on first use.
   const uint32_t* current_lane_bases() {
@@ -904,8 +928,9 @@ std::vector<size_t> ChunkCodec::encode_batch(std::span<const ChunkView> chunks, 
         throw Error(std::string(what) + ": chunk of " + chunk.geometry.describe() + " does not match the calibration's geometry (" +
                     s.host.geometry(chunk.geometry.tokens).describe() + ")");
       }
-      const ChunkLayout layout = chunk_layout(chunk.geometry);
-      const size_t object_bytes = s.host.object_bytes(chunk.geometry.tokens);
+      const SizedLayout sized = s.layout_for(chunk.geometry.tokens);
+      const ChunkLayout& layout = sized.layout;
+      const size_t object_bytes = sized.object_bytes;
       if (out_bytes[i] < object_bytes) {
         throw Error(std::string(what) + ": output of " + std::to_string(out_bytes[i]) + " bytes is smaller than the " +
                     std::to_string(object_bytes) + " a chunk object of " + layout.geometry.describe() + " may take");
@@ -923,11 +948,10 @@ std::vector<size_t> ChunkCodec::encode_batch(std::span<const ChunkView> chunks, 
     for (size_t i = first; i < first + count; ++i) {
       const uint64_t* result = leases[i - first]->result();
       if (result[1] & kTooLarge) {
-        const ChunkLayout layout = chunk_layout(chunks[i].geometry);
-        throw Error(ErrorCode::out_of_space, "chunk of " + layout.geometry.describe() + " needs " +
-                                                 std::to_string(layout.escape_offset + result[0]) +
-                                                 " bytes, more than the fixed object size of " +
-                                                 std::to_string(s.host.object_bytes(chunks[i].geometry.tokens)) +
+        const SizedLayout sized = s.layout_for(chunks[i].geometry.tokens);
+        throw Error(ErrorCode::out_of_space, "chunk of " + sized.layout.geometry.describe() + " needs " +
+                                                 std::to_string(sized.layout.escape_offset + result[0]) +
+                                                 " bytes, more than the fixed object size of " + std::to_string(sized.object_bytes) +
                                                  " (object_ratio " + std::to_string(s.host.options().object_ratio) + ")");
       }
       sizes[i] = result[2];
@@ -976,7 +1000,8 @@ void ChunkCodec::decode_batch(std::span<const uint8_t* const> objects, std::span
         throw Error(std::string(what) + ": destination of " + chunk.geometry.describe() +
                     " does not match the calibration's geometry (" + s.host.geometry(chunk.geometry.tokens).describe() + ")");
       }
-      const ChunkLayout layout = chunk_layout(chunk.geometry);
+      const SizedLayout sized = s.layout_for(chunk.geometry.tokens);
+      const ChunkLayout& layout = sized.layout;
       if (object_bytes[i] < layout.escape_offset) host_verdict(i, "an object shorter than its fixed parts");
       Args& a = batch->args[k];
       a = make_args(chunk, layout, s.geometry, const_cast<uint8_t*>(objects[i]), object_bytes[i], what);

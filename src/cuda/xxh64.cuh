@@ -7,6 +7,7 @@
 // a warp) run one each over the same bytes: quad_xxh64. accumulate() loads the words of kBatch stripes
 // before their rounds; through the read-only data cache (kReadOnly) ptxas keeps about ten loads
 // in flight ahead of the rounds (plain loads: four), so a thread waits for memory about once a batch.
+// quad_xxh64_staged is the same hash with the warp's reads coalesced (for many pieces at once).
 #pragma once
 
 #include <cstddef>
@@ -112,6 +113,70 @@ __device__ __forceinline__ uint64_t quad_xxh64(const uint8_t* data, size_t lengt
 #pragma unroll
   for (int k = 0; k < 4; ++k) v[k] = __shfl_sync(0xffffffffu, mine, k, 4);
   return finish(v, data, length, seed);
+}
+
+/// Stripes of each quad's bytes a warp stages at once in quad_xxh64_staged: 512 bytes, a 16-byte load
+/// per lane.
+inline constexpr unsigned kStagedStripes = 16;
+/// A quad's row of the staging area: its stripes and 32 bytes of padding, so that the quads' reads of
+/// one stripe fall in different banks.
+inline constexpr unsigned kStagedRowBytes = kStagedStripes * kStripe + 32;
+/// Shared memory a warp hands quad_xxh64_staged.
+inline constexpr unsigned kStagedWarpBytes = 8 * kStagedRowBytes;
+
+/// quad_xxh64 of each quad's bytes (`data` 16-byte aligned), read by the whole warp together: each load
+/// instruction reads 512 consecutive bytes of one quad's (a lane's 16), into `staging` (kStagedWarpBytes of
+/// shared memory, 16-byte aligned, the warp's own), from which each lane takes its accumulator's words.
+/// quad_xxh64's loads read 32 bytes in each of eight places at once; these read whole lines, and the next
+/// 16 stripes' loads are in flight while the rounds of these run. Bytes are read through the read-only data
+/// cache: only for bytes no thread writes while the kernel runs.
+__device__ __forceinline__ uint64_t quad_xxh64_staged(const uint8_t* data, size_t length, uint64_t seed, int lane, uint8_t* staging) {
+  const int which = lane % 4;
+  const unsigned stripes = static_cast<unsigned>(length / kStripe);
+  const uint8_t* from[8];
+  unsigned count[8];
+#pragma unroll
+  for (int q = 0; q < 8; ++q) {
+    from[q] = reinterpret_cast<const uint8_t*>(__shfl_sync(0xffffffffu, reinterpret_cast<unsigned long long>(data), 4 * q));
+    count[q] = __shfl_sync(0xffffffffu, stripes, 4 * q);
+  }
+  const unsigned most = __reduce_max_sync(0xffffffffu, stripes);
+  // This lane's 16 bytes of quad q's stripes first .. first + 15: half lane % 2 of stripe first + lane / 2.
+  uint4 loaded[8];
+  const auto load = [&](unsigned first) {
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+      if (first + lane / 2 < count[q]) loaded[q] = __ldg(reinterpret_cast<const uint4*>(from[q] + first * kStripe) + lane);
+    }
+  };
+  const uint8_t* row = staging + (lane / 4) * kStagedRowBytes + 8 * which;
+  uint64_t v = which == 0 ? seed + kPrime1 + kPrime2 : which == 1 ? seed + kPrime2 : which == 2 ? seed : seed - kPrime1;
+  if (most > 0) load(0);
+  for (unsigned first = 0; first < most; first += kStagedStripes) {
+#pragma unroll
+    for (int q = 0; q < 8; ++q) {
+      if (first + lane / 2 < count[q]) reinterpret_cast<uint4*>(staging + q * kStagedRowBytes)[lane] = loaded[q];
+    }
+    __syncwarp();
+    uint64_t words[kStagedStripes];  // past this quad's stripes: whatever is there, not used
+#pragma unroll
+    for (unsigned k = 0; k < kStagedStripes; ++k) words[k] = *reinterpret_cast<const uint64_t*>(row + k * kStripe);
+    __syncwarp();
+    if (first + kStagedStripes < most) load(first + kStagedStripes);
+    if (first + kStagedStripes <= stripes) {
+#pragma unroll
+      for (unsigned k = 0; k < kStagedStripes; ++k) v = round(v, words[k]);
+    } else {
+#pragma unroll
+      for (unsigned k = 0; k < kStagedStripes; ++k) {
+        if (first + k < stripes) v = round(v, words[k]);
+      }
+    }
+  }
+  uint64_t vs[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) vs[k] = __shfl_sync(0xffffffffu, v, k, 4);
+  return finish(vs, data, length, seed);
 }
 #endif
 

@@ -23,7 +23,9 @@
 // register, and one vgf2p8affineqb against byte i = 1 << i turns a register's four matrices into the
 // weighted plane bits of its 32 elements: 2 instructions a register instead of 6 per plane; and each
 // stream field (codes, signs, mantissas) is moved to its place by one affine against a constant matrix
-// (move_bits) instead of a shift and a mask.
+// (move_bits) instead of a shift and a mask. E5M2's codes and mantissas, two 2-bit streams of the same
+// layout, are taken for two registers at once (code_mantissa_nibbles): one affine, an and and an or make
+// both registers' [code | mantissa] nibbles, which pass through the exponent's additions untouched.
 //
 // Encoding reads rows, permutes them to fragment order with the inverse networks, classifies each group
 // with vector compares and writes the streams; tags and escapes are written per group, as BF16's are.
@@ -268,12 +270,15 @@ inline __m256i read_codes_at(const uint8_t* stream) {
 
 #if defined(__GFNI__)
 /// vgf2p8affineqb's matrix operand (its qword four times) that moves bit From + k of every byte to bit To + k
-/// for k < Count and clears the others (result bit j is parity(qword byte 7 − j AND x)); with Sign, bit
-/// SignFrom also goes to bit 7.
-template <int From, int To, int Count, int SignFrom = -1>
+/// for k < Count and clears the others (result bit j is parity(qword byte 7 − j AND x)); with SignFrom, that
+/// bit also goes to bit 7; with BothNibbles, each move is made again 4 bits higher.
+template <int From, int To, int Count, int SignFrom = -1, bool BothNibbles = false>
 constexpr ByteControl kBitMove = [] {
   uint64_t m = 0;
-  for (int k = 0; k < Count; ++k) m |= uint64_t{1} << (8 * (7 - (To + k)) + From + k);
+  for (int k = 0; k < Count; ++k) {
+    m |= uint64_t{1} << (8 * (7 - (To + k)) + From + k);
+    if (BothNibbles) m |= uint64_t{1} << (8 * (7 - (To + k + 4)) + From + k + 4);
+  }
   if (SignFrom >= 0) m |= uint64_t{1} << SignFrom;  // byte 0 of the qword: result bit 7
   ByteControl c{};
   for (int d = 0; d < 32; ++d) c.bytes[static_cast<size_t>(d)] = static_cast<uint8_t>(m >> (8 * (d % 8)));
@@ -282,9 +287,9 @@ constexpr ByteControl kBitMove = [] {
 
 /// kBitMove's product: one instruction in place of a shift and a mask (or, for E4M3, a shift, a mask and
 /// a table).
-template <int From, int To, int Count, int SignFrom = -1>
+template <int From, int To, int Count, int SignFrom = -1, bool BothNibbles = false>
 inline __m256i move_bits(__m256i x) {
-  return _mm256_gf2p8affine_epi64_epi8(x, load(kBitMove<From, To, Count, SignFrom>), 0);
+  return _mm256_gf2p8affine_epi64_epi8(x, load(kBitMove<From, To, Count, SignFrom, BothNibbles>), 0);
 }
 #endif
 
@@ -297,38 +302,53 @@ inline __m256i codes_of(const uint8_t* stream) {
   return read_codes_at<M, V>(stream);
 }
 
-/// FP8 bytes from the exponents (already at bits M.., every one inside the format's range) and the
-/// stored fields of register V.
-template <class F, int V, bool Gfni>
-inline __m256i compose_fp8(const uint8_t* slot, __m256i exponent) {
+/// The sign and mantissa bits of fragment register V, in place in its FP8 bytes (the exponent field 0). With
+/// SignOnly (E5M2 with GFNI, whose mantissas come with the codes: code_mantissa_nibbles), the sign alone.
+template <class F, int V, bool Gfni, bool SignOnly = false>
+inline __m256i sign_mantissa_of(const uint8_t* slot) {
   constexpr Fp8TileShape shape = F::kFp8Shape;
 #if defined(__GFNI__)
   if constexpr (Gfni) {
     if constexpr (F::kFormat == ElementFormat::e4m3) {
       // The nibble [s m2 m1 m0] at bit 4·(V mod 2): m to bits 0..2, s to bit 7.
       constexpr int kAt = 4 * (V % 2);
-      const __m256i nibbles = load(slot + shape.sign_mantissa_offset() + 32 * (V / 2));
-      return _mm256_or_si256(move_bits<kAt, 0, 3, kAt + 3>(nibbles), exponent);
+      return move_bits<kAt, 0, 3, kAt + 3>(load(slot + shape.sign_mantissa_offset() + 32 * (V / 2)));
     } else {
       const __m256i sign = move_bits<0, 0, 0, V % 8>(load(slot + shape.sign_mantissa_offset() + 32 * (V / 8)));
-      const __m256i mantissa = move_bits<2 * (V % 4), 0, 2>(load(slot + shape.mantissa_offset() + 32 * (V / 4)));
-      return _mm256_or_si256(_mm256_or_si256(sign, mantissa), exponent);
+      if constexpr (SignOnly) return sign;
+      return _mm256_or_si256(sign, move_bits<2 * (V % 4), 0, 2>(load(slot + shape.mantissa_offset() + 32 * (V / 4))));
     }
   }
 #endif
+  static_assert(!SignOnly || Gfni);
   if constexpr (F::kFormat == ElementFormat::e4m3) {
     // sign+mantissa nibble [s m2 m1 m0] to s << 7 | m, by table.
     const __m256i table = _mm256_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, -128, -127, -126, -125, -124, -123, -122, -121,  //
                                            0, 1, 2, 3, 4, 5, 6, 7, -128, -127, -126, -125, -124, -123, -122, -121);
-    const __m256i sm = read_fields<4, V>(slot + shape.sign_mantissa_offset());
-    return _mm256_or_si256(_mm256_shuffle_epi8(table, sm), exponent);
+    return _mm256_shuffle_epi8(table, read_fields<4, V>(slot + shape.sign_mantissa_offset()));
   } else {
     const __m256i signs = load(slot + shape.sign_mantissa_offset() + 32 * (V / 8));
     const __m256i sign = _mm256_and_si256(_mm256_slli_epi16(signs, 7 - V % 8), _mm256_set1_epi8(static_cast<char>(0x80)));
-    const __m256i mantissa = read_fields<2, V>(slot + shape.mantissa_offset());
-    return _mm256_or_si256(_mm256_or_si256(sign, mantissa), exponent);
+    return _mm256_or_si256(sign, read_fields<2, V>(slot + shape.mantissa_offset()));
   }
 }
+
+#if defined(__GFNI__)
+/// E5M2 with GFNI: the codes and mantissas of fragment registers V and V + 2 (u = V mod 4 is 0 or 1) as one
+/// nibble per register, [code | mantissa] (the code at the exponent field's place, bits 2, 3), V's in bits
+/// 0..3 and V + 2's in bits 4..7. Both 2-bit streams keep the two registers' fields in the same block, at
+/// bits 2u, 2u + 1 and 2u + 4, 2u + 5: for u = 0 the codes move up two bits, for u = 1 the mantissas down
+/// two, and the other stream's fields are already in place.
+template <class F, int V>
+inline __m256i code_mantissa_nibbles(const uint8_t* slot) {
+  static_assert(F::kFormat == ElementFormat::e5m2 && V % 4 < 2);
+  constexpr Fp8TileShape shape = F::kFp8Shape;
+  const __m256i codes = load(slot + shape.code_offset() + 32 * (V / 4));
+  const __m256i mantissas = load(slot + shape.mantissa_offset() + 32 * (V / 4));
+  if constexpr (V % 4 == 0) return _mm256_or_si256(move_bits<0, 2, 2, -1, true>(codes), _mm256_and_si256(mantissas, _mm256_set1_epi8(0x33)));
+  return _mm256_or_si256(_mm256_and_si256(codes, _mm256_set1_epi8(static_cast<char>(0xCC))), move_bits<2, 0, 2, -1, true>(mantissas));
+}
+#endif
 
 // ----------------------------------------------------------------------------------------------
 // Decode
@@ -357,7 +377,8 @@ constexpr ByteControl kFp8ElementBit = [] {
 }();
 
 /// Every group's mode and escape planes, in rows of 16 groups (group 16r + i at byte i of row r): the mode
-/// as 0x00 (2-bit), 0xFF (3-bit) or 0x80 (raw), and plane k (bit 2 + k of each offset or exponent) where
+/// as 0x00 (2-bit), 0x80 (3-bit) or 0x7F (raw), so that bit 7 picks b3 over b2 and bits 0..6 clear a raw
+/// group's base (exponents_of), and plane k (bit 2 + k of each offset or exponent) where
 /// the group has one, else 0. With GFNI the planes are kept instead as `matrix`: per fragment register,
 /// its four groups' qwords (write_matrices).
 template <class F, bool Gfni>
@@ -432,14 +453,26 @@ inline void write_matrices(const __m256i* plane, int r, uint8_t (*matrix)[32]) {
 /// Fills `out`, two rows (one per 128-bit lane) at a time. A group's escapes start at its row's start
 /// plus the escape bytes of the groups before it in the row (a prefix sum of 0, 1 or X − 2 per group);
 /// plane k of it is the byte k further on, picked with vpshufb from the 16-byte windows of the row's
-/// escapes (at most 16·(X − 2) bytes, so X − 2 windows), read from a copy of the escapes with room after
-/// them.
+/// escapes (at most 16·(X − 2) bytes, so X − 2 windows). Only a group's own bytes are looked up, so the
+/// windows may run past the tile's escapes into the slot's zero padding; a row whose windows would run past
+/// the slot (`capacity` escape bytes) reads them from a copy of the slot's last bytes followed by zeros.
 template <class F, bool Gfni>
-void find_escape_planes(const uint8_t* tags, const uint8_t* escapes, const TagRows<F>& rows, EscapePlanes<F, Gfni>& out) {
+void find_escape_planes(const uint8_t* tags, const uint8_t* escapes, size_t capacity, const TagRows<F>& rows,
+                        EscapePlanes<F, Gfni>& out) {
   constexpr int kR = F::kRawBytes;
-  alignas(32) uint8_t copy[F::kFp8Shape.max_slot_capacity() + 16 * kR + 16];
-  std::memcpy(copy, escapes, rows.used);
-  std::memset(copy + rows.used, 0, 16 * kR + 16);
+  constexpr size_t kReach = 16 * kR;  // the bytes a row's windows span
+  alignas(32) uint8_t tail[2 * kReach];
+  const size_t tail_from = capacity > kReach ? capacity - kReach : 0;
+  if (capacity >= kReach) {
+    std::memcpy(tail, escapes + tail_from, kReach);
+  } else {
+    std::memcpy(tail, escapes, capacity);
+    std::memset(tail + capacity, 0, kReach - capacity);
+  }
+  std::memset(tail + kReach, 0, kReach);
+  // Rows starting before tail_from end their windows inside the slot; the others start at most kReach
+  // bytes into the tail (start <= used <= capacity).
+  const auto row_escapes = [&](uint32_t start) { return start < tail_from ? escapes + start : tail + (start - tail_from); };
   const __m256i tag_bytes = load(kTagBytes.data());
   const __m256i field = _mm256_set1_epi32(static_cast<int>(0xC0300C03u));  // group i's tag in byte i
   const __m256i tag1 = _mm256_set1_epi32(0x40100401), tag2 = _mm256_set1_epi32(static_cast<int>(0x80200802u));
@@ -456,10 +489,10 @@ void find_escape_planes(const uint8_t* tags, const uint8_t* escapes, const TagRo
     // Window w enters as its xor with window w − 1, looked up at index − 16w: vpshufb reads an index's low four
     // bits, or gives 0 when it is negative (bit 7), so the lookups of windows 0 .. index / 16 telescope to
     // window index / 16's byte. Every index is below 16·(X − 2) (a row's escapes), the last window's end.
+    const uint8_t *low = row_escapes(rows.start[r]), *high = row_escapes(rows.start[r + 1]);
     __m256i windows[kR];
     for (int w = 0; w < kR; ++w) {
-      windows[w] = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(copy + rows.start[r + 1] + 16 * w),
-                                       reinterpret_cast<const __m128i*>(copy + rows.start[r] + 16 * w));
+      windows[w] = _mm256_loadu2_m128i(reinterpret_cast<const __m128i*>(high + 16 * w), reinterpret_cast<const __m128i*>(low + 16 * w));
     }
     for (int w = kR - 1; w > 0; --w) windows[w] = _mm256_xor_si256(windows[w], windows[w - 1]);
     __m256i planes[kR];
@@ -476,27 +509,27 @@ void find_escape_planes(const uint8_t* tags, const uint8_t* escapes, const TagRo
     } else {
       for (int k = 0; k < kR; ++k) store(out.plane[k][r], planes[k]);
     }
-    store(out.mode[r], _mm256_or_si256(is3, _mm256_and_si256(raw, _mm256_set1_epi8(static_cast<char>(0x80)))));
+    store(out.mode[r], _mm256_or_si256(_mm256_and_si256(is3, _mm256_set1_epi8(static_cast<char>(0x80))),
+                                       _mm256_and_si256(raw, _mm256_set1_epi8(0x7F))));
   }
 }
 
-/// The exponents of fragment register V at the exponent field's place (bits M..): 2-bit code, plus the
-/// base of its group's mode (b2, b3, or 0 for raw groups), plus bit 2 + k of plane k.
+/// The exponents of fragment register V at the exponent field's place (bits M..): its 2-bit codes (`code`,
+/// at bits M, M + 1; bits below M pass through unchanged), plus the base of its group's mode (b2, b3, or 0 for
+/// raw groups), plus bit 2 + k of plane k.
 template <class F, bool Gfni, int V>
-inline __m256i exponents_of(const uint8_t* slot, const Fp8Bases<F>& bases, const EscapePlanes<F, Gfni>& planes) {
+inline __m256i exponents_of(__m256i code, const Fp8Bases<F>& bases, const EscapePlanes<F, Gfni>& planes) {
   constexpr int v = V, kM = mantissa_bits(F::kFormat);
-  const __m256i code = codes_of<kM, V, Gfni>(slot + F::kFp8Shape.code_offset());
   constexpr unsigned p = V % 16, c = V / 16;
   constexpr unsigned row = 2 * p * F::kGroupsPerLane / 16;
   const __m256i pick = load(kFp8GroupPick<F>[2 * c + p % 2]);
   const auto picked = [&](const uint8_t* r) {
     return _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(r))), pick);
   };
-  // One pick gives the mode: its bit 7 (0xFF, 0x80) selects b3 over b2, and a raw group (0x80) clears the
-  // base (one compare and an and-not: a signed `mode > 0x80` costs GCC two compares and an and).
+  // One pick gives the mode: its bit 7 (0x80) selects b3 over b2, and a raw group's bits 0..6 (0x7F) clear the
+  // base (bases are below 2^7).
   const __m256i mode = picked(planes.mode[row]);
-  const __m256i raw = _mm256_cmpeq_epi8(mode, _mm256_set1_epi8(static_cast<char>(0x80)));
-  const __m256i base = _mm256_andnot_si256(raw, _mm256_blendv_epi8(bases.narrow(v), bases.wide(v), mode));
+  const __m256i base = _mm256_andnot_si256(mode, _mm256_blendv_epi8(bases.narrow(v), bases.wide(v), mode));
   __m256i exponent = _mm256_add_epi8(code, base);
   const __m256i bit = load(kFp8ElementBit);
 #if defined(__GFNI__)
@@ -518,7 +551,26 @@ inline __m256i exponents_of(const uint8_t* slot, const Fp8Bases<F>& bases, const
 
 template <class F, int V, bool Gfni>
 inline __m256i decode_register(const uint8_t* slot, const Fp8Bases<F>& bases, const EscapePlanes<F, Gfni>& rows) {
-  return compose_fp8<F, V, Gfni>(slot, exponents_of<F, Gfni, V>(slot, bases, rows));
+  const __m256i code = codes_of<mantissa_bits(F::kFormat), V, Gfni>(slot + F::kFp8Shape.code_offset());
+  return _mm256_or_si256(sign_mantissa_of<F, V, Gfni>(slot), exponents_of<F, Gfni, V>(code, bases, rows));
+}
+
+/// Fragment registers V and V + 2 (V mod 4 = 0 or 1), whose fields share their stream blocks; E5M2 with GFNI
+/// takes their codes and mantissas together.
+template <class F, int V, bool Gfni>
+inline void decode_pair(const uint8_t* slot, const Fp8Bases<F>& bases, const EscapePlanes<F, Gfni>& rows, __m256i& x, __m256i& x2) {
+  static_assert(V % 4 < 2);
+#if defined(__GFNI__)
+  if constexpr (Gfni && F::kFormat == ElementFormat::e5m2) {
+    const __m256i nibbles = code_mantissa_nibbles<F, V>(slot);
+    const __m256i low = _mm256_and_si256(nibbles, _mm256_set1_epi8(0x0F)), high = move_bits<4, 0, 4>(nibbles);
+    x = _mm256_or_si256(sign_mantissa_of<F, V, Gfni, true>(slot), exponents_of<F, Gfni, V>(low, bases, rows));
+    x2 = _mm256_or_si256(sign_mantissa_of<F, V + 2, Gfni, true>(slot), exponents_of<F, Gfni, V + 2>(high, bases, rows));
+    return;
+  }
+#endif
+  x = decode_register<F, V, Gfni>(slot, bases, rows);
+  x2 = decode_register<F, V + 2, Gfni>(slot, bases, rows);
 }
 
 template <class F, bool Gfni>
@@ -526,15 +578,21 @@ void write_rows(const uint8_t* slot, const Fp8Bases<F>& bases, const EscapePlane
   static_for<F::kChunks>([&](auto chunk) {
     constexpr int c = decltype(chunk)::value;
     if constexpr (F::kShape.kind == TensorKind::key) {
-      // Segment q (registers 16c + 2q, 2q + 1) is token 8·(c / kHalves) + q, channels 64·(c % kHalves) on.
+      // Segment q (registers 16c + 2q, 2q + 1) is token 8·(c / kHalves) + q, channels 64·(c % kHalves) on;
+      // segments 2b and 2b + 1 are decoded together (decode_pair).
       uint8_t* first = dst + static_cast<size_t>(8 * (c / F::kHalves)) * stride + 64 * (c % F::kHalves);
-      static_for<8>([&](auto segment) {
-        constexpr int q = decltype(segment)::value;
-        __m256i x[2] = {decode_register<F, 16 * c + 2 * q>(slot, bases, rows), decode_register<F, 16 * c + 2 * q + 1>(slot, bases, rows)};
+      static_for<4>([&](auto pair) {
+        constexpr int b = decltype(pair)::value;
+        __m256i x[2], y[2];
+        decode_pair<F, 16 * c + 4 * b>(slot, bases, rows, x[0], y[0]);
+        decode_pair<F, 16 * c + 4 * b + 1>(slot, bases, rows, x[1], y[1]);
         key_to_rows(x);
-        uint8_t* row = first + static_cast<size_t>(q) * stride;
+        key_to_rows(y);
+        uint8_t* row = first + static_cast<size_t>(2 * b) * stride;
         store(row, x[0]);
         store(row + 32, x[1]);
+        store(row + stride, y[0]);
+        store(row + stride + 32, y[1]);
       });
     } else {
       static_for<2>([&](auto half) {
@@ -543,10 +601,12 @@ void write_rows(const uint8_t* slot, const Fp8Bases<F>& bases, const EscapePlane
         // registers live at a time leave room for the decoder's constants (eight would spill them).
         alignas(32) __m256i parked[4];
         __m256i x[4];
-        static_for<4>([&](auto j) { x[j] = decode_register<F, 16 * c + 2 * decltype(j)::value + t1>(slot, bases, rows); });
+        decode_pair<F, 16 * c + t1>(slot, bases, rows, x[0], x[1]);
+        decode_pair<F, 16 * c + 4 + t1>(slot, bases, rows, x[2], x[3]);
         value_rounds_12(x);
         for (int j = 0; j < 4; ++j) _mm256_store_si256(&parked[j], x[j]);
-        static_for<4>([&](auto j) { x[j] = decode_register<F, 16 * c + 2 * (decltype(j)::value + 4) + t1>(slot, bases, rows); });
+        decode_pair<F, 16 * c + 8 + t1>(slot, bases, rows, x[0], x[1]);
+        decode_pair<F, 16 * c + 12 + t1>(slot, bases, rows, x[2], x[3]);
         value_rounds_12(x);
 #pragma GCC unroll 4
         for (int j = 0; j < 4; ++j) {
@@ -560,24 +620,20 @@ void write_rows(const uint8_t* slot, const Fp8Bases<F>& bases, const EscapePlane
   });
 }
 
-/// True when escape bytes [from, capacity) are all zero (capacity a multiple of 16): 32-byte blocks from
-/// the one holding `from`, the bytes before it masked off. FP8 slots use a few hundred escape bytes of a
-/// capacity of several hundred, so starting at `from` skips most of the slot (decode_avx2.hpp's BF16
-/// version scans the whole capacity, which there is small).
+/// True when escape bytes [from, capacity) are all zero (capacity a multiple of 16): the 16-byte block holding
+/// `from`, its bytes before `from` masked off, then 32-byte blocks and a last 16-byte one. FP8 slots use a few
+/// hundred escape bytes of a capacity of several hundred, so starting at `from` skips most of the slot
+/// (decode_avx2.hpp's BF16 version scans the whole capacity, which there is small).
 inline bool padding_after_is_zero(const uint8_t* escapes, size_t from, size_t capacity) {
   if (from >= capacity) return true;
-  const __m256i index = _mm256_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 18, 19, 20, 21, 22, 23, 24,
-                                         25, 26, 27, 28, 29, 30, 31);
-  size_t block = from / 32 * 32;
-  __m256i any = _mm256_setzero_si256();
-  if (block + 32 <= capacity) {
-    const __m256i keep = _mm256_cmpgt_epi8(index, _mm256_set1_epi8(static_cast<char>(from - block - 1)));
-    any = _mm256_and_si256(load(escapes + block), keep);
-    for (block += 32; block + 32 <= capacity; block += 32) any = _mm256_or_si256(any, load(escapes + block));
-  }
-  bool zero = _mm256_testz_si256(any, any) != 0;
-  for (size_t i = std::max(block, from); i < capacity; ++i) zero &= escapes[i] == 0;  // the last 16 bytes, if any
-  return zero;
+  const __m128i index = _mm_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+  size_t block = from / 16 * 16;
+  const __m128i keep = _mm_cmpgt_epi8(index, _mm_set1_epi8(static_cast<char>(from - block - 1)));
+  const __m128i first = _mm_and_si128(_mm_loadu_si128(reinterpret_cast<const __m128i*>(escapes + block)), keep);
+  __m256i any = _mm256_zextsi128_si256(first);
+  for (block += 16; block + 32 <= capacity; block += 32) any = _mm256_or_si256(any, load(escapes + block));
+  if (block < capacity) any = _mm256_or_si256(any, _mm256_zextsi128_si256(_mm_loadu_si128(reinterpret_cast<const __m128i*>(escapes + block))));
+  return _mm256_testz_si256(any, any) != 0;
 }
 
 template <class F, bool Gfni>
@@ -590,7 +646,7 @@ DecodeStatus decode(const uint8_t* slot, size_t capacity, const Fp8Bases<F>& bas
   if (!no_invalid_tag || rows.used > capacity) return first_tag_problem<F, F::kRawBytes>(tags, capacity);
   if (!padding_after_is_zero(escapes, rows.used, capacity)) return DecodeStatus::nonzero_padding;
   EscapePlanes<F, Gfni> planes;
-  if (rows.used != 0) find_escape_planes(tags, escapes, rows, planes);
+  if (rows.used != 0) find_escape_planes(tags, escapes, capacity, rows, planes);
   write_rows<F>(slot, bases, rows.used != 0 ? planes : kNoPlanes<F, Gfni>, dst, stride);
   return DecodeStatus::ok;
 }

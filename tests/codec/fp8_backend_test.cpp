@@ -1,7 +1,8 @@
 // Each vector FP8 kernel set (AVX2; AVX2 with GFNI, which Backend::avx2 runs where the CPU has it)
 // against the scalar oracle: equal slot bytes, counts, decoded bytes and statuses on every byte pattern,
 // adversarial tiles (all raw, NaNs and infinities, subnormals), seeded random mixes of modes at every
-// capacity, strided rows, and arbitrary slot bytes. A set the machine lacks is skipped.
+// capacity, strided rows, arbitrary slot bytes, and each nonzero padding byte. A set the machine lacks is
+// skipped.
 #include <gtest/gtest.h>
 
 #include <array>
@@ -160,6 +161,40 @@ TEST_P(Fp8Backends, AgreeOnArbitrarySlotBytes) {
         }
       }
       EXPECT_GT(decoded, 0) << "no slot decoded: the comparison of decoded bytes never ran";
+    }
+  }
+}
+
+TEST_P(Fp8Backends, RejectEveryNonzeroPaddingByte) {
+  // For tiles whose escapes end at offsets all around 16- and 32-byte blocks, each padding byte in turn is
+  // set: both backends must refuse the slot, at capacities just above the escapes and the largest.
+  std::mt19937_64 rng(5);
+  for (const Fp8TileShape shape : test::all_fp8_shapes()) {
+    const Fp8TileCase bases = test::random_fp8_tile(shape, rng, 0.5, 0.5);
+    const size_t max_capacity = shape.max_slot_capacity();
+    for (const size_t used : {0, 1, 15, 16, 17, 31, 32, 33, 47}) {
+      const size_t least = (used + 15) / 16 * 16;
+      for (const size_t capacity : {least, least + 16, least + 32, least + 48, max_capacity}) {
+        if (capacity > max_capacity) continue;
+        const Fp8TileCodec scalar(shape, bases.bases(), capacity, Backend::scalar);
+        const SetCodec avx2(shape, bases.bases(), capacity, GetParam());
+        std::vector<uint8_t> slot(scalar.slot_bytes(), 0);
+        // The first `used` groups are 3-bit (one escape byte each, nonzero), the others 2-bit.
+        for (size_t g = 0; g < used; ++g) {
+          slot[shape.tag_offset() + g / 4] |= static_cast<uint8_t>(1u << (2 * (g % 4)));
+          slot[shape.escape_offset() + g] = static_cast<uint8_t>(1 + rng() % 255);
+        }
+        std::vector<uint8_t> da(static_cast<size_t>(shape.elements())), db(da.size());
+        const auto stride = static_cast<size_t>(shape.tile.channels);
+        ASSERT_EQ(avx2.decode_blocks(slot.data(), 0, 1, db.data(), stride, 0).status, DecodeStatus::ok);
+        for (size_t e = used; e < capacity; ++e) {
+          slot[shape.escape_offset() + e] = 0x40;
+          ASSERT_EQ(scalar.decode_blocks(slot.data(), 0, 1, da.data(), stride, 0).status, DecodeStatus::nonzero_padding);
+          ASSERT_EQ(avx2.decode_blocks(slot.data(), 0, 1, db.data(), stride, 0).status, DecodeStatus::nonzero_padding)
+              << "used " << used << " capacity " << capacity << " byte " << e;
+          slot[shape.escape_offset() + e] = 0;
+        }
+      }
     }
   }
 }

@@ -183,11 +183,17 @@ def time_serde(name, serializer, deserializer, chunks, device, repeats, lossless
             "max_abs_error": error}
 
 
-def time_tasks(name, processor, chunks, device, repeats, profile_kernels=False):
+def time_tasks(name, processor, chunks, device, repeats, profile_kernels=False, waiter="fd"):
     """Ratio, serialize and deserialize GB/s of a SerdeProcessor given all the chunks as one task each way, as
-    LMCache's serde wrapper hands it a store or load task (submit, then wait for the result). With
-    `profile_kernels` (CUDA), also where a task's time goes (serialize_call_us, deserialize_call_us: call_phases)."""
+    LMCache's serde wrapper hands it a store or load task (submit, then wait for the result). The waiter is
+    LMCache's by default ("fd": block in poll() on the processor's event fd, then take the result, as
+    SerdeL2AdapterWrapper's loop does); "sleep" asks for the result every 20 µs and sleeps in between, which
+    keeps taking the GIL back from the processor's worker thread. With `profile_kernels` (CUDA), also where a
+    task's time goes (serialize_call_us, deserialize_call_us: call_phases)."""
+    import select
+
     from lmcache.v1.distributed.api import MemoryLayoutDesc
+    from lmcache.v1.platform.event_notifier import consume_fd
 
     size = processor.estimate_serialized_size(MemoryLayoutDesc(shapes=[chunks[0].shape], dtypes=[chunks[0].dtype]))
     chunks = [c.to(device) for c in chunks]
@@ -198,20 +204,27 @@ def time_tasks(name, processor, chunks, device, repeats, profile_kernels=False):
     outs = [memory_obj(b) for b in backs]
     keys = [key_of(i) for i in range(len(chunks))]
 
-    def run(submit, query, a, b):
+    def run(submit, query, fd, a, b):
         task = submit(a, b, keys)
+        poller = select.poll()
+        poller.register(fd, select.POLLIN)
         while (ok := query(task)) is None:
-            time.sleep(0.00002)
+            if waiter == "fd":
+                poller.poll(1000)
+                consume_fd(fd)
+            else:
+                time.sleep(0.00002)
         if not ok:
             raise RuntimeError(f"{name}: a task failed")
 
     def serialize():
         # Fresh objects over the same buffers, as LMCache's allocator hands them (a serialize narrows its object).
         dsts[:] = [memory_obj(b) for b in buffers]
-        run(processor.submit_serialize, processor.query_serialize_result, srcs, dsts)
+        run(processor.submit_serialize, processor.query_serialize_result, processor.get_serialize_event_fd(), srcs, dsts)
 
     def deserialize():
-        run(processor.submit_deserialize, processor.query_deserialize_result, dsts, outs)
+        run(processor.submit_deserialize, processor.query_deserialize_result, processor.get_deserialize_event_fd(),
+            dsts, outs)
 
     serialize()
     deserialize()
@@ -597,15 +610,18 @@ def main():
             calibration.save(path)
             from gaac.lmcache import create_serde
 
-            processor = create_serde({"calibration": path, "object_ratio": 0})
-            try:
-                r = time_tasks("gaac-task", processor, chunks, "cuda", args.repeats, args.profile_serde)
-            finally:
-                processor.close()
-            r.update(chunks=name)
-            results["serdes"].append(r)
-            log(f"{name:8s} gaac-task        cuda: ratio {r['ratio']:.4f}  serialize {r['serialize_gbps']:.1f} GB/s  "
-                f"deserialize {r['deserialize_gbps']:.1f} GB/s  ({len(chunks)} chunks a task, as LMCache's wrapper hands them)")
+            # With --profile-serde, the same tasks again under a waiter that polls with sleeps: what it costs.
+            for label, waiter in [("gaac-task", "fd")] + ([("gaac-task-sleep", "sleep")] if args.profile_serde else []):
+                processor = create_serde({"calibration": path, "object_ratio": 0})
+                try:
+                    r = time_tasks(label, processor, chunks, "cuda", args.repeats, args.profile_serde, waiter)
+                finally:
+                    processor.close()
+                r.update(chunks=name, waiter=waiter)
+                results["serdes"].append(r)
+                log(f"{name:8s} {label:16s} cuda: ratio {r['ratio']:.4f}  serialize {r['serialize_gbps']:.1f} GB/s  "
+                    f"deserialize {r['deserialize_gbps']:.1f} GB/s  ({len(chunks)} chunks a task, as LMCache's wrapper "
+                    f"hands them; waiter: {waiter})")
             if args.profile_serde:
                 profile_serde(name, *gaac_pair(calibration, 1, 0), chunks)
             for batch, capsules in ((False, False), (True, False), (True, True)):

@@ -23,9 +23,10 @@
 // register, and one vgf2p8affineqb against byte i = 1 << i turns a register's four matrices into the
 // weighted plane bits of its 32 elements: 2 instructions a register instead of 6 per plane; and each
 // stream field (codes, signs, mantissas) is moved to its place by one affine against a constant matrix
-// (move_bits) instead of a shift and a mask. E5M2's codes and mantissas, two 2-bit streams of the same
-// layout, are taken for two registers at once (code_mantissa_nibbles): one affine, an and and an or make
-// both registers' [code | mantissa] nibbles, which pass through the exponent's additions untouched.
+// (move_bits) instead of a shift and a mask. In both sets E5M2's codes and mantissas, two 2-bit streams of
+// the same layout, are taken for two registers at once (code_mantissa_nibbles): a shift (with GFNI an
+// affine), two ands and an or make both registers' [code | mantissa] nibbles, which pass through the
+// exponent's additions untouched.
 //
 // Encoding reads rows, permutes them to fragment order with the inverse networks, classifies each group
 // with vector compares and writes the streams; tags and escapes are written per group, as BF16's are.
@@ -303,7 +304,7 @@ inline __m256i codes_of(const uint8_t* stream) {
 }
 
 /// The sign and mantissa bits of fragment register V, in place in its FP8 bytes (the exponent field 0). With
-/// SignOnly (E5M2 with GFNI, whose mantissas come with the codes: code_mantissa_nibbles), the sign alone.
+/// SignOnly (E5M2, whose mantissas come with the codes: code_mantissa_nibbles), the sign alone.
 template <class F, int V, bool Gfni, bool SignOnly = false>
 inline __m256i sign_mantissa_of(const uint8_t* slot) {
   constexpr Fp8TileShape shape = F::kFp8Shape;
@@ -320,7 +321,7 @@ inline __m256i sign_mantissa_of(const uint8_t* slot) {
     }
   }
 #endif
-  static_assert(!SignOnly || Gfni);
+  static_assert(!SignOnly || F::kFormat == ElementFormat::e5m2);
   if constexpr (F::kFormat == ElementFormat::e4m3) {
     // sign+mantissa nibble [s m2 m1 m0] to s << 7 | m, by table.
     const __m256i table = _mm256_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, -128, -127, -126, -125, -124, -123, -122, -121,  //
@@ -329,26 +330,34 @@ inline __m256i sign_mantissa_of(const uint8_t* slot) {
   } else {
     const __m256i signs = load(slot + shape.sign_mantissa_offset() + 32 * (V / 8));
     const __m256i sign = _mm256_and_si256(_mm256_slli_epi16(signs, 7 - V % 8), _mm256_set1_epi8(static_cast<char>(0x80)));
+    if constexpr (SignOnly) return sign;
     return _mm256_or_si256(sign, read_fields<2, V>(slot + shape.mantissa_offset()));
   }
 }
 
-#if defined(__GFNI__)
-/// E5M2 with GFNI: the codes and mantissas of fragment registers V and V + 2 (u = V mod 4 is 0 or 1) as one
-/// nibble per register, [code | mantissa] (the code at the exponent field's place, bits 2, 3), V's in bits
-/// 0..3 and V + 2's in bits 4..7. Both 2-bit streams keep the two registers' fields in the same block, at
-/// bits 2u, 2u + 1 and 2u + 4, 2u + 5: for u = 0 the codes move up two bits, for u = 1 the mantissas down
-/// two, and the other stream's fields are already in place.
-template <class F, int V>
+/// E5M2: the codes and mantissas of fragment registers V and V + 2 (u = V mod 4 is 0 or 1) as one nibble
+/// per register, [code | mantissa] (the code at the exponent field's place, bits 2, 3), V's in bits 0..3 and
+/// V + 2's in bits 4..7. Both 2-bit streams keep the two registers' fields in the same block, at bits 2u,
+/// 2u + 1 and 2u + 4, 2u + 5: for u = 0 the codes move up two bits, for u = 1 the mantissas down two, and
+/// the other stream's fields are already in place (a 16-bit shift's bits that cross bytes fall outside the
+/// masks).
+template <class F, int V, bool Gfni>
 inline __m256i code_mantissa_nibbles(const uint8_t* slot) {
   static_assert(F::kFormat == ElementFormat::e5m2 && V % 4 < 2);
   constexpr Fp8TileShape shape = F::kFp8Shape;
   const __m256i codes = load(slot + shape.code_offset() + 32 * (V / 4));
   const __m256i mantissas = load(slot + shape.mantissa_offset() + 32 * (V / 4));
-  if constexpr (V % 4 == 0) return _mm256_or_si256(move_bits<0, 2, 2, -1, true>(codes), _mm256_and_si256(mantissas, _mm256_set1_epi8(0x33)));
-  return _mm256_or_si256(_mm256_and_si256(codes, _mm256_set1_epi8(static_cast<char>(0xCC))), move_bits<2, 0, 2, -1, true>(mantissas));
-}
+  const __m256i low_pairs = _mm256_set1_epi8(0x33), high_pairs = _mm256_set1_epi8(static_cast<char>(0xCC));
+#if defined(__GFNI__)
+  if constexpr (Gfni) {
+    if constexpr (V % 4 == 0) return _mm256_or_si256(move_bits<0, 2, 2, -1, true>(codes), _mm256_and_si256(mantissas, low_pairs));
+    return _mm256_or_si256(_mm256_and_si256(codes, high_pairs), move_bits<2, 0, 2, -1, true>(mantissas));
+  }
 #endif
+  if constexpr (V % 4 == 0)
+    return _mm256_or_si256(_mm256_and_si256(_mm256_slli_epi16(codes, 2), high_pairs), _mm256_and_si256(mantissas, low_pairs));
+  return _mm256_or_si256(_mm256_and_si256(codes, high_pairs), _mm256_and_si256(_mm256_srli_epi16(mantissas, 2), low_pairs));
+}
 
 // ----------------------------------------------------------------------------------------------
 // Decode
@@ -555,22 +564,29 @@ inline __m256i decode_register(const uint8_t* slot, const Fp8Bases<F>& bases, co
   return _mm256_or_si256(sign_mantissa_of<F, V, Gfni>(slot), exponents_of<F, Gfni, V>(code, bases, rows));
 }
 
-/// Fragment registers V and V + 2 (V mod 4 = 0 or 1), whose fields share their stream blocks; E5M2 with GFNI
-/// takes their codes and mantissas together.
+/// Bits 4..7 of every byte moved to bits 0..3, the others 0.
+template <bool Gfni>
+inline __m256i high_nibbles(__m256i x) {
+#if defined(__GFNI__)
+  if constexpr (Gfni) return move_bits<4, 0, 4>(x);
+#endif
+  return _mm256_and_si256(_mm256_srli_epi16(x, 4), _mm256_set1_epi8(0x0F));
+}
+
+/// Fragment registers V and V + 2 (V mod 4 = 0 or 1), whose fields share their stream blocks; E5M2 takes
+/// their codes and mantissas together.
 template <class F, int V, bool Gfni>
 inline void decode_pair(const uint8_t* slot, const Fp8Bases<F>& bases, const EscapePlanes<F, Gfni>& rows, __m256i& x, __m256i& x2) {
   static_assert(V % 4 < 2);
-#if defined(__GFNI__)
-  if constexpr (Gfni && F::kFormat == ElementFormat::e5m2) {
-    const __m256i nibbles = code_mantissa_nibbles<F, V>(slot);
-    const __m256i low = _mm256_and_si256(nibbles, _mm256_set1_epi8(0x0F)), high = move_bits<4, 0, 4>(nibbles);
+  if constexpr (F::kFormat == ElementFormat::e5m2) {
+    const __m256i nibbles = code_mantissa_nibbles<F, V, Gfni>(slot);
+    const __m256i low = _mm256_and_si256(nibbles, _mm256_set1_epi8(0x0F));
     x = _mm256_or_si256(sign_mantissa_of<F, V, Gfni, true>(slot), exponents_of<F, Gfni, V>(low, bases, rows));
-    x2 = _mm256_or_si256(sign_mantissa_of<F, V + 2, Gfni, true>(slot), exponents_of<F, Gfni, V + 2>(high, bases, rows));
-    return;
+    x2 = _mm256_or_si256(sign_mantissa_of<F, V + 2, Gfni, true>(slot), exponents_of<F, Gfni, V + 2>(high_nibbles<Gfni>(nibbles), bases, rows));
+  } else {
+    x = decode_register<F, V, Gfni>(slot, bases, rows);
+    x2 = decode_register<F, V + 2, Gfni>(slot, bases, rows);
   }
-#endif
-  x = decode_register<F, V, Gfni>(slot, bases, rows);
-  x2 = decode_register<F, V + 2, Gfni>(slot, bases, rows);
 }
 
 template <class F, bool Gfni>

@@ -303,9 +303,9 @@ inline __m256i codes_of(const uint8_t* stream) {
   return read_codes_at<M, V>(stream);
 }
 
-/// The sign and mantissa bits of fragment register V, in place in its FP8 bytes (the exponent field 0). With
-/// SignOnly (E5M2, whose mantissas come with the codes: code_mantissa_nibbles), the sign alone.
-template <class F, int V, bool Gfni, bool SignOnly = false>
+/// The bits of fragment register V's FP8 bytes that are neither exponent nor code, in place: E4M3's sign and
+/// mantissa; E5M2's sign alone (its mantissas come with the codes: code_mantissa_nibbles).
+template <class F, int V, bool Gfni>
 inline __m256i sign_mantissa_of(const uint8_t* slot) {
   constexpr Fp8TileShape shape = F::kFp8Shape;
 #if defined(__GFNI__)
@@ -315,13 +315,10 @@ inline __m256i sign_mantissa_of(const uint8_t* slot) {
       constexpr int kAt = 4 * (V % 2);
       return move_bits<kAt, 0, 3, kAt + 3>(load(slot + shape.sign_mantissa_offset() + 32 * (V / 2)));
     } else {
-      const __m256i sign = move_bits<0, 0, 0, V % 8>(load(slot + shape.sign_mantissa_offset() + 32 * (V / 8)));
-      if constexpr (SignOnly) return sign;
-      return _mm256_or_si256(sign, move_bits<2 * (V % 4), 0, 2>(load(slot + shape.mantissa_offset() + 32 * (V / 4))));
+      return move_bits<0, 0, 0, V % 8>(load(slot + shape.sign_mantissa_offset() + 32 * (V / 8)));
     }
   }
 #endif
-  static_assert(!SignOnly || F::kFormat == ElementFormat::e5m2);
   if constexpr (F::kFormat == ElementFormat::e4m3) {
     // sign+mantissa nibble [s m2 m1 m0] to s << 7 | m, by table.
     const __m256i table = _mm256_setr_epi8(0, 1, 2, 3, 4, 5, 6, 7, -128, -127, -126, -125, -124, -123, -122, -121,  //
@@ -329,9 +326,7 @@ inline __m256i sign_mantissa_of(const uint8_t* slot) {
     return _mm256_shuffle_epi8(table, read_fields<4, V>(slot + shape.sign_mantissa_offset()));
   } else {
     const __m256i signs = load(slot + shape.sign_mantissa_offset() + 32 * (V / 8));
-    const __m256i sign = _mm256_and_si256(_mm256_slli_epi16(signs, 7 - V % 8), _mm256_set1_epi8(static_cast<char>(0x80)));
-    if constexpr (SignOnly) return sign;
-    return _mm256_or_si256(sign, read_fields<2, V>(slot + shape.mantissa_offset()));
+    return _mm256_and_si256(_mm256_slli_epi16(signs, 7 - V % 8), _mm256_set1_epi8(static_cast<char>(0x80)));
   }
 }
 
@@ -558,6 +553,8 @@ inline __m256i exponents_of(__m256i code, const Fp8Bases<F>& bases, const Escape
   return exponent;
 }
 
+/// The FP8 bytes of fragment register V from its codes, escape planes and sign+mantissa stream (E4M3; E5M2's
+/// registers are decoded in pairs: decode_pair).
 template <class F, int V, bool Gfni>
 inline __m256i decode_register(const uint8_t* slot, const Fp8Bases<F>& bases, const EscapePlanes<F, Gfni>& rows) {
   const __m256i code = codes_of<mantissa_bits(F::kFormat), V, Gfni>(slot + F::kFp8Shape.code_offset());
@@ -581,8 +578,8 @@ inline void decode_pair(const uint8_t* slot, const Fp8Bases<F>& bases, const Esc
   if constexpr (F::kFormat == ElementFormat::e5m2) {
     const __m256i nibbles = code_mantissa_nibbles<F, V, Gfni>(slot);
     const __m256i low = _mm256_and_si256(nibbles, _mm256_set1_epi8(0x0F));
-    x = _mm256_or_si256(sign_mantissa_of<F, V, Gfni, true>(slot), exponents_of<F, Gfni, V>(low, bases, rows));
-    x2 = _mm256_or_si256(sign_mantissa_of<F, V + 2, Gfni, true>(slot), exponents_of<F, Gfni, V + 2>(high_nibbles<Gfni>(nibbles), bases, rows));
+    x = _mm256_or_si256(sign_mantissa_of<F, V, Gfni>(slot), exponents_of<F, Gfni, V>(low, bases, rows));
+    x2 = _mm256_or_si256(sign_mantissa_of<F, V + 2, Gfni>(slot), exponents_of<F, Gfni, V + 2>(high_nibbles<Gfni>(nibbles), bases, rows));
   } else {
     x = decode_register<F, V, Gfni>(slot, bases, rows);
     x2 = decode_register<F, V + 2, Gfni>(slot, bases, rows);

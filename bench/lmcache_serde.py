@@ -27,7 +27,7 @@ Every chunk loaded is checked bit for bit.
 
   python3 bench/lmcache_serde.py --kv-dir ~/.cache/gaac/kv --out results.json [--device cuda] [--e2e-tokens 32768]
       [--e2e-dir /path/on/the/disk] [--e2e-io page,odirect] [--e2e-serde 2x4,4x4] [--repeats 3]
-      [--skip-e2e | --skip-serdes] [--profile-serde]
+      [--skip-e2e | --skip-serdes] [--profile-serde] [--threads 1,4 | --threads ""]
 """
 import argparse
 import json
@@ -248,6 +248,10 @@ def time_tasks(name, processor, chunks, device, repeats, profile_kernels=False, 
               "chunk_shape": list(chunks[0].shape), "serialize_gbps": bf16 / best_s / 1e9,
               "deserialize_gbps": bf16 / best_d / 1e9, "max_abs_error": 0.0}
     if profile_kernels:
+        for what, task in (("serialize", serialize), ("deserialize", deserialize)):
+            result[f"{what}_stamps_us"] = stamps = task_stamps(processor, task)
+            log(f"{name} {what}: a task by time stamps (no profiler), median µs: " +
+                ", ".join(f"{k} {v:.1f}" for k, v in stamps.items()))
         passes = 5
         for what, task in (("serialize", serialize), ("deserialize", deserialize)):
             def tasks():
@@ -258,6 +262,106 @@ def time_tasks(name, processor, chunks, device, repeats, profile_kernels=False, 
             result[f"{what}_call_us"] = phases
             log(f"{name} {what}: a task, µs: " + ", ".join(f"{k} {v:.1f}" for k, v in phases.items()))
     return result
+
+
+def task_stamps(processor, task, passes=30):
+    """Where a GaacSerdeProcessor task's wall time goes, from time stamps taken in the main thread and in the
+    processor's worker (no profiler, whose per-op cost would swamp the Python it measures): median µs over
+    `passes` runs of `task()` of each step from the submit to the main thread's return with the result.
+    Steps: make objects (the benchmark's fresh destination objects), submit, hand-off (to the worker's start),
+    tensors (each object's .tensor), check (on one GPU), prepare (the chunks' checks, the codec, the device and
+    stream, capsules and keys), binding (gaac's call: arguments, launches, the GPU's work and the wait), finish
+    (sizes, the result), wake (the notify to the main thread's last query) and result."""
+    serde = processor.serde
+    marks = {}
+
+    def mark(step):
+        marks[step] = time.perf_counter()
+
+    class StampedCodec:
+        def __init__(self, codec):
+            self.codec = codec
+
+        def encode_batch(self, *a):
+            mark("prepared")
+            try:
+                return self.codec.encode_batch(*a)
+            finally:
+                mark("bound")
+
+        def decode_batch(self, *a):
+            mark("prepared")
+            try:
+                return self.codec.decode_batch(*a)
+            finally:
+                mark("bound")
+
+    def run_task(*a):
+        mark("started")
+        return type(processor)._run_task(processor, *a)
+
+    class StampedNotifier:
+        def __init__(self, notifier):
+            self.notifier = notifier
+
+        def notify(self):
+            mark("finished")
+            return self.notifier.notify()
+
+        def __getattr__(self, attr):
+            return getattr(self.notifier, attr)
+
+    def on_one_gpu(tensors):
+        mark("tensors")
+        try:
+            return type(serde).on_one_gpu(tensors)
+        finally:
+            mark("checked")
+
+    submits = {}
+    for attr in ("submit_serialize", "submit_deserialize"):
+        def submit(*a, _submit=getattr(processor, attr)):
+            mark("submitting")
+            try:
+                return _submit(*a)
+            finally:
+                mark("submitted")
+        submits[attr] = submit
+    query = {attr: getattr(processor, attr) for attr in ("query_serialize_result", "query_deserialize_result")}
+
+    def queried(attr):
+        def q(task_id):
+            mark("woken")
+            return query[attr](task_id)
+        return q
+
+    codec, notifiers = serde.codec(), (processor._serialize_efd, processor._deserialize_efd)
+    serde._codec, processor._run_task, serde.on_one_gpu = StampedCodec(codec), run_task, on_one_gpu
+    processor._serialize_efd, processor._deserialize_efd = (StampedNotifier(n) for n in notifiers)
+    for attr, f in submits.items():
+        setattr(processor, attr, f)
+    for attr in query:
+        setattr(processor, attr, queried(attr))
+    steps = ("submitting", "submitted", "started", "tensors", "checked", "prepared", "bound", "finished", "woken")
+    names = ("make objects", "submit", "hand-off", "tensors", "check", "prepare", "binding", "finish", "wake", "result")
+    rows = []
+    try:
+        for _ in range(passes):
+            marks.clear()
+            start = time.perf_counter()
+            task()
+            end = time.perf_counter()
+            if not all(s in marks for s in steps):
+                raise RuntimeError("task_stamps: the task did not go through GaacSerdeProcessor's batch path")
+            times = [start] + [marks[s] for s in steps] + [end]
+            rows.append([(b - a) * 1e6 for a, b in zip(times, times[1:])] + [(end - start) * 1e6])
+    finally:
+        serde._codec = codec
+        processor._serialize_efd, processor._deserialize_efd = notifiers
+        for attr in ("_run_task", "on_one_gpu", *submits, *query):
+            for o in (processor, serde):
+                o.__dict__.pop(attr, None)
+    return {n: float(np.median([r[i] for r in rows])) for i, n in enumerate((*names, "task"))}
 
 
 def profile_serde(name, serializer, deserializer, chunks, passes=20):
@@ -547,7 +651,7 @@ def main():
     ap.add_argument("--kv-dir", default=os.environ.get("GAAC_KV_DIR", os.path.expanduser("~/.cache/gaac/kv")))
     ap.add_argument("--out", required=True, help="JSON results")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: the GPU figures too")
-    ap.add_argument("--threads", default="1,4", help="CPU thread counts")
+    ap.add_argument("--threads", default="1,4", help="CPU thread counts; \"\" for none (with --device cuda: the GPU alone)")
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--e2e-tokens", type=int, default=32768)
     ap.add_argument("--e2e-serde", default="2x4", help="gaac's configurations, WORKERSxTHREADS, comma-separated")
@@ -561,7 +665,7 @@ def main():
     args = ap.parse_args()
     if args.repeats < 1 or args.e2e_tokens < CHUNK or args.e2e_tokens % CHUNK:
         ap.error("--repeats ≥ 1 and --e2e-tokens a positive multiple of 256")
-    threads = [int(t) for t in args.threads.split(",")]
+    threads = [int(t) for t in args.threads.split(",") if t]
     try:
         serde_configs = [tuple(int(n) for n in c.split("x")) for c in args.e2e_serde.split(",")]
     except ValueError:

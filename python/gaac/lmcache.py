@@ -80,6 +80,17 @@ def _capsules(tensors):
     return [torch.utils.dlpack.to_dlpack(t) for t in tensors]
 
 
+def object_bytes(obj):
+    """The bytes of a memory object that holds (or receives) a stored object, as a 1-D uint8 tensor: its
+    ``raw_data[: get_size()]``, as LMCache's MemoryObj documents for a narrowed size, one slice where ``.tensor``
+    builds three views; ``.tensor`` flattened for a memory object without a raw uint8 tensor (None if it has none)."""
+    raw = getattr(obj, "raw_data", None)
+    if isinstance(raw, torch.Tensor) and raw.dtype == torch.uint8 and raw.dim() == 1 and obj.is_valid():
+        return raw[: obj.get_size()]
+    tensor = obj.tensor
+    return None if tensor is None else tensor.view(-1)
+
+
 def chunk_shape(shapes, dtypes, head_dim):
     """(layers, tokens, kv_heads) of an LMCache layout: one bfloat16 tensor [2, layers, tokens, kv_heads *
     head_dim]. Raises ValueError for any other layout (MLA, several kernel groups, another dtype)."""
@@ -176,20 +187,20 @@ class GaacSerde:
         self._run(chunk, lambda stream: codec.decode(data.view(-1), chunk, object_key(key), stream))
 
     def serialize_batch(self, chunks, outs, keys) -> list[int]:
-        """serialize() of chunk tensors into byte tensors, all in the memory of one GPU, as one batch
+        """serialize() of chunk tensors into 1-D uint8 tensors, all in the memory of one GPU, as one batch
         (ChunkCodec.encode_batch); returns the objects' sizes."""
         for chunk in chunks:
             chunk_shape([chunk.shape], [chunk.dtype], self.head_dim or chunk.shape[3])
         codec = self.codec(chunks[0])
         return self._run(chunks[0], lambda stream: codec.encode_batch(
-            _capsules(chunks), _capsules([o.view(-1) for o in outs]), [object_key(k) for k in keys], stream))
+            _capsules(chunks), _capsules(outs), [object_key(k) for k in keys], stream))
 
     def deserialize_batch(self, objects, chunks, keys) -> None:
-        """deserialize() of byte tensors into chunk tensors, all in the memory of one GPU, as one batch
+        """deserialize() of 1-D uint8 tensors into chunk tensors, all in the memory of one GPU, as one batch
         (ChunkCodec.decode_batch)."""
         codec = self.codec()
         self._run(chunks[0], lambda stream: codec.decode_batch(
-            _capsules([o.view(-1) for o in objects]), _capsules(chunks), [object_key(k) for k in keys], stream))
+            _capsules(objects), _capsules(chunks), [object_key(k) for k in keys], stream))
 
     @staticmethod
     def on_one_gpu(tensors) -> bool:
@@ -240,19 +251,20 @@ class GaacSerdeProcessor(AsyncSerdeProcessor):
         self.serde = serde
 
     def _run_task(self, task_id, task_type, src_objs, dst_objs, keys):
-        # Each memory object's tensor is taken once: LMCache builds a new view at every .tensor.
-        srcs, dsts = [o.tensor for o in src_objs], [o.tensor for o in dst_objs]
-        if not self.serde.on_one_gpu(srcs + dsts):
-            return super()._run_task(task_id, task_type, src_objs, dst_objs, keys)
+        # Each memory object's tensor is taken once: LMCache builds new views at every .tensor (object_bytes: one).
         serialize = task_type.name == "SERIALIZE"
+        chunks, objects = (src_objs, dst_objs) if serialize else (dst_objs, src_objs)
+        chunks, objects = [o.tensor for o in chunks], [object_bytes(o) for o in objects]
+        if not self.serde.on_one_gpu(chunks + objects):
+            return super()._run_task(task_id, task_type, src_objs, dst_objs, keys)
         try:
             if serialize:
                 # The destination's logical size narrowed to the object's, as LMCache's own task does.
-                for dst, n in zip(dst_objs, self.serde.serialize_batch(srcs, dsts, keys), strict=True):
+                for dst, n in zip(dst_objs, self.serde.serialize_batch(chunks, objects, keys), strict=True):
                     if hasattr(dst, "set_used_size"):
                         dst.set_used_size(n)
             else:
-                self.serde.deserialize_batch(srcs, dsts, keys)
+                self.serde.deserialize_batch(objects, chunks, keys)
             success = True
         except Exception:
             logger.exception("gaac serde: %s task %d of %d chunks failed", task_type.name.lower(), task_id, len(src_objs))

@@ -336,6 +336,27 @@ def test_layouts_gaac_does_not_take_are_refused_up_front(tmp_path):
     assert exact.estimate(m.MemoryLayoutDesc(shapes=[torch.Size([2, 30, 256, 192])], dtypes=[torch.bfloat16])) >= 2 * 30 * 256 * 192 * 2
 
 
+def test_the_processor_takes_the_bytes_lmcache_objects_hold(tmp_path):
+    """What the batch path hands the codec of a memory object holding a stored object (gaac.lmcache.object_bytes) is
+    its logical bytes, as .tensor gives them: the layout's size, or a narrowed size once set; None for an
+    invalidated object."""
+    m = lmcache_modules()
+    from lmcache.v1.memory_management import MemoryObjMetadata, TensorMemoryObj
+
+    raw = torch.arange(1024, dtype=torch.int32).to(torch.uint8)  # 1,000 bytes of layout, 24 of padding
+    shape = torch.Size([1000])
+    meta = MemoryObjMetadata(shape=shape, dtype=torch.uint8, address=0, phy_size=raw.numel(), ref_count=1,
+                             shapes=[shape], dtypes=[torch.uint8])
+    buffer = TensorMemoryObj(raw, meta, None)
+    flat = m.serde.object_bytes(buffer)
+    assert flat.dtype == torch.uint8 and flat.shape == (1000,) and flat.data_ptr() == raw.data_ptr()
+    assert torch.equal(flat, buffer.tensor.view(-1))
+    buffer.set_used_size(300)
+    assert torch.equal(m.serde.object_bytes(buffer), buffer.tensor) and m.serde.object_bytes(buffer).numel() == 300
+    buffer.invalidate()
+    assert m.serde.object_bytes(buffer) is None
+
+
 def test_chunks_on_a_gpu_are_coded_there(tmp_path):
     m = lmcache_modules()
     if not (gaac.cuda_available() and torch.cuda.is_available()):

@@ -187,7 +187,7 @@ class GaacSerde:
         self._run(chunk, lambda stream: codec.decode(data.view(-1), chunk, object_key(key), stream))
 
     def serialize_batch(self, chunks, outs, keys) -> list[int]:
-        """serialize() of chunk tensors into 1-D uint8 tensors, all in the memory of one GPU, as one batch
+        """serialize() of chunk tensors into contiguous uint8 tensors, all in the memory of one GPU, as one batch
         (ChunkCodec.encode_batch); returns the objects' sizes."""
         for chunk in chunks:
             chunk_shape([chunk.shape], [chunk.dtype], self.head_dim or chunk.shape[3])
@@ -196,7 +196,7 @@ class GaacSerde:
             _capsules(chunks), _capsules(outs), [object_key(k) for k in keys], stream))
 
     def deserialize_batch(self, objects, chunks, keys) -> None:
-        """deserialize() of 1-D uint8 tensors into chunk tensors, all in the memory of one GPU, as one batch
+        """deserialize() of contiguous uint8 tensors into chunk tensors, all in the memory of one GPU, as one batch
         (ChunkCodec.decode_batch)."""
         codec = self.codec()
         self._run(chunks[0], lambda stream: codec.decode_batch(

@@ -13,7 +13,8 @@ For each serde and chunk set: ratio (BF16 bytes / bytes stored), serialize and d
 the CPU with 1 and 4 threads (gaac's per-chunk threads, PyTorch's intra-op threads for fp8), and with --device cuda
 on the GPU, where gaac.ChunkCodec is also timed called directly (no LMCache objects, no wrapper: "gaac-codec" one
 call a chunk, "gaac-batch" one encode_batch / decode_batch call of all the chunks), and where LMCache's wrapper hands
-gaac's processor one task of all the chunks ("gaac-task"). gaac's ratio is given for objects of their own size and
+gaac's processor one task of all the chunks ("gaac-task"), and --tasks-in-flight such tasks at once on each of
+--task-workers workers ("gaac-tasks-4x2": 4 tasks, 2 workers). gaac's ratio is given for objects of their own size and
 for the fixed size LMCache's adapters need (object_ratio 1.38). Every lossless result is checked bit for bit before
 it is timed; fp8 is lossy (its error is reported). Times are the best of --repeats passes over all chunks of a set (serialize, then deserialize).
 
@@ -28,6 +29,7 @@ Every chunk loaded is checked bit for bit.
   python3 bench/lmcache_serde.py --kv-dir ~/.cache/gaac/kv --out results.json [--device cuda] [--e2e-tokens 32768]
       [--e2e-dir /path/on/the/disk] [--e2e-io page,odirect] [--e2e-serde 2x4,4x4] [--repeats 3]
       [--skip-e2e | --skip-serdes] [--profile-serde] [--threads 1,4 | --threads ""]
+      [--tasks-in-flight 4] [--task-workers 1,2]
 """
 import argparse
 import json
@@ -183,13 +185,15 @@ def time_serde(name, serializer, deserializer, chunks, device, repeats, lossless
             "max_abs_error": error}
 
 
-def time_tasks(name, processor, chunks, device, repeats, profile_kernels=False, waiter="fd"):
+def time_tasks(name, processor, chunks, device, repeats, profile_kernels=False, waiter="fd", in_flight=1):
     """Ratio, serialize and deserialize GB/s of a SerdeProcessor given all the chunks as one task each way, as
-    LMCache's serde wrapper hands it a store or load task (submit, then wait for the result). The waiter is
-    LMCache's by default ("fd": block in poll() on the processor's event fd, then take the result, as
-    SerdeL2AdapterWrapper's loop does); "sleep" asks for the result every 20 µs and sleeps in between, which
-    keeps taking the GIL back from the processor's worker thread. With `profile_kernels` (CUDA), also where a
-    task's time goes (serialize_call_us, deserialize_call_us: call_phases)."""
+    LMCache's serde wrapper hands it a store or load task (submit, then wait for the result); with `in_flight` > 1,
+    that many such tasks (each with buffers of its own) submitted at once and waited for together, as LMCache's
+    store of a long prompt submits its tasks. The waiter is LMCache's by default ("fd": block in poll() on the
+    processor's event fd, then take the results, as SerdeL2AdapterWrapper's loop does); "sleep" asks for the
+    results every 20 µs and sleeps in between, which keeps taking the GIL back from the processor's workers. With
+    `profile_kernels` (CUDA, one task in flight), also where a task's time goes (serialize_stamps_us,
+    deserialize_stamps_us: task_stamps; serialize_call_us, deserialize_call_us: call_phases)."""
     import select
 
     from lmcache.v1.distributed.api import MemoryLayoutDesc
@@ -198,40 +202,47 @@ def time_tasks(name, processor, chunks, device, repeats, profile_kernels=False, 
     size = processor.estimate_serialized_size(MemoryLayoutDesc(shapes=[chunks[0].shape], dtypes=[chunks[0].dtype]))
     chunks = [c.to(device) for c in chunks]
     srcs = [memory_obj(c) for c in chunks]
-    buffers = [torch.zeros(size, dtype=torch.uint8, device=device) for _ in chunks]
-    dsts = []
-    backs = [torch.zeros_like(c) for c in chunks]
-    outs = [memory_obj(b) for b in backs]
+    flights = range(in_flight)
+    buffers = [[torch.zeros(size, dtype=torch.uint8, device=device) for _ in chunks] for _ in flights]
+    dsts = [[] for _ in flights]
+    backs = [[torch.zeros_like(c) for c in chunks] for _ in flights]
+    outs = [[memory_obj(b) for b in flight] for flight in backs]
     keys = [key_of(i) for i in range(len(chunks))]
 
-    def run(submit, query, fd, a, b):
-        task = submit(a, b, keys)
+    def run(submit, query, fd, pairs):
+        pending = [submit(a, b, keys) for a, b in pairs]
         poller = select.poll()
         poller.register(fd, select.POLLIN)
-        while (ok := query(task)) is None:
+        while True:
+            results = [query(task) for task in pending]
+            if any(ok is False for ok in results):
+                raise RuntimeError(f"{name}: a task failed")
+            pending = [task for task, ok in zip(pending, results) if ok is None]
+            if not pending:
+                return
             if waiter == "fd":
                 poller.poll(1000)
                 consume_fd(fd)
             else:
                 time.sleep(0.00002)
-        if not ok:
-            raise RuntimeError(f"{name}: a task failed")
 
     def serialize():
         # Fresh objects over the same buffers, as LMCache's allocator hands them (a serialize narrows its object).
-        dsts[:] = [memory_obj(b) for b in buffers]
-        run(processor.submit_serialize, processor.query_serialize_result, processor.get_serialize_event_fd(), srcs, dsts)
+        for flight, bufs in zip(dsts, buffers):
+            flight[:] = [memory_obj(b) for b in bufs]
+        run(processor.submit_serialize, processor.query_serialize_result, processor.get_serialize_event_fd(),
+            [(srcs, flight) for flight in dsts])
 
     def deserialize():
         run(processor.submit_deserialize, processor.query_deserialize_result, processor.get_deserialize_event_fd(),
-            dsts, outs)
+            list(zip(dsts, outs)))
 
     serialize()
     deserialize()
     sync(device)
-    if any(not torch.equal(b.view(torch.int16), c.view(torch.int16)) for b, c in zip(backs, chunks)):
+    if any(not torch.equal(b.view(torch.int16), c.view(torch.int16)) for flight in backs for b, c in zip(flight, chunks)):
         raise RuntimeError(f"{name}: a chunk did not come back bit for bit")
-    stored = sum(d.get_size() for d in dsts)
+    stored = sum(d.get_size() for d in dsts[0])
     best_s = best_d = float("inf")
     for _ in range(repeats):
         sync(device)
@@ -245,8 +256,11 @@ def time_tasks(name, processor, chunks, device, repeats, profile_kernels=False, 
         best_s, best_d = min(best_s, t1 - t0), min(best_d, t2 - t1)
     bf16 = sum(c.numel() * 2 for c in chunks)
     result = {"serde": name, "device": device, "ratio": bf16 / stored, "stored_bytes": stored, "bf16_bytes": bf16,
-              "chunk_shape": list(chunks[0].shape), "serialize_gbps": bf16 / best_s / 1e9,
-              "deserialize_gbps": bf16 / best_d / 1e9, "max_abs_error": 0.0}
+              "chunk_shape": list(chunks[0].shape), "tasks_in_flight": in_flight,
+              "serialize_gbps": in_flight * bf16 / best_s / 1e9, "deserialize_gbps": in_flight * bf16 / best_d / 1e9,
+              "max_abs_error": 0.0}
+    if profile_kernels and in_flight > 1:
+        raise ValueError("time_tasks: profile_kernels with one task in flight only")
     if profile_kernels:
         for what, task in (("serialize", serialize), ("deserialize", deserialize)):
             result[f"{what}_stamps_us"] = stamps = task_stamps(processor, task)
@@ -659,6 +673,9 @@ def main():
     ap.add_argument("--e2e-io", default="page", help="page (through the page cache), odirect (O_DIRECT), or both")
     ap.add_argument("--skip-e2e", action="store_true")
     ap.add_argument("--skip-serdes", action="store_true", help="the end-to-end figure alone")
+    ap.add_argument("--tasks-in-flight", type=int, default=4,
+                    help="with --device cuda: also this many tasks of all the chunks submitted at once (< 2: not)")
+    ap.add_argument("--task-workers", default="1,2", help="the processor's workers for the tasks in flight")
     ap.add_argument("--profile-serde", action="store_true",
                     help="with --device cuda: where gaac's serde spends a call's host time (cProfile, the 12 costliest) "
                          "and gaac.ChunkCodec its GPU time (each kernel's µs a call)")
@@ -666,6 +683,7 @@ def main():
     if args.repeats < 1 or args.e2e_tokens < CHUNK or args.e2e_tokens % CHUNK:
         ap.error("--repeats ≥ 1 and --e2e-tokens a positive multiple of 256")
     threads = [int(t) for t in args.threads.split(",") if t]
+    task_workers = [int(w) for w in args.task_workers.split(",") if w]
     try:
         serde_configs = [tuple(int(n) for n in c.split("x")) for c in args.e2e_serde.split(",")]
     except ValueError:
@@ -726,6 +744,20 @@ def main():
                 log(f"{name:8s} {label:16s} cuda: ratio {r['ratio']:.4f}  serialize {r['serialize_gbps']:.1f} GB/s  "
                     f"deserialize {r['deserialize_gbps']:.1f} GB/s  ({len(chunks)} chunks a task, as LMCache's wrapper "
                     f"hands them; waiter: {waiter})")
+            # Several tasks in flight at once, as a long prompt's store submits them, on 1 or more workers: a
+            # task's host work may then overlap another's GPU work.
+            for workers in ([] if args.tasks_in_flight < 2 else task_workers):
+                label = f"gaac-tasks-{args.tasks_in_flight}x{workers}"
+                processor = create_serde({"calibration": path, "object_ratio": 0, "max_workers": workers})
+                try:
+                    r = time_tasks(label, processor, chunks, "cuda", args.repeats, in_flight=args.tasks_in_flight)
+                finally:
+                    processor.close()
+                r.update(chunks=name, waiter="fd", max_workers=workers)
+                results["serdes"].append(r)
+                log(f"{name:8s} {label:16s} cuda: ratio {r['ratio']:.4f}  serialize {r['serialize_gbps']:.1f} GB/s  "
+                    f"deserialize {r['deserialize_gbps']:.1f} GB/s  ({args.tasks_in_flight} tasks of {len(chunks)} "
+                    f"chunks in flight, {workers} worker{'s' if workers > 1 else ''})")
             if args.profile_serde:
                 profile_serde(name, *gaac_pair(calibration, 1, 0), chunks)
             for batch, capsules in ((False, False), (True, False), (True, True)):

@@ -38,6 +38,7 @@ import platform
 import sys
 import tempfile
 import time
+import types
 
 import numpy as np
 import torch
@@ -292,23 +293,14 @@ def task_stamps(processor, task, passes=30):
     def mark(step):
         marks[step] = time.perf_counter()
 
-    class StampedCodec:
-        def __init__(self, codec):
-            self.codec = codec
-
-        def encode_batch(self, *a):
+    def binding(call):
+        def stamped(*a):
             mark("prepared")
             try:
-                return self.codec.encode_batch(*a)
+                return call(*a)
             finally:
                 mark("bound")
-
-        def decode_batch(self, *a):
-            mark("prepared")
-            try:
-                return self.codec.decode_batch(*a)
-            finally:
-                mark("bound")
+        return stamped
 
     def run_task(*a):
         mark("started")
@@ -350,7 +342,8 @@ def task_stamps(processor, task, passes=30):
         return q
 
     codec, notifiers = serde.codec(), (processor._serialize_efd, processor._deserialize_efd)
-    serde._codec, processor._run_task, serde.on_one_gpu = StampedCodec(codec), run_task, on_one_gpu
+    stamped_codec = types.SimpleNamespace(encode_batch=binding(codec.encode_batch), decode_batch=binding(codec.decode_batch))
+    serde._codec, processor._run_task, serde.on_one_gpu = stamped_codec, run_task, on_one_gpu
     processor._serialize_efd, processor._deserialize_efd = (StampedNotifier(n) for n in notifiers)
     for attr, f in submits.items():
         setattr(processor, attr, f)

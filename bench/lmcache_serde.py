@@ -284,7 +284,7 @@ def task_stamps(processor, task, passes=30):
     processor's worker (no profiler, whose per-op cost would swamp the Python it measures): median µs over
     `passes` runs of `task()` of each step from the submit to the main thread's return with the result.
     Steps: make objects (the benchmark's fresh destination objects), submit, hand-off (to the worker's start),
-    tensors (each object's .tensor), check (on one GPU), prepare (the chunks' checks, the codec, the device and
+    tensors (each object's bytes or .tensor), check (on one GPU), prepare (the chunks' checks, the codec, the device and
     stream, capsules and keys), binding (gaac's call: arguments, launches, the GPU's work and the wait), finish
     (sizes, the result), wake (the notify to the main thread's last query) and result."""
     serde = processor.serde

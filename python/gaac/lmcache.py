@@ -80,15 +80,32 @@ def _capsules(tensors):
     return [torch.utils.dlpack.to_dlpack(t) for t in tensors]
 
 
-def object_bytes(obj):
-    """The bytes of a memory object that holds (or receives) a stored object, as a 1-D uint8 tensor: its
-    ``raw_data[: get_size()]``, as LMCache's MemoryObj documents for a narrowed size, one slice where ``.tensor``
-    builds three views; ``.tensor`` flattened for a memory object without a raw uint8 tensor (None if it has none)."""
+def _raw_bytes(obj):
+    """``raw_data[: get_size()]`` of a valid memory object whose raw data is a 1-D uint8 tensor (LMCache's
+    TensorMemoryObj: its logical bytes, as its MemoryObj documents for a narrowed size), else None."""
     raw = getattr(obj, "raw_data", None)
     if isinstance(raw, torch.Tensor) and raw.dtype == torch.uint8 and raw.dim() == 1 and obj.is_valid():
         return raw[: obj.get_size()]
+    return None
+
+
+def object_bytes(obj):
+    """The bytes of a memory object that holds (or receives) a stored object, as a 1-D uint8 tensor: one slice of
+    its raw data (_raw_bytes), where ``.tensor`` builds three views; ``.tensor`` flattened for a memory object
+    without raw uint8 data (None if it has no tensor)."""
+    raw = _raw_bytes(obj)
+    if raw is not None:
+        return raw
     tensor = obj.tensor
     return None if tensor is None else tensor.view(-1)
+
+
+def chunk_data(obj):
+    """What the codec is handed of a memory object holding (or receiving) a chunk: its dense bytes (one slice,
+    _raw_bytes; gaac.ChunkCodec reads them as a chunk of its calibration's geometry, so the object's layout must
+    be checked first: GaacSerde.check_chunks), or ``.tensor`` for a memory object without raw uint8 data."""
+    raw = _raw_bytes(obj)
+    return raw if raw is not None else obj.tensor
 
 
 def chunk_shape(shapes, dtypes, head_dim):
@@ -121,6 +138,7 @@ class GaacSerde:
         self.threads = int(threads) if threads is not None else max(1, min(4, os.cpu_count() or 1))
         self._lock = threading.Lock()
         self._codec = None
+        self.geometry = None  # (layers, kv_heads) of the calibration, once the codec is made
         if os.path.exists(self.path):
             self._use(gaac.Calibration.load(self.path))
         elif not self.learn:
@@ -136,6 +154,7 @@ class GaacSerde:
             raise ValueError(f"gaac serde: the calibration at {self.path} has head_dim {calibration.head_dim}, "
                              f"not {self.head_dim}")
         self.head_dim = calibration.head_dim
+        self.geometry = (calibration.layers, calibration.kv_heads)
         self._codec = gaac.ChunkCodec(calibration, threads=self.threads, object_ratio=self.object_ratio)
 
     def codec(self, chunk=None):
@@ -186,18 +205,32 @@ class GaacSerde:
         codec = self.codec()
         self._run(chunk, lambda stream: codec.decode(data.view(-1), chunk, object_key(key), stream))
 
+    def check_chunks(self, objs) -> None:
+        """Raises ValueError unless every memory object's layout is a chunk of the codec's geometry (the
+        calibration's layers and KV heads), as the codec reads their dense bytes (chunk_data); makes the codec
+        first (while learning, from the first object's chunk)."""
+        if self._codec is None:
+            self.codec(objs[0].tensor)
+        for obj in objs:
+            layers, _, kv_heads = chunk_shape(obj.get_shapes(), obj.get_dtypes(), self.head_dim)
+            if (layers, kv_heads) != self.geometry:
+                raise ValueError(f"gaac serde: a chunk of {layers} layers and {kv_heads} KV heads; the calibration has "
+                                 f"{self.geometry[0]} and {self.geometry[1]}")
+
     def serialize_batch(self, chunks, outs, keys) -> list[int]:
-        """serialize() of chunk tensors into contiguous uint8 tensors, all in the memory of one GPU, as one batch
-        (ChunkCodec.encode_batch); returns the objects' sizes."""
+        """serialize() of chunks into contiguous uint8 tensors, all in the memory of one GPU, as one batch
+        (ChunkCodec.encode_batch); returns the objects' sizes. A chunk is a tensor shaped as LMCache's layout, or
+        its dense bytes (1-D uint8) from a memory object check_chunks has checked."""
         for chunk in chunks:
-            chunk_shape([chunk.shape], [chunk.dtype], self.head_dim or chunk.shape[3])
+            if chunk.dim() != 1:
+                chunk_shape([chunk.shape], [chunk.dtype], self.head_dim or chunk.shape[3])
         codec = self.codec(chunks[0])
         return self._run(chunks[0], lambda stream: codec.encode_batch(
             _capsules(chunks), _capsules(outs), [object_key(k) for k in keys], stream))
 
     def deserialize_batch(self, objects, chunks, keys) -> None:
-        """deserialize() of contiguous uint8 tensors into chunk tensors, all in the memory of one GPU, as one batch
-        (ChunkCodec.decode_batch)."""
+        """deserialize() of contiguous uint8 tensors into chunks (as serialize_batch takes them), all in the memory
+        of one GPU, as one batch (ChunkCodec.decode_batch)."""
         codec = self.codec()
         self._run(chunks[0], lambda stream: codec.decode_batch(
             _capsules(objects), _capsules(chunks), [object_key(k) for k in keys], stream))
@@ -251,13 +284,14 @@ class GaacSerdeProcessor(AsyncSerdeProcessor):
         self.serde = serde
 
     def _run_task(self, task_id, task_type, src_objs, dst_objs, keys):
-        # Each memory object's tensor is taken once: LMCache builds new views at every .tensor (object_bytes: one).
+        # Each memory object's bytes are taken once, by one slice (LMCache builds three views at every .tensor).
         serialize = task_type.name == "SERIALIZE"
-        chunks, objects = (src_objs, dst_objs) if serialize else (dst_objs, src_objs)
-        chunks, objects = [o.tensor for o in chunks], [object_bytes(o) for o in objects]
+        chunk_objs, object_objs = (src_objs, dst_objs) if serialize else (dst_objs, src_objs)
+        chunks, objects = [chunk_data(o) for o in chunk_objs], [object_bytes(o) for o in object_objs]
         if not self.serde.on_one_gpu(chunks + objects):
             return super()._run_task(task_id, task_type, src_objs, dst_objs, keys)
         try:
+            self.serde.check_chunks(chunk_objs)
             if serialize:
                 # The destination's logical size narrowed to the object's, as LMCache's own task does.
                 for dst, n in zip(dst_objs, self.serde.serialize_batch(chunks, objects, keys), strict=True):

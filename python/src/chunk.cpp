@@ -1,6 +1,6 @@
 // gaac.ChunkCodec: KV chunk objects (docs/format.md, section 15) from and to DLPack arrays shaped as
-// LMCache holds a chunk, `[2, layers, tokens, kv_heads · head_dim]` bfloat16, and flat uint8 buffers;
-// on the CPU (the GIL released while the library works) or, for CUDA arrays, on the GPU.
+// LMCache holds a chunk, `[2, layers, tokens, kv_heads · head_dim]` bfloat16 (or the chunk's dense bytes), and
+// flat uint8 buffers; on the CPU (the GIL released while the library works) or, for CUDA arrays, on the GPU.
 #include <nanobind/nanobind.h>
 #include <nanobind/ndarray.h>
 #include <nanobind/stl/string.h>
@@ -77,6 +77,27 @@ BasicChunkView<Element> chunk_view_of(const Array& a, int head_dim, const std::s
           static_cast<size_t>(a.stride(2))};
 }
 
+/// The chunk view of an array a codec of `calibration` takes: `[2, layers, tokens, kv_heads · head_dim]` as
+/// chunk_view_of reads it, or the chunk's bytes as a contiguous 1-D uint8 array (as LMCache's memory objects hold
+/// them: no view to build in Python), dense, of the calibration's layers and heads and as many tokens as its size
+/// holds whole.
+template <class Element, class Array>
+BasicChunkView<Element> chunk_view_for(const Array& a, const CalibrationTable& calibration, const std::string& what) {
+  const nb::dlpack::dtype dt = a.dtype();
+  if (a.ndim() != 1 || dt.code != static_cast<uint8_t>(nb::dlpack::dtype_code::UInt) || dt.bits != 8 || dt.lanes != 1)
+    return chunk_view_of<Element>(a, calibration.head_dim(), what);
+  const size_t token_bytes = 2 * sizeof(uint16_t) * static_cast<size_t>(calibration.layers()) *
+                             static_cast<size_t>(calibration.kv_heads()) * static_cast<size_t>(calibration.head_dim());
+  if (a.shape(0) > 1 && a.stride(0) != 1) throw Error(what + ": expected a contiguous array");
+  if (a.shape(0) == 0 || a.shape(0) % token_bytes != 0 || a.shape(0) / token_bytes >= (size_t{1} << 31)) {
+    throw Error(what + ": " + std::to_string(a.shape(0)) + " bytes are not a chunk of whole tokens of the calibration's geometry (" +
+                std::to_string(token_bytes) + " bytes a token)");
+  }
+  if (reinterpret_cast<uintptr_t>(a.data()) % alignof(uint16_t) != 0) throw Error(what + ": the chunk's bytes must be 2-byte aligned");
+  const ChunkGeometry g{calibration.layers(), calibration.kv_heads(), calibration.head_dim(), static_cast<int>(a.shape(0) / token_bytes)};
+  return dense_chunk_view(static_cast<Element*>(const_cast<void*>(static_cast<const void*>(a.data()))), g);
+}
+
 /// A flat byte buffer: a contiguous uint8 array (any shape) on the chunk's device.
 template <class Array>
 std::span<uint8_t> bytes_of(const Array& a, bool cuda, const std::string& what) {
@@ -104,11 +125,11 @@ struct BatchViews {
   std::vector<std::string_view> keys;
 
   BatchViews(const std::vector<ChunkArray>& chunk_arrays, const std::vector<BytesArray>& buffer_arrays,
-             const std::vector<std::string>& key_strings, int head_dim, const std::string& what)
+             const std::vector<std::string>& key_strings, const CalibrationTable& calibration, const std::string& what)
       : keys(key_strings.begin(), key_strings.end()) {
     for (size_t i = 0; i < chunk_arrays.size(); ++i) {
       if (!is_cuda(chunk_arrays[i].device_type())) throw Error(what + ": CUDA chunks only (a CPU chunk is coded one at a time)");
-      chunks.push_back(chunk_view_of<Element>(chunk_arrays[i], head_dim, what + ": chunk " + std::to_string(i)));
+      chunks.push_back(chunk_view_for<Element>(chunk_arrays[i], calibration, what + ": chunk " + std::to_string(i)));
     }
     for (size_t i = 0; i < buffer_arrays.size(); ++i) {
       const std::span<uint8_t> bytes = bytes_of(buffer_arrays[i], true, what + ": buffer " + std::to_string(i));
@@ -125,8 +146,10 @@ void bind_chunk(nb::module_& m) {
   nb::class_<Codecs>(m, "ChunkCodec",
                      "KV chunk objects (docs/format.md, section 15) of one model's cache with one calibration: a chunk "
                      "[2, layers, tokens, kv_heads * head_dim] (bfloat16, K then V, as LMCache holds it) to one "
-                     "self-describing, checksummed object and back, bit for bit. CPU arrays are coded on `threads` "
-                     "threads, CUDA arrays on the GPU (on `stream`).")
+                     "self-describing, checksummed object and back, bit for bit. A chunk may also be given as its "
+                     "bytes (a contiguous 1-D uint8 array holding the dense chunk: the calibration's layers and heads, "
+                     "tokens from its size). CPU arrays are coded on `threads` threads, CUDA arrays on the GPU (on "
+                     "`stream`).")
       .def(
           "__init__",
           [](Codecs* self, const CalibrationTable& calibration, int threads, double object_ratio) {
@@ -153,7 +176,7 @@ void bind_chunk(nb::module_& m) {
           "encode",
           [](Codecs& c, const ReadArray& chunk, const nb::ndarray<>& out, const std::string& key, uintptr_t stream) {
             const bool cuda = is_cuda(chunk.device_type());
-            const ChunkView view = chunk_view_of<const uint16_t>(chunk, c.host.calibration().head_dim(), "encode: chunk");
+            const ChunkView view = chunk_view_for<const uint16_t>(chunk, c.host.calibration(), "encode: chunk");
             const std::span<uint8_t> bytes = bytes_of(out, cuda, "encode: out");
             if (cuda) {
 #if GAAC_PYTHON_CUDA
@@ -174,7 +197,7 @@ void bind_chunk(nb::module_& m) {
           "decode",
           [](Codecs& c, const ReadArray& object, const nb::ndarray<>& chunk, const std::string& key, uintptr_t stream) {
             const bool cuda = is_cuda(chunk.device_type());
-            const MutableChunkView view = chunk_view_of<uint16_t>(chunk, c.host.calibration().head_dim(), "decode: chunk");
+            const MutableChunkView view = chunk_view_for<uint16_t>(chunk, c.host.calibration(), "decode: chunk");
             const std::span<uint8_t> bytes = bytes_of(object, cuda, "decode: object");
             if (cuda) {
 #if GAAC_PYTHON_CUDA
@@ -198,8 +221,7 @@ void bind_chunk(nb::module_& m) {
           [](Codecs& c, const std::vector<ReadArray>& chunks, const std::vector<nb::ndarray<>>& outs,
              const std::vector<std::string>& keys, uintptr_t stream) {
 #if GAAC_PYTHON_CUDA
-            const BatchViews<const uint16_t, ReadArray, nb::ndarray<>> views(chunks, outs, keys, c.host.calibration().head_dim(),
-                                                                             "encode_batch");
+            const BatchViews<const uint16_t, ReadArray, nb::ndarray<>> views(chunks, outs, keys, c.host.calibration(), "encode_batch");
             const cuda::ChunkCodec& device = c.on_device();
             nb::gil_scoped_release release;
             return device.encode_batch(views.chunks, views.keys, views.buffers, views.sizes, stream_of(stream));
@@ -217,8 +239,7 @@ void bind_chunk(nb::module_& m) {
           [](Codecs& c, const std::vector<ReadArray>& objects, const std::vector<nb::ndarray<>>& chunks,
              const std::vector<std::string>& keys, uintptr_t stream) {
 #if GAAC_PYTHON_CUDA
-            const BatchViews<uint16_t, nb::ndarray<>, ReadArray> views(chunks, objects, keys, c.host.calibration().head_dim(),
-                                                                       "decode_batch");
+            const BatchViews<uint16_t, nb::ndarray<>, ReadArray> views(chunks, objects, keys, c.host.calibration(), "decode_batch");
             const std::vector<const uint8_t*> buffers(views.buffers.begin(), views.buffers.end());
             const cuda::ChunkCodec& device = c.on_device();
             nb::gil_scoped_release release;

@@ -337,17 +337,20 @@ def test_layouts_gaac_does_not_take_are_refused_up_front(tmp_path):
 
 
 def test_the_processor_takes_the_bytes_lmcache_objects_hold(tmp_path):
-    """What the batch path hands the codec of a memory object holding a stored object (gaac.lmcache.object_bytes) is
-    its logical bytes, as .tensor gives them: the layout's size, or a narrowed size once set; None for an
-    invalidated object."""
+    """What the batch path hands the codec of LMCache's memory objects is their logical bytes, as .tensor holds
+    them (gaac.lmcache.object_bytes, chunk_data): the layout's size, or a narrowed size once set; None for an
+    invalidated object. A chunk's layout is checked against the calibration before its bytes are read as one
+    (GaacSerde.check_chunks)."""
     m = lmcache_modules()
     from lmcache.v1.memory_management import MemoryObjMetadata, TensorMemoryObj
 
-    raw = torch.arange(1024, dtype=torch.int32).to(torch.uint8)  # 1,000 bytes of layout, 24 of padding
-    shape = torch.Size([1000])
-    meta = MemoryObjMetadata(shape=shape, dtype=torch.uint8, address=0, phy_size=raw.numel(), ref_count=1,
-                             shapes=[shape], dtypes=[torch.uint8])
-    buffer = TensorMemoryObj(raw, meta, None)
+    def memory_obj(tensor, padding):
+        raw = torch.cat([tensor.reshape(-1).view(torch.uint8), torch.zeros(padding, dtype=torch.uint8)])
+        meta = MemoryObjMetadata(shape=tensor.shape, dtype=tensor.dtype, address=0, phy_size=raw.numel(), ref_count=1,
+                                 shapes=[tensor.shape], dtypes=[tensor.dtype])
+        return TensorMemoryObj(raw, meta, None), raw
+
+    buffer, raw = memory_obj(torch.arange(1000, dtype=torch.int32).to(torch.uint8), padding=24)
     flat = m.serde.object_bytes(buffer)
     assert flat.dtype == torch.uint8 and flat.shape == (1000,) and flat.data_ptr() == raw.data_ptr()
     assert torch.equal(flat, buffer.tensor.view(-1))
@@ -355,6 +358,46 @@ def test_the_processor_takes_the_bytes_lmcache_objects_hold(tmp_path):
     assert torch.equal(m.serde.object_bytes(buffer), buffer.tensor) and m.serde.object_bytes(buffer).numel() == 300
     buffer.invalidate()
     assert m.serde.object_bytes(buffer) is None
+
+    # The geometry is the data's: whole caches here, one-layer cuts where a GPU machine receives them.
+    serde = m.serde.GaacSerde(calibration_file(tmp_path, "smollm2"))
+    chunk = real_chunks("smollm2")[0][1]
+    obj, raw = memory_obj(chunk, padding=64)
+    data = m.serde.chunk_data(obj)
+    assert data.dtype == torch.uint8 and data.numel() == chunk.numel() * 2 and data.data_ptr() == raw.data_ptr()
+    assert torch.equal(data, obj.tensor.reshape(-1).view(torch.uint8))
+    serde.check_chunks([obj])
+    layers, heads = serde.geometry
+    assert (layers, heads * 64) == (chunk.shape[1], chunk.shape[3])
+    for shape in ([2, layers + 1, 40, heads * 64], [2, layers, 40, (heads - 1) * 64]):  # other layers, other heads
+        other, _ = memory_obj(torch.zeros(shape, dtype=torch.bfloat16), padding=0)
+        with pytest.raises(ValueError, match=f"the calibration has {layers} and {heads}$"):
+            serde.check_chunks([obj, other])
+
+
+def test_a_chunk_may_be_given_to_the_codec_as_its_bytes(tmp_path):
+    """gaac.ChunkCodec takes a chunk as its dense bytes (a 1-D uint8 array, as LMCache's memory objects hold it):
+    the same object as from the shaped chunk, decoded back into bytes bit for bit; sizes that are not whole tokens
+    of the calibration's geometry and unaligned bytes are refused."""
+    chunks, _ = real_chunks("smollm2")
+    codec = gaac.ChunkCodec(gaac.Calibration.load(str(calibration_file(tmp_path, "smollm2"))))
+    for chunk in chunks:
+        expected = torch.empty(codec.object_bytes(chunk.shape[2]), dtype=torch.uint8)
+        n = codec.encode(chunk, expected, "k")
+        data = chunk.contiguous().reshape(-1).view(torch.uint8)
+        out = torch.empty_like(expected)
+        assert codec.encode(data, out, "k") == n and torch.equal(out[:n], expected[:n])
+        back = torch.zeros_like(data)
+        codec.decode(out, back, "k")
+        assert torch.equal(back, data)
+    token = 2 * 2 * chunks[0].shape[1] * chunks[0].shape[3]
+    data = chunks[0].contiguous().reshape(-1).view(torch.uint8)
+    with pytest.raises(gaac.GaacError, match="whole tokens"):
+        codec.encode(data[:-token // 2], out, "k")
+    unaligned = torch.empty(data.numel() + 1, dtype=torch.uint8)[1:]
+    unaligned.copy_(data)
+    with pytest.raises(gaac.GaacError, match="aligned"):
+        codec.encode(unaligned, out, "k")
 
 
 def test_chunks_on_a_gpu_are_coded_there(tmp_path):

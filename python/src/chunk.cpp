@@ -77,27 +77,6 @@ BasicChunkView<Element> chunk_view_of(const Array& a, int head_dim, const std::s
           static_cast<size_t>(a.stride(2))};
 }
 
-/// The chunk view of an array a codec of `calibration` takes: `[2, layers, tokens, kv_heads · head_dim]` as
-/// chunk_view_of reads it, or the chunk's bytes as a contiguous 1-D uint8 array (as LMCache's memory objects hold
-/// them: no view to build in Python), dense, of the calibration's layers and heads and as many tokens as its size
-/// holds whole.
-template <class Element, class Array>
-BasicChunkView<Element> chunk_view_for(const Array& a, const CalibrationTable& calibration, const std::string& what) {
-  const nb::dlpack::dtype dt = a.dtype();
-  if (a.ndim() != 1 || dt.code != static_cast<uint8_t>(nb::dlpack::dtype_code::UInt) || dt.bits != 8 || dt.lanes != 1)
-    return chunk_view_of<Element>(a, calibration.head_dim(), what);
-  const size_t token_bytes = 2 * sizeof(uint16_t) * static_cast<size_t>(calibration.layers()) *
-                             static_cast<size_t>(calibration.kv_heads()) * static_cast<size_t>(calibration.head_dim());
-  if (a.shape(0) > 1 && a.stride(0) != 1) throw Error(what + ": expected a contiguous array");
-  if (a.shape(0) == 0 || a.shape(0) % token_bytes != 0 || a.shape(0) / token_bytes >= (size_t{1} << 31)) {
-    throw Error(what + ": " + std::to_string(a.shape(0)) + " bytes are not a chunk of whole tokens of the calibration's geometry (" +
-                std::to_string(token_bytes) + " bytes a token)");
-  }
-  if (reinterpret_cast<uintptr_t>(a.data()) % alignof(uint16_t) != 0) throw Error(what + ": the chunk's bytes must be 2-byte aligned");
-  const ChunkGeometry g{calibration.layers(), calibration.kv_heads(), calibration.head_dim(), static_cast<int>(a.shape(0) / token_bytes)};
-  return dense_chunk_view(static_cast<Element*>(const_cast<void*>(static_cast<const void*>(a.data()))), g);
-}
-
 /// A flat byte buffer: a contiguous uint8 array (any shape) on the chunk's device.
 template <class Array>
 std::span<uint8_t> bytes_of(const Array& a, bool cuda, const std::string& what) {
@@ -113,6 +92,27 @@ std::span<uint8_t> bytes_of(const Array& a, bool cuda, const std::string& what) 
     stride *= static_cast<int64_t>(a.shape(i));
   }
   return {static_cast<uint8_t*>(const_cast<void*>(static_cast<const void*>(a.data()))), a.size()};
+}
+
+/// The chunk view of an array a codec of `calibration` takes: `[2, layers, tokens, kv_heads · head_dim]` as
+/// chunk_view_of reads it, or the chunk's bytes as a contiguous 1-D uint8 array (as LMCache's memory objects hold
+/// them: no view to build in Python), dense, of the calibration's layers and heads and as many tokens as its size
+/// holds whole.
+template <class Element, class Array>
+BasicChunkView<Element> chunk_view_for(const Array& a, const CalibrationTable& calibration, const std::string& what) {
+  const nb::dlpack::dtype dt = a.dtype();
+  if (a.ndim() != 1 || dt.code != static_cast<uint8_t>(nb::dlpack::dtype_code::UInt) || dt.bits != 8 || dt.lanes != 1)
+    return chunk_view_of<Element>(a, calibration.head_dim(), what);
+  const std::span<uint8_t> bytes = bytes_of(a, is_cuda(a.device_type()), what);
+  const size_t token_bytes = 2 * sizeof(uint16_t) * static_cast<size_t>(calibration.layers()) *
+                             static_cast<size_t>(calibration.kv_heads()) * static_cast<size_t>(calibration.head_dim());
+  if (bytes.empty() || bytes.size() % token_bytes != 0 || bytes.size() / token_bytes >= (size_t{1} << 31)) {
+    throw Error(what + ": " + std::to_string(bytes.size()) + " bytes are not a chunk of whole tokens of the calibration's geometry (" +
+                std::to_string(token_bytes) + " bytes a token)");
+  }
+  if (reinterpret_cast<uintptr_t>(bytes.data()) % alignof(uint16_t) != 0) throw Error(what + ": the chunk's bytes must be 2-byte aligned");
+  const ChunkGeometry g{calibration.layers(), calibration.kv_heads(), calibration.head_dim(), static_cast<int>(bytes.size() / token_bytes)};
+  return dense_chunk_view(reinterpret_cast<Element*>(bytes.data()), g);
 }
 
 #if GAAC_PYTHON_CUDA

@@ -675,8 +675,15 @@ def main():
     args = ap.parse_args()
     if args.repeats < 1 or args.e2e_tokens < CHUNK or args.e2e_tokens % CHUNK:
         ap.error("--repeats ≥ 1 and --e2e-tokens a positive multiple of 256")
-    threads = [int(t) for t in args.threads.split(",") if t]
-    task_workers = [int(w) for w in args.task_workers.split(",") if w]
+    if not 0 <= args.tasks_in_flight <= 64:
+        ap.error("--tasks-in-flight: 0 to 64 (each task holds its chunks' objects)")
+    try:
+        threads = [int(t) for t in args.threads.split(",") if t]
+        task_workers = [int(w) for w in args.task_workers.split(",") if w]
+    except ValueError:
+        threads = task_workers = [0]
+    if any(not 1 <= n <= 256 for n in threads + task_workers):
+        ap.error("--threads and --task-workers: comma-separated counts from 1 to 256")
     try:
         serde_configs = [tuple(int(n) for n in c.split("x")) for c in args.e2e_serde.split(",")]
     except ValueError:

@@ -21,9 +21,12 @@
 // and GFNI). With GFNI (make_fp8_kernels<true>) the escape planes are stored as one 8×8 bit matrix
 // per group (its qword: plane k in the byte whose row is the exponent bit 2 + k), written per fragment
 // register, and one vgf2p8affineqb against byte i = 1 << i turns a register's four matrices into the
-// weighted plane bits of its 32 elements: 2 instructions a register instead of 6 per plane; and each
-// stream field (codes, signs, mantissas) is moved to its place by one affine against a constant matrix
-// (move_bits) instead of a shift and a mask. In both sets E5M2's codes and mantissas, two 2-bit streams of
+// weighted plane bits of its 32 elements: 2 instructions a register; and each stream field (codes, signs,
+// mantissas) is moved to its place by one affine against a constant matrix (move_bits) instead of a
+// shift and a mask. Without GFNI the planes are stored per register as nibble words (element j's plane
+// bits in the low nibble of byte j mod 4 of its group's word, element j + 4's in the high one), and a
+// vpshufb, a dword shift and a mask give a register's weighted plane bits: 4 instructions a register,
+// not 6 a plane. In both sets E5M2's codes and mantissas, two 2-bit streams of
 // the same layout, are taken for two registers at once (code_mantissa_nibbles): a shift (with GFNI an
 // affine), two ands and an or make both registers' [code | mantissa] nibbles, which pass through the
 // exponent's additions untouched.
@@ -380,16 +383,18 @@ constexpr ByteControl kFp8ElementBit = [] {
   return bits;
 }();
 
-/// Every group's mode and escape planes, in rows of 16 groups (group 16r + i at byte i of row r): the mode
+/// Every group's mode and escape planes: the mode in rows of 16 groups (group 16r + i at byte i of row r)
 /// as 0x00 (2-bit), 0x80 (3-bit) or 0x7F (raw), so that bit 7 picks b3 over b2 and bits 0..6 clear a raw
-/// group's base (exponents_of), and plane k (bit 2 + k of each offset or exponent) where
-/// the group has one, else 0. With GFNI the planes are kept instead as `matrix`: per fragment register,
-/// its four groups' qwords (write_matrices).
+/// group's base (exponents_of); the planes (plane k: bit 2 + k of each offset or exponent, 0 for a 2-bit
+/// group) per fragment register. With GFNI as `matrix`: the register's four groups' qwords
+/// (write_matrices). Without, as `nibbles`: per group of the register a 4-byte word whose byte j holds
+/// element j's plane bits in its low nibble and element j + 4's in its high nibble (bit k: plane k), the
+/// register's groups 0, 1 in bytes 0..7 and 2, 3 in bytes 8..15 (write_nibbles).
 template <class F, bool Gfni>
 struct EscapePlanes {
   alignas(32) uint8_t mode[TagRows<F>::kRows][16];
-  alignas(32) uint8_t plane[Gfni ? 1 : F::kRawBytes][Gfni ? 1 : TagRows<F>::kRows][16];
   alignas(32) uint8_t matrix[Gfni ? F::kRegisters : 1][32];
+  alignas(16) uint8_t nibbles[Gfni ? 1 : F::kRegisters][16];
 };
 
 /// A tile without escapes: every group 2-bit.
@@ -454,6 +459,64 @@ inline void write_matrices(const __m256i* plane, int r, uint8_t (*matrix)[32]) {
   });
 }
 
+/// Without GFNI: the nibble words (EscapePlanes::nibbles) of the registers whose groups lie in rows r and
+/// r + 1, from the planes of those rows (one row per 128-bit lane; plane k: bit i for element i of each
+/// group). Byte j of a group's word is the sum over k of (bits j and j + 4 of plane k) << k; unpacking the
+/// four bytes j makes the words of groups 4w .. 4w + 3 in words[w]; a register's groups 0, 1 and 2, 3 are two
+/// adjacent words each (row-local groups (2·pp)·G + 2c and (2·pp + 1)·G + 2c, kMatrixSlots' numbering).
+template <class F>
+inline void write_nibbles(const __m256i* plane, int r, uint8_t (*nibbles)[16]) {
+  constexpr int G = F::kGroupsPerLane, kPerRow = 8 / G;
+  __m256i byte[4];
+  static_for<4>([&](auto j) {
+    constexpr int J = decltype(j)::value;
+    __m256i sum = _mm256_setzero_si256();
+    static_for<F::kRawBytes>([&](auto k) {
+      // Bits J and J + 4 of every byte to bits K and K + 4: a 16-bit shift's bits that cross bytes land
+      // outside the mask (the shift is at most 3).
+      constexpr int K = decltype(k)::value, kShift = K - J;
+      const __m256i at = kShift >= 0 ? _mm256_slli_epi16(plane[K], kShift > 0 ? kShift : 0)
+                                     : _mm256_srli_epi16(plane[K], kShift < 0 ? -kShift : 0);
+      sum = _mm256_or_si256(sum, _mm256_and_si256(at, _mm256_set1_epi8(static_cast<char>(0x11 << K))));
+    });
+    byte[J] = sum;
+  });
+  const __m256i low01 = _mm256_unpacklo_epi8(byte[0], byte[1]), low23 = _mm256_unpacklo_epi8(byte[2], byte[3]);
+  const __m256i high01 = _mm256_unpackhi_epi8(byte[0], byte[1]), high23 = _mm256_unpackhi_epi8(byte[2], byte[3]);
+  const __m256i words[4] = {_mm256_unpacklo_epi16(low01, low23), _mm256_unpackhi_epi16(low01, low23),
+                            _mm256_unpacklo_epi16(high01, high23), _mm256_unpackhi_epi16(high01, high23)};
+  static_for<F::kChunks>([&](auto chunk) {
+    constexpr int c = decltype(chunk)::value;
+    static_for<kPerRow>([&](auto part) {
+      constexpr int pp = decltype(part)::value, first = 2 * pp * G + 2 * c, second = (2 * pp + 1) * G + 2 * c;
+      // Both pairs sit in the same half of their words' registers (2c mod 4 is 0 or 2).
+      const __m256i x = c % 2 == 0 ? _mm256_unpacklo_epi64(words[first / 4], words[second / 4])
+                                   : _mm256_unpackhi_epi64(words[first / 4], words[second / 4]);
+      _mm_store_si128(reinterpret_cast<__m128i*>(nibbles[16 * c + kPerRow * r + pp]), _mm256_castsi256_si128(x));
+      _mm_store_si128(reinterpret_cast<__m128i*>(nibbles[16 * c + kPerRow * (r + 1) + pp]), _mm256_extracti128_si256(x, 1));
+    });
+  });
+}
+
+/// Without GFNI, per byte of a register: the byte of its group's nibble word that holds the element's
+/// plane bits (element i: byte i mod 4 of the word of group d / 8, as the register's 16 bytes are
+/// broadcast to both lanes).
+constexpr ByteControl kNibblePick = [] {
+  ByteControl pick{};
+  for (int d = 0; d < 32; ++d) pick.bytes[static_cast<size_t>(d)] = static_cast<uint8_t>(4 * (d / 8) + d % 4);
+  return pick;
+}();
+
+/// Without GFNI, per dword of a register (elements 0..3 of a group, then 4..7): the left shift that takes
+/// the elements' nibble (low, then high) to the planes' place, bit 2 + M.
+template <class F>
+constexpr DwordControl kNibbleShift = [] {
+  constexpr uint32_t kAt = 2 + mantissa_bits(F::kFormat);
+  DwordControl shift{};
+  for (uint32_t d = 0; d < 8; ++d) shift.dwords[d] = d % 2 == 0 ? kAt : kAt - 4;
+  return shift;
+}();
+
 /// Fills `out`, two rows (one per 128-bit lane) at a time. A group's escapes start at its row's start
 /// plus the escape bytes of the groups before it in the row (a prefix sum of 0, 1 or X − 2 per group);
 /// plane k of it is the byte k further on, picked with vpshufb from the 16-byte windows of the row's
@@ -508,11 +571,8 @@ void find_escape_planes(const uint8_t* tags, const uint8_t* escapes, size_t capa
       }
       planes[k] = _mm256_and_si256(plane, k == 0 ? _mm256_or_si256(is3, raw) : raw);
     }
-    if constexpr (Gfni) {
-      write_matrices<F>(planes, r, out.matrix);
-    } else {
-      for (int k = 0; k < kR; ++k) store(out.plane[k][r], planes[k]);
-    }
+    if constexpr (Gfni) write_matrices<F>(planes, r, out.matrix);
+    else write_nibbles<F>(planes, r, out.nibbles);
     store(out.mode[r], _mm256_or_si256(_mm256_and_si256(is3, _mm256_set1_epi8(static_cast<char>(0x80))),
                                        _mm256_and_si256(raw, _mm256_set1_epi8(0x7F))));
   }
@@ -534,23 +594,22 @@ inline __m256i exponents_of(__m256i code, const Fp8Bases<F>& bases, const Escape
   // base (bases are below 2^7).
   const __m256i mode = picked(planes.mode[row]);
   const __m256i base = _mm256_andnot_si256(mode, _mm256_blendv_epi8(bases.narrow(v), bases.wide(v), mode));
-  __m256i exponent = _mm256_add_epi8(code, base);
-  const __m256i bit = load(kFp8ElementBit);
+  const __m256i exponent = _mm256_add_epi8(code, base);
 #if defined(__GFNI__)
   if constexpr (Gfni) {
     // Byte i of each qword is 1 << i: the affine gives element i bit i of every matrix byte, at the bit
     // the byte's row stands for (the planes' weights; the matrix's other bytes are 0).
-    return _mm256_add_epi8(exponent, _mm256_gf2p8affine_epi64_epi8(bit, load(planes.matrix[V]), 0));
+    return _mm256_add_epi8(exponent, _mm256_gf2p8affine_epi64_epi8(load(kFp8ElementBit), load(planes.matrix[V]), 0));
   }
 #else
   static_assert(!Gfni, "the GFNI kernels need a translation unit built with -mgfni");
 #endif
-#pragma GCC unroll 3
-  for (int k = 0; k < F::kRawBytes; ++k) {
-    const __m256i set = _mm256_cmpeq_epi8(_mm256_and_si256(picked(planes.plane[k][row]), bit), bit);
-    exponent = _mm256_add_epi8(exponent, _mm256_and_si256(set, _mm256_set1_epi8(static_cast<char>(4 << (k + kM)))));
-  }
-  return exponent;
+  // Each element's byte of its group's nibble word, its nibble shifted to bit 2 + M (a dword shift: what
+  // crosses into the next byte, and the other nibble, fall outside the mask).
+  const __m256i words = _mm256_broadcastsi128_si256(_mm_load_si128(reinterpret_cast<const __m128i*>(planes.nibbles[V])));
+  const __m256i bits = _mm256_sllv_epi32(_mm256_shuffle_epi8(words, load(kNibblePick)), load(kNibbleShift<F>));
+  constexpr int kPlaneBits = ((1 << F::kRawBytes) - 1) << (2 + kM);
+  return _mm256_add_epi8(exponent, _mm256_and_si256(bits, _mm256_set1_epi8(static_cast<char>(kPlaneBits))));
 }
 
 /// The FP8 bytes of fragment register V from its codes, escape planes and sign+mantissa stream (E4M3; E5M2's

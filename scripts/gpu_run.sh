@@ -10,8 +10,9 @@
 #   scripts/gpu_run.sh [--prebuilt DIR] [--data DIR] [--bench-args "..."]... [--skip-tests] [--skip-sanitizer]
 #                      [--skip-bench] [--codecs PEERS_DIR] [--codec-args "..."] [--profile SHAPE:CTX:BS]...
 #                      [--compare NAME=LIB]... [--compare-args "..."] [--limit SECONDS]
-# Each --bench-args is one run of the benchmark (its own shapes and cases), one after the other; each
-# --profile one case under Nsight Compute.
+# --prebuilt DIR may hold only some of the GPU tests (cuda_decode_test and the benchmark library at least);
+# the others are reported skipped. Each --bench-args is one run of the benchmark (its own shapes and cases),
+# one after the other; each --profile one case under Nsight Compute.
 # --compare times an earlier build of the benchmark library (another kernel version) on 64K batch 1
 # of `llama` (or on --compare-args' shapes and cases) against this one, in the same call, after the
 # main benchmark; --limit is the time the
@@ -48,11 +49,13 @@ stage "device"
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.max.sm,clocks.mem,power.limit --format=csv
 nvcc --version | tail -1
 
+# The GPU tests, in the order they run.
+gpu_tests=(lane_decode_test cuda_codec_test cuda_decode_test cuda_grow_test cuda_chunk_test)
 # Prebuilt binaries run here when the decode test, every other test the directory holds, and the
 # benchmark library load (a directory may hold only the tests a change touches).
 prebuilt_runs() {
   "$prebuilt/cuda_decode_test" --gtest_list_tests >/dev/null 2>&1 || return 1
-  for t in lane_decode_test cuda_codec_test cuda_grow_test cuda_chunk_test; do
+  for t in "${gpu_tests[@]}"; do
     [ ! -e "$prebuilt/$t" ] || "$prebuilt/$t" --gtest_list_tests >/dev/null 2>&1 || return 1
   done
   python3 -c "import torch, ctypes; ctypes.CDLL('$prebuilt/libgaac_gpu_bench.so')" 2>/dev/null
@@ -71,20 +74,19 @@ else
   cmake -S . -B build-gpu -G Ninja -DCMAKE_BUILD_TYPE=Release -DGAAC_BUILD_BENCHMARKS=OFF -DGAAC_BUILD_TOOLS=OFF \
     -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_CUDA_HOST_COMPILER="$cxx" "${xx[@]}" >"$out/cmake.log" 2>&1 ||
     { tail -30 "$out/cmake.log"; exit 1; }
-  ninja -C build-gpu cuda_decode_test cuda_codec_test cuda_grow_test cuda_chunk_test lane_decode_test gaac_gpu_bench >"$out/build.log" 2>&1 ||
+  ninja -C build-gpu "${gpu_tests[@]}" gaac_gpu_bench >"$out/build.log" 2>&1 ||
     { tail -40 "$out/build.log"; exit 1; }
   mkdir -p build-gpu/collected
-  cp build-gpu/tests/cuda_decode_test build-gpu/tests/cuda_codec_test build-gpu/tests/cuda_grow_test build-gpu/tests/cuda_chunk_test \
-    build-gpu/tests/lane_decode_test build-gpu/bench/gpu/libgaac_gpu_bench.so build-gpu/collected/
+  cp "${gpu_tests[@]/#/build-gpu/tests/}" build-gpu/bench/gpu/libgaac_gpu_bench.so build-gpu/collected/
   bin=build-gpu/collected
 fi
 
 status=0
 if [ $skip_tests -eq 0 ]; then
   stage "tests"
-  for t in lane_decode_test cuda_codec_test cuda_decode_test cuda_grow_test cuda_chunk_test; do
+  for t in "${gpu_tests[@]}"; do
     # A prebuilt directory may carry only the tests a change touches (a call carries at most 64 MiB).
-    [ -n "$prebuilt" ] && [ ! -x "$bin/$t" ] && { echo "$t: SKIPPED, not in $bin"; continue; }
+    [ "$bin" = "$prebuilt" ] && [ ! -x "$bin/$t" ] && { echo "$t: SKIPPED, not in $bin"; continue; }
     timeout 300 "$bin/$t" --gtest_brief=1 >"$out/$t.log" 2>&1
     rc=$?
     echo "$t: exit $rc"; tail -3 "$out/$t.log"

@@ -46,15 +46,14 @@ ctest --test-dir build --output-on-failure -j"$jobs"
 slowest build
 
 stage "Python package: wheel, install, tests"
-# The wheel is built from this tree by pip (scikit-build-core + nanobind from PyPI), installed into the
-# fresh virtual environment made above and tested against the CLI built above.
-wait $python_deps || { tail -30 build/python-venv-install.log; echo "installing tests/python/requirements.txt (or converting the models) FAILED"; exit 1; }
-# Without a GPU the wheel leaves out the CUDA kernels, which its tests could not run (the Release build above
-# compiled them, and their tests skipped there too): minutes of nvcc saved. With one, they are in.
-cuda_wheel=()
-nvidia-smi -L >/dev/null 2>&1 || cuda_wheel=(-C cmake.define.GAAC_ENABLE_CUDA=OFF)
-CMAKE_BUILD_PARALLEL_LEVEL=$jobs build/python-venv/bin/pip wheel -q --no-build-isolation --no-deps -w build/wheels \
-  "${cuda_wheel[@]}" .
+# The wheel is built from this tree by pip (scikit-build-core + nanobind from PyPI) in the Release build's
+# directory, with that build's options and generator: only the extension compiles (the library, and the CUDA
+# kernels where nvcc is found, are built already). It is installed into the fresh virtual environment made
+# above and tested against the CLI built above.
+generator=$(sed -n 's/^CMAKE_GENERATOR:INTERNAL=//p' build/CMakeCache.txt)
+CMAKE_GENERATOR=$generator CMAKE_BUILD_PARALLEL_LEVEL=$jobs build/python-venv/bin/pip wheel -q --no-build-isolation \
+  --no-deps -w build/wheels -C build-dir=build -C cmake.define.GAAC_BUILD_TOOLS=ON -C cmake.define.GAAC_BUILD_TESTS=ON \
+  -C cmake.define.GAAC_BUILD_BENCHMARKS=ON .
 build/python-venv/bin/pip install -q build/wheels/gaac-*.whl
 # Every test runs: transformers' (both models, on the CPU) and LMCache's too; the GPU ones skip without a device.
 # Side by side, one process per core (pytest-xdist), each with one PyTorch thread (threads of every process
@@ -74,6 +73,8 @@ cmake -S . -B build-asan "${sanitizer_flags[@]}" -DGAAC_SANITIZE=ON -DGAAC_BUILD
 cmake --build build-asan -j"$jobs"
 # The engine's logits comparisons over both caches (minutes under the sanitizers) run in the Release stage;
 # here the engine runs both models through the greedy-token tests.
+# The Release run's test times order this one, longest first, so that no long test starts last.
+mkdir -p build-asan/Testing/Temporary && cp build/Testing/Temporary/CTestCostData.txt build-asan/Testing/Temporary/
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --test-dir build-asan --output-on-failure -j"$jobs" \
   -E 'LogitsAreIdenticalWithEitherCache|PromptInPassesEqualsOnePass'
 slowest build-asan

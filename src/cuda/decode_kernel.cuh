@@ -12,19 +12,21 @@
 // Everything else — the pipeline, the products, the online softmax, the merges — is the same code,
 // so on the same values a cache and its twin give the same bits.
 //
-// Work split: CTA (split, KV head, sequence) takes up to blocks_per_split consecutive attended
-// blocks of one sequence; its warps take every NW-th block, each streaming its blocks through its own
-// ring of shared-memory stages filled by the copy engine (cp.async.bulk, completion on an mbarrier).
-// A warp works on at most one K tile and one V tile of a block. Heads of 256 channels (two tiles) are
-// served by pairs of warps, one per 128-channel half, which take every (NW/2)-th block together and add
-// their halves of the scores through shared memory (one mbarrier phase a block) before the softmax,
-// which both then run alike. 9–16 query heads of one tile are served by pairs that split K and V: the
-// key warp computes the scores and hands them over the same way, the value warp runs the softmax and
-// the products with V, so neither holds both the queries and the outputs of 16 heads. Per block, Sᵀ =
-// K·Qᵀ with the key tile as the m16n8k16 A operand (16 tokens) and the KV head's query heads as the
-// columns of B (8 per column block: no zero rows), an online softmax, and Oᵀ += Vᵀ·Pᵀ with the value
-// tile as A operand and Pᵀ, transposed in registers (movmatrix), as B. The warps' (pairs') states meet
-// in shared memory, the splits' in global memory, merged by the last CTA of each (sequence, KV head).
+// Work split: CTA (split, KV head, sequence) takes up to blocks_per_split consecutive attended blocks of one
+// sequence; its warps take every NW-th block, each streaming its blocks through its own ring of shared-memory
+// stages filled by the copy engine (cp.async.bulk, completion on an mbarrier). A warp works on at most one K
+// tile and one V tile of a block; each tile buffer has its own mbarrier and is refilled as soon as its tile
+// is used (a key tile after the scores, before the softmax and the values), so a key tile's copy starts about
+// half a block earlier than a stage released whole would allow. Heads of 256 channels (two tiles) are served
+// by pairs of warps, one per 128-channel half, which take every (NW/2)-th block together and add their halves
+// of the scores through shared memory (one mbarrier phase a block) before the softmax, which both then run
+// alike. 9–16 query heads of one tile are served by pairs that split K and V: the key warp computes the
+// scores and hands them over the same way, the value warp runs the softmax and the products with V, so
+// neither holds both the queries and the outputs of 16 heads. Per block, Sᵀ = K·Qᵀ with the key tile as the
+// m16n8k16 A operand (16 tokens) and the KV head's query heads as the columns of B (8 per column block: no
+// zero rows), an online softmax, and Oᵀ += Vᵀ·Pᵀ with the value tile as A operand and Pᵀ, transposed in
+// registers (movmatrix), as B. The warps' (pairs') states meet in shared memory, the splits' in global
+// memory, merged by the last CTA of each (sequence, KV head).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -478,9 +480,15 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
 
   const SharedLayout layout =
       shared_memory_layout(C, P, H, Src, NW, STAGES, a.tile_stride, a.blocks_per_split);
-  const uint32_t stage_bytes = (kSplitKV ? 1u : 2u) * a.tile_stride;  // the warp's K tile, then its V tile
+  // The warp's tile buffers in the order it uses them: tile j is tile j % kWarpTiles (K, then V) of its
+  // block j / kWarpTiles, held in buffer j % kRing (stage-major: a stage's K buffer, then its V buffer)
+  // behind mbarrier j % kRing.
+  constexpr int kWarpTiles = kSplitKV ? 1 : 2;
+  constexpr int kRing = STAGES * kWarpTiles;
+  const uint32_t stage_bytes = kWarpTiles * a.tile_stride;  // the warp's K tile, then its V tile
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + layout.bars);
-  uint64_t* pair_bars = bars + NW * STAGES;  // pairs of warps only
+  uint64_t* my_bars = bars + warp * kRing;
+  uint64_t* pair_bars = bars + NW * kRing;  // pairs of warps only
   uint32_t* ents = reinterpret_cast<uint32_t*>(smem + layout.entries);
   const uint8_t* bases = smem + layout.bases;
 
@@ -503,7 +511,7 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
   }
   if (lane == 0) {
 #pragma unroll
-    for (int s = 0; s < STAGES; ++s) ptx::mbarrier_init(&bars[warp * STAGES + s], 1);
+    for (int s = 0; s < kRing; ++s) ptx::mbarrier_init(&my_bars[s], 1);
     // A pair's two score-exchange barriers (one per block parity): all 64 threads arrive.
     if (kPaired && role == 0) ptx::mbarrier_init(&pair_bars[2 * unit], 64), ptx::mbarrier_init(&pair_bars[2 * unit + 1], 64);
     ptx::fence_barrier_init();
@@ -535,42 +543,41 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
     else ent[0] = e[mine_half], ent[1] = e[P + mine_half];
   };
 
-  // Starts the copies of the warp's i-th block into stage i % STAGES.
-  const auto issue = [&](int i) {
+  // Starts the copy of the warp's tile j (see kRing) into its buffer.
+  const auto issue = [&](int j) {
     uint32_t e[2];
-    warp_entries(ents + (unit + kUnits * i) * kTiles, e);
-    uint8_t* stage = my_stages + static_cast<uint32_t>(i % STAGES) * stage_bytes;
-    uint64_t* bar = &bars[warp * STAGES + i % STAGES];
+    warp_entries(ents + (unit + kUnits * (j / kWarpTiles)) * kTiles, e);
+    const uint32_t entry = j % kWarpTiles == 0 ? e[0] : e[1];  // a select: an index would put e in local memory
+    uint8_t* buffer = my_stages + static_cast<uint32_t>(j % kRing) * a.tile_stride;
+    uint64_t* bar = &my_bars[j % kRing];
     if constexpr (is_compressed(Src)) {
-      // Lane j copies tile j when it is compressed (raw tiles are read from global memory), announcing
-      // its bytes first; lane 0 arrives once every lane has.
-      if (lane < 2) {
-        const uint32_t entry = e[lane];
+      // A compressed tile is copied whole (raw tiles are read from global memory).
+      if (lane == 0) {
         if (entry_class(entry) == TileClass::compressed) {
-          ptx::mbarrier_expect_tx(bar, a.cache.geometry.unit_bytes);
-          ptx::bulk_copy_to_shared(stage + lane * a.tile_stride, a.cache.units + a.cache.geometry.unit_offset(entry_unit(entry)),
+          ptx::mbarrier_arrive_expect_tx(bar, a.cache.geometry.unit_bytes);
+          ptx::bulk_copy_to_shared(buffer, a.cache.units + a.cache.geometry.unit_offset(entry_unit(entry)),
                                    a.cache.geometry.unit_bytes, bar);
+        } else {
+          ptx::mbarrier_arrive(bar);
         }
       }
-      __syncwarp();
-      if (lane == 0) ptx::mbarrier_arrive(bar);
     } else {
       constexpr uint32_t kRowBytes = is_fp8(Src) ? C : 2 * C;
       constexpr uint32_t kRowStride = is_fp8(Src) ? fp8_row_stride(C) : bf16_row_stride(C);
-      if (lane == 0) {
-        uint32_t bytes = 0;
-#pragma unroll
-        for (int j = 0; j < 2; ++j) bytes += entry_class(e[j]) == TileClass::raw ? 16 * kRowBytes : 0u;
-        ptx::mbarrier_arrive_expect_tx(bar, bytes);
-      }
+      const bool raw = entry_class(entry) == TileClass::raw;
+      if (lane == 0) ptx::mbarrier_arrive_expect_tx(bar, raw ? 16 * kRowBytes : 0u);
       __syncwarp();
-      // Lane r copies row r % 16 of tile r / 16 (32 rows: the warp's two tiles).
-      const uint32_t entry = e[lane / 16];
-      if (entry_class(entry) == TileClass::raw)
-        ptx::bulk_copy_to_shared(stage + (lane / 16) * a.tile_stride + (lane % 16) * kRowStride,
-                                 a.cache.units + a.cache.geometry.unit_offset(entry_unit(entry)) + (lane % 16) * kRowBytes, kRowBytes,
+      // Lane r < 16 copies row r.
+      if (raw && lane < 16)
+        ptx::bulk_copy_to_shared(buffer + lane * kRowStride,
+                                 a.cache.units + a.cache.geometry.unit_offset(entry_unit(entry)) + lane * kRowBytes, kRowBytes,
                                  bar);
     }
+  };
+  // Done with tile v of the warp's i-th block: its buffer takes the same tile of block i + STAGES.
+  const auto release = [&](int i, int v) {
+    __syncwarp();
+    if (i + STAGES < mine) issue(kWarpTiles * (i + STAGES) + v);
   };
 
   // Online-softmax state of the lane's two query heads 2t and 2t+1 (log2 domain): the reference
@@ -587,7 +594,7 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
   }
   uint32_t sink = 0;
 
-  for (int i = 0; i < STAGES && i < mine; ++i) issue(i);
+  for (int j = 0; j < kRing && j < kWarpTiles * mine; ++j) issue(j);
 
   // The lane-interleaved base words of this (layer, head) and an FP8 cache's widening table, while the
   // first tiles are in flight.
@@ -646,7 +653,10 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
   // The work on the warp's i-th block: all of it, or (pairs splitting K and V) its key or value part.
   const auto block = [&](int i, auto part) {
     constexpr Part kPart = decltype(part)::value;
-    ptx::mbarrier_wait(&bars[warp * STAGES + i % STAGES], static_cast<uint32_t>(i / STAGES) & 1u);
+    // Both tiles first: one warp scan gives the escape offsets of both.
+#pragma unroll
+    for (int v = 0; v < kWarpTiles; ++v)
+      ptx::mbarrier_wait(&my_bars[(kWarpTiles * i + v) % kRing], static_cast<uint32_t>(i / STAGES) & 1u);
     const uint8_t* stage = my_stages + static_cast<uint32_t>(i % STAGES) * stage_bytes;
     const uint32_t* e = ents + (unit + kUnits * i) * kTiles;
     uint32_t ent[2];  // the warp's tiles of the block (warp_entries)
@@ -655,7 +665,8 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
 
     if constexpr (W == Work::load_only) {
 #pragma unroll
-      for (int j = 0; j < (kSplitKV ? 1 : 2); ++j) sink ^= *reinterpret_cast<const uint32_t*>(stage + j * a.tile_stride + 4 * lane);
+      for (int j = 0; j < kWarpTiles; ++j) sink ^= *reinterpret_cast<const uint32_t*>(stage + j * a.tile_stride + 4 * lane);
+      if constexpr (kWarpTiles == 2) release(i, 0);
     } else {
       bool key_absent = false;
 #pragma unroll
@@ -726,6 +737,7 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
           }
         }
       }
+      if constexpr (kWarpTiles == 2) release(i, 0);  // the key tile is used: its buffer takes the next one
 
       // Online softmax over the block's 16 tokens. Scores are scaled into the log2 domain inside the
       // exponent's argument (one FFMA); a head's reference maximum moves only when the block's
@@ -872,8 +884,7 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
         }
       }
     }
-    __syncwarp();
-    if (i + STAGES < mine) issue(i + STAGES);
+    release(i, kWarpTiles - 1);
   };
 
   // Units meet in shared memory: their softmax states and outputs. The two warps of a pair of halves hold

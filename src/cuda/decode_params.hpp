@@ -111,7 +111,8 @@ GAAC_HOST_DEVICE constexpr bool works_in_pairs(int halves, int heads) {
 struct SharedLayout {
   uint32_t stages = 0;   ///< NW × STAGES stages of a warp's tiles of a block: K and V, or one of them when
                          ///< pairs split K and V (reused by the merges afterwards)
-  uint32_t bars = 0;     ///< one mbarrier per stage; for pairs of warps, then two per pair (one per block parity)
+  uint32_t bars = 0;     ///< one mbarrier per tile buffer of a stage; for pairs of warps, then two per pair (one per
+                         ///< block parity)
   uint32_t exchange = 0; ///< pairs of warps: each warp's half (or the key warp's whole) of a block's scores, for two blocks
   uint32_t warp_merge = 0; ///< the units' softmax states and outputs at the end: the stage region, or, when pairs
                            ///< split K and V, a region of its own (value warps publish while key warps may still read)
@@ -146,7 +147,8 @@ GAAC_HOST_DEVICE constexpr SharedLayout shared_memory_layout(int channels, int h
                                                          : (overlaid > split_merge ? overlaid : split_merge));
   layout.bars = region;
   const uint32_t pair_bars = paired ? static_cast<uint32_t>(warps) : 0u;  // two for each of warps / 2 pairs
-  layout.exchange = layout.bars + (static_cast<uint32_t>(warps * stages) + pair_bars) * 8u;
+  const uint32_t tile_bars = static_cast<uint32_t>(warps * stages) * (split_kv ? 1u : 2u);  // one per tile buffer
+  layout.exchange = layout.bars + (tile_bars + pair_bars) * 8u;
   // Per warp: two blocks × 32 lanes × (heads / 8) column blocks × 4 floats.
   const uint32_t exchange = paired ? static_cast<uint32_t>(warps) * 2u * 32u * (h / 8u) * 16u : 0u;
   layout.exchange = align16(layout.exchange);

@@ -96,6 +96,7 @@ fi
 sanitize() {
   stage "compute-sanitizer"
   for t in cuda_decode_test:GpuDecode cuda_decode_test:GpuFp8Decode cuda_codec_test:GpuCodec; do
+    [ ! -x "$bin/${t%%:*}" ] && { echo "${t%%:*}: SKIPPED, not in $bin"; continue; }
     for tool in memcheck racecheck; do
       log="$out/sanitizer-${t%%:*}-${t#*:}-$tool.log"
       timeout 120 compute-sanitizer --tool $tool --error-exitcode 3 "$bin/${t%%:*}" \

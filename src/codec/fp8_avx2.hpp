@@ -283,7 +283,7 @@ constexpr ByteControl kBitMove = [] {
     m |= uint64_t{1} << (8 * (7 - (To + k)) + From + k);
     if (BothNibbles) m |= uint64_t{1} << (8 * (7 - (To + k + 4)) + From + k + 4);
   }
-  if (SignFrom >= 0) m |= uint64_t{1} << SignFrom;  // byte 0 of the qword: result bit 7
+  if constexpr (SignFrom >= 0) m |= uint64_t{1} << SignFrom;  // byte 0 of the qword: result bit 7
   ByteControl c{};
   for (int d = 0; d < 32; ++d) c.bytes[static_cast<size_t>(d)] = static_cast<uint8_t>(m >> (8 * (d % 8)));
   return c;

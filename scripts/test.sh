@@ -71,12 +71,12 @@ sanitizer_flags=(-DCMAKE_BUILD_TYPE=RelWithDebInfo "-DCMAKE_CXX_FLAGS_RELWITHDEB
                  "-DCMAKE_C_FLAGS_RELWITHDEBINFO=-O1 -g1 -DNDEBUG")
 cmake -S . -B build-asan "${sanitizer_flags[@]}" -DGAAC_SANITIZE=ON -DGAAC_BUILD_BENCHMARKS=OFF -DGAAC_ENABLE_CUDA=OFF >/dev/null
 cmake --build build-asan -j"$jobs"
-# The engine's logits comparisons over both caches (minutes under the sanitizers) run in the Release stage;
-# here the engine runs both models through the greedy-token tests.
 # The Release run's test times order this one, longest first, so that no long test starts last. Given as seen
 # in no run (count 0), they order the tests and leave the times this run records (and `slowest` prints) its own.
 mkdir -p build-asan/Testing/Temporary
 awk 'NF == 3 {$2 = 0} {print}' build/Testing/Temporary/CTestCostData.txt >build-asan/Testing/Temporary/CTestCostData.txt
+# The engine's logits comparisons over both caches (minutes under the sanitizers) run in the Release stage;
+# here the engine runs both models through the greedy-token tests.
 ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=print_stacktrace=1 ctest --test-dir build-asan --output-on-failure -j"$jobs" \
   -E 'LogitsAreIdenticalWithEitherCache|PromptInPassesEqualsOnePass'
 slowest build-asan

@@ -480,11 +480,15 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
 
   const SharedLayout layout =
       shared_memory_layout(C, P, H, Src, NW, STAGES, a.tile_stride, a.blocks_per_split);
-  // The warp's tile buffers in the order it uses them: tile j is tile j % kWarpTiles (K, then V) of its
-  // block j / kWarpTiles, held in buffer j % kRing (stage-major: a stage's K buffer, then its V buffer)
-  // behind mbarrier j % kRing.
+  // The warp's tiles of a block (K, then V) are copied in slots, each completing on its own mbarrier: one
+  // slot a tile over BF16 caches, so that a key tile's buffer is refilled as soon as the scores are taken;
+  // one slot for both over FP8 caches, whose smaller tiles make a second wait and copy call a block cost
+  // more time than the earlier refill saves. Slot j is slot j % kSlots of the warp's block j / kSlots, held
+  // in buffer j % kRing (stage-major) behind mbarrier j % kRing.
   constexpr int kWarpTiles = kSplitKV ? 1 : 2;
-  constexpr int kRing = STAGES * kWarpTiles;
+  constexpr int kSlotTiles = tiles_per_copy_slot(Src, kWarpTiles);
+  constexpr int kSlots = kWarpTiles / kSlotTiles;
+  constexpr int kRing = STAGES * kSlots;
   const uint32_t stage_bytes = kWarpTiles * a.tile_stride;  // the warp's K tile, then its V tile
   uint64_t* bars = reinterpret_cast<uint64_t*>(smem + layout.bars);
   uint64_t* my_bars = bars + warp * kRing;
@@ -543,41 +547,53 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
     else ent[0] = e[mine_half], ent[1] = e[P + mine_half];
   };
 
-  // Starts the copy of the warp's tile j (see kRing) into its buffer.
+  // Starts the copies of the warp's slot j (see kRing) into its buffer.
   const auto issue = [&](int j) {
     uint32_t e[2];
-    warp_entries(ents + (unit + kUnits * (j / kWarpTiles)) * kTiles, e);
-    const uint32_t entry = j % kWarpTiles == 0 ? e[0] : e[1];  // a select: an index would put e in local memory
-    uint8_t* buffer = my_stages + static_cast<uint32_t>(j % kRing) * a.tile_stride;
+    warp_entries(ents + (unit + kUnits * (j / kSlots)) * kTiles, e);
+    // The slot's tiles (selected, not indexed: an index would put e in local memory).
+    const uint32_t first = kSlots == 2 && j % kSlots != 0 ? e[1] : e[0];
+    const uint32_t entries[2] = {first, e[1]};
+    uint8_t* buffer = my_stages + static_cast<uint32_t>((j % kRing) * kSlotTiles) * a.tile_stride;
     uint64_t* bar = &my_bars[j % kRing];
     if constexpr (is_compressed(Src)) {
       // A compressed tile is copied whole (raw tiles are read from global memory).
       if (lane == 0) {
-        if (entry_class(entry) == TileClass::compressed) {
-          ptx::mbarrier_arrive_expect_tx(bar, a.cache.geometry.unit_bytes);
-          ptx::bulk_copy_to_shared(buffer, a.cache.units + a.cache.geometry.unit_offset(entry_unit(entry)),
-                                   a.cache.geometry.unit_bytes, bar);
-        } else {
-          ptx::mbarrier_arrive(bar);
-        }
+        uint32_t bytes = 0;
+#pragma unroll
+        for (int t = 0; t < kSlotTiles; ++t)
+          bytes += entry_class(entries[t]) == TileClass::compressed ? a.cache.geometry.unit_bytes : 0u;
+        ptx::mbarrier_arrive_expect_tx(bar, bytes);
+#pragma unroll
+        for (int t = 0; t < kSlotTiles; ++t)
+          if (entry_class(entries[t]) == TileClass::compressed)
+            ptx::bulk_copy_to_shared(buffer + t * a.tile_stride,
+                                     a.cache.units + a.cache.geometry.unit_offset(entry_unit(entries[t])),
+                                     a.cache.geometry.unit_bytes, bar);
       }
     } else {
       constexpr uint32_t kRowBytes = is_fp8(Src) ? C : 2 * C;
       constexpr uint32_t kRowStride = is_fp8(Src) ? fp8_row_stride(C) : bf16_row_stride(C);
-      const bool raw = entry_class(entry) == TileClass::raw;
-      if (lane == 0) ptx::mbarrier_arrive_expect_tx(bar, raw ? 16 * kRowBytes : 0u);
+      if (lane == 0) {
+        uint32_t bytes = 0;
+#pragma unroll
+        for (int t = 0; t < kSlotTiles; ++t) bytes += entry_class(entries[t]) == TileClass::raw ? 16 * kRowBytes : 0u;
+        ptx::mbarrier_arrive_expect_tx(bar, bytes);
+      }
       __syncwarp();
-      // Lane r < 16 copies row r.
-      if (raw && lane < 16)
-        ptx::bulk_copy_to_shared(buffer + lane * kRowStride,
-                                 a.cache.units + a.cache.geometry.unit_offset(entry_unit(entry)) + lane * kRowBytes, kRowBytes,
-                                 bar);
+      // Lane r copies row r % 16 of the slot's tile r / 16.
+      const int t = lane / 16;
+      const uint32_t entry = t == 0 ? entries[0] : entries[1];
+      if (t < kSlotTiles && entry_class(entry) == TileClass::raw)
+        ptx::bulk_copy_to_shared(buffer + t * a.tile_stride + (lane % 16) * kRowStride,
+                                 a.cache.units + a.cache.geometry.unit_offset(entry_unit(entry)) + (lane % 16) * kRowBytes,
+                                 kRowBytes, bar);
     }
   };
-  // Done with tile v of the warp's i-th block: its buffer takes the same tile of block i + STAGES.
+  // Done with slot v of the warp's i-th block: its buffer takes the same slot of block i + STAGES.
   const auto release = [&](int i, int v) {
     __syncwarp();
-    if (i + STAGES < mine) issue(kWarpTiles * (i + STAGES) + v);
+    if (i + STAGES < mine) issue(kSlots * (i + STAGES) + v);
   };
 
   // Online-softmax state of the lane's two query heads 2t and 2t+1 (log2 domain): the reference
@@ -594,7 +610,7 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
   }
   uint32_t sink = 0;
 
-  for (int j = 0; j < kRing && j < kWarpTiles * mine; ++j) issue(j);
+  for (int j = 0; j < kRing && j < kSlots * mine; ++j) issue(j);
 
   // The lane-interleaved base words of this (layer, head) and an FP8 cache's widening table, while the
   // first tiles are in flight.
@@ -655,8 +671,8 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
     constexpr Part kPart = decltype(part)::value;
     // Both tiles first: one warp scan gives the escape offsets of both.
 #pragma unroll
-    for (int v = 0; v < kWarpTiles; ++v)
-      ptx::mbarrier_wait(&my_bars[(kWarpTiles * i + v) % kRing], static_cast<uint32_t>(i / STAGES) & 1u);
+    for (int v = 0; v < kSlots; ++v)
+      ptx::mbarrier_wait(&my_bars[(kSlots * i + v) % kRing], static_cast<uint32_t>(i / STAGES) & 1u);
     const uint8_t* stage = my_stages + static_cast<uint32_t>(i % STAGES) * stage_bytes;
     const uint32_t* e = ents + (unit + kUnits * i) * kTiles;
     uint32_t ent[2];  // the warp's tiles of the block (warp_entries)
@@ -666,7 +682,7 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
     if constexpr (W == Work::load_only) {
 #pragma unroll
       for (int j = 0; j < kWarpTiles; ++j) sink ^= *reinterpret_cast<const uint32_t*>(stage + j * a.tile_stride + 4 * lane);
-      if constexpr (kWarpTiles == 2) release(i, 0);
+      if constexpr (kSlots == 2) release(i, 0);
     } else {
       bool key_absent = false;
 #pragma unroll
@@ -737,7 +753,7 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
           }
         }
       }
-      if constexpr (kWarpTiles == 2) release(i, 0);  // the key tile is used: its buffer takes the next one
+      if constexpr (kSlots == 2) release(i, 0);  // the key tile is used: its buffer takes the next one
 
       // Online softmax over the block's 16 tokens. Scores are scaled into the log2 domain inside the
       // exponent's argument (one FFMA); a head's reference maximum moves only when the block's
@@ -884,7 +900,7 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
         }
       }
     }
-    release(i, kWarpTiles - 1);
+    release(i, kSlots - 1);
   };
 
   // Units meet in shared memory: their softmax states and outputs. The two warps of a pair of halves hold

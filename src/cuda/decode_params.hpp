@@ -32,6 +32,12 @@ GAAC_HOST_DEVICE constexpr ElementFormat element_format(TileSource s) {
 }
 /// True for the sources of FP8 codes.
 GAAC_HOST_DEVICE constexpr bool is_fp8(TileSource s) { return element_format(s) != ElementFormat::bf16; }
+
+/// Tiles of a warp's block (`warp_tiles`: its K and V tiles, or one where a pair splits them) that one copy
+/// slot holds, completing on one mbarrier: one over BF16 caches (a key tile's buffer is refilled as soon as
+/// the scores are taken); all over FP8 caches, whose small tiles make the second wait and copy call a block
+/// cost more than the earlier refill saves (docs/performance.md).
+GAAC_HOST_DEVICE constexpr int tiles_per_copy_slot(TileSource s, int warp_tiles) { return is_fp8(s) ? warp_tiles : 1; }
 /// The source of a cache's tiles: its element format, compressed or not.
 GAAC_HOST_DEVICE constexpr TileSource tile_source(ElementFormat f, bool compressed) {
   return f == ElementFormat::e4m3   ? (compressed ? TileSource::gaac_e4m3 : TileSource::e4m3)
@@ -147,7 +153,9 @@ GAAC_HOST_DEVICE constexpr SharedLayout shared_memory_layout(int channels, int h
                                                          : (overlaid > split_merge ? overlaid : split_merge));
   layout.bars = region;
   const uint32_t pair_bars = paired ? static_cast<uint32_t>(warps) : 0u;  // two for each of warps / 2 pairs
-  const uint32_t tile_bars = static_cast<uint32_t>(warps * stages) * (split_kv ? 1u : 2u);  // one per tile buffer
+  const uint32_t warp_tiles = split_kv ? 1u : 2u;
+  const uint32_t tile_bars =  // one per copy slot
+      static_cast<uint32_t>(warps * stages) * warp_tiles / static_cast<uint32_t>(tiles_per_copy_slot(source, static_cast<int>(warp_tiles)));
   layout.exchange = layout.bars + (tile_bars + pair_bars) * 8u;
   // Per warp: two blocks × 32 lanes × (heads / 8) column blocks × 4 floats.
   const uint32_t exchange = paired ? static_cast<uint32_t>(warps) * 2u * 32u * (h / 8u) * 16u : 0u;

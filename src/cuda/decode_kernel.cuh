@@ -454,6 +454,11 @@ __global__ void __launch_bounds__(NW * 32, min_ctas_per_sm(C, P, H, Src, NW, STA
   const int head0 = static_cast<int>(blockIdx.y) % a.head_slices * H;          // its first query head here
   const int heads = min(H, a.group - head0);                                   // query heads this CTA serves
   const int tid = static_cast<int>(threadIdx.x), warp = tid / 32, lane = tid % 32, g = lane / 4, t = lane % 4;
+  // Launched as a programmatic dependent (DecodePlan::run): this CTA may be resident while the grid before it
+  // drains, so its launch overlaps that grid's tail; everything it reads may come from that grid, so it
+  // waits here first. The grid after it may then start its own CTAs, which wait the same way.
+  ptx::wait_for_previous_grid();
+  ptx::allow_next_grid();
 
   const int len = a.batch.lengths[seq];
   const int row0 = a.batch.indptr[seq];

@@ -459,10 +459,20 @@ void DecodePlan::run(const CacheMemory& cache, const BatchTable& batch, int laye
   a.counters = static_cast<uint32_t*>(s.counters.data());
   a.tile_stride = s.kernel.tile_stride;
   a.sink_magic = s.config.work == Work::full ? 0u : 0x9E3779B9u;
-  const dim3 grid(static_cast<unsigned>(d.max_splits), static_cast<unsigned>(geo.kv_heads * a.head_slices),
-                  static_cast<unsigned>(batch.sequences()));
-  s.kernel.kernel<<<grid, static_cast<unsigned>(s.kernel.warps * 32), d.shared_bytes, stream>>>(a);
-  check(cudaGetLastError(), "decode attention launch");
+  // A programmatic dependent launch (sm_90): the kernel's CTAs may start while the previous kernel in the
+  // stream drains, and wait in the kernel until it has completed (decode_kernel.cuh).
+  cudaLaunchAttribute overlap{};
+  overlap.id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  overlap.val.programmaticStreamSerializationAllowed = 1;
+  cudaLaunchConfig_t launch{};
+  launch.gridDim = dim3(static_cast<unsigned>(d.max_splits), static_cast<unsigned>(geo.kv_heads * a.head_slices),
+                        static_cast<unsigned>(batch.sequences()));
+  launch.blockDim = dim3(static_cast<unsigned>(s.kernel.warps * 32));
+  launch.dynamicSmemBytes = d.shared_bytes;
+  launch.stream = stream;
+  launch.attrs = &overlap;
+  launch.numAttrs = 1;
+  check(cudaLaunchKernelEx(&launch, s.kernel.kernel, a), "decode attention launch");
 }
 
 }  // namespace gaac::cuda

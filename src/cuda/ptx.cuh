@@ -1,5 +1,6 @@
 // Thin wrappers over the PTX the decode kernels use: mbarriers, bulk asynchronous copies (the copy
-// engine, sm_90), ldmatrix, movmatrix and the bf16 mma.m16n8k16. Device code only.
+// engine, sm_90), ldmatrix, movmatrix, the bf16 mma.m16n8k16 and programmatic dependent launch. Device code
+// only.
 #pragma once
 
 #include <cstdint>
@@ -107,5 +108,13 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   asm("cvt.rn.bf16x2.f32 %0, %1, %2;" : "=r"(r) : "f"(hi), "f"(lo));
   return r;
 }
+
+/// Programmatic dependent launch (sm_90): waits until the grid this one was launched behind has completed and
+/// its memory writes are visible. A no-op when the launch was not programmatic.
+__device__ __forceinline__ void wait_for_previous_grid() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+
+/// Programmatic dependent launch (sm_90): lets the grid launched behind this one start its CTAs (they wait
+/// in wait_for_previous_grid until this grid has completed).
+__device__ __forceinline__ void allow_next_grid() { asm volatile("griddepcontrol.launch_dependents;" :::); }
 
 }  // namespace gaac::cuda::ptx
